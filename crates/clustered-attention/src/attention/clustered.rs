@@ -1,0 +1,76 @@
+use burn::tensor::activation::softmax;
+use burn::tensor::{Int, Tensor};
+
+use super::{AttentionOptions, centroids, check_input, cluster_index, dropout};
+use crate::ClusteringBackend;
+use crate::clustering::{ClusteringOptions, cluster_queries};
+
+/// Clustered attention (paper §3.2, eqs. 3–6).
+///
+/// The queries of each `(batch, head)` are hashed and grouped into `C` clusters
+/// ([`cluster_queries`]); each centroid is the mean of its member queries (eq. 3), attends
+/// to all keys (eqs. 4–5), and every query receives its cluster's output (eq. 6). Costs
+/// `O(L · C · E + C · S · (E + D))` instead of `O(L · S · (E + D))`.
+///
+/// When a sequence has no more valid queries than `C`, each query is its own cluster and the
+/// result equals [`full_attention`](super::full_attention). Gradients reach the queries through
+/// the centroids, and the keys and values through the attention.
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`
+/// - `keys`: `[batch, heads, S, E]`
+/// - `values`: `[batch, heads, S, D]`
+/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded queries
+///   join no cluster and their output rows are zero
+/// - output: `[batch, heads, L, D]`
+///
+/// # Panics
+/// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
+/// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
+/// or `bits` is outside `1..=32`.
+///
+/// # Example
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Distribution, Tensor};
+/// use clustered_attention::{AttentionOptions, ClusteringOptions, clustered_attention};
+///
+/// let device = Default::default();
+/// let q = Tensor::<NdArray, 4>::random([1, 2, 64, 8], Distribution::Default, &device);
+/// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
+/// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
+/// let clustering = ClusteringOptions::new(8).with_seed(7);
+/// let out = clustered_attention(q, k, v, None, None, &clustering, &AttentionOptions::new());
+/// assert_eq!(out.dims(), [1, 2, 64, 3]);
+/// ```
+pub fn clustered_attention<B: ClusteringBackend>(
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    clustering: &ClusteringOptions,
+    options: &AttentionOptions,
+) -> Tensor<B, 4> {
+    clustering.check();
+    let [_, _, _, value_dim] = values.dims();
+    let input = check_input(
+        &queries,
+        &keys,
+        &values,
+        query_lengths,
+        key_lengths,
+        options,
+    );
+    let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+
+    let centroids = centroids(queries, &clusters.assignments, &clusters.counts, &input); // eq. 3
+    let scores = centroids
+        .matmul(keys.swap_dims(2, 3))
+        .mul_scalar(input.scale);
+    let weights = softmax(input.mask_keys(scores), 3); // eq. 4
+    let weights = dropout(weights, options.dropout);
+    let cluster_values = weights.matmul(values); // eq. 5, [batch, heads, C, D]
+    let broadcast = cluster_values.gather(2, cluster_index(&clusters.assignments, value_dim)); // eq. 6
+    input.zero_padded_queries(broadcast)
+}

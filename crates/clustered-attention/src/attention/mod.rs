@@ -1,0 +1,259 @@
+//! The functional forms: full, clustered and improved clustered attention on
+//! `[batch, heads, seq, dim]` tensors.
+//!
+//! All three take the same inputs:
+//! - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+//!   `values`: `[batch, heads, S, D]` (S may differ from L);
+//! - `query_lengths`, `key_lengths`: optional `[batch]` Int tensors. Positions at or past a
+//!   sequence's length are padding: padded keys get no attention, padded queries join no
+//!   cluster and get a zero output row.
+//!
+//! and return `[batch, heads, L, D]`. Only the clustering ops are custom; everything else is
+//! Burn tensor ops, so gradients flow to queries, keys and values on any autodiff backend.
+
+mod clustered;
+mod full;
+mod improved;
+
+pub use clustered::clustered_attention;
+pub use full::full_attention;
+pub use improved::improved_clustered_attention;
+
+use burn::config::Config;
+use burn::nn::DropoutConfig;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use crate::ops::host_lengths;
+
+/// Options shared by the three attentions.
+#[derive(Config, Debug, PartialEq)]
+pub struct AttentionOptions {
+    /// Softmax temperature applied to `q · k`; `None` means `1 / sqrt(E)` (paper eq. 1).
+    #[config(default = "None")]
+    pub scale: Option<f64>,
+    /// Dropout probability on the attention weights, active only on autodiff backends
+    /// (training), as in [`burn::nn::Dropout`].
+    #[config(default = 0.0)]
+    pub dropout: f64,
+}
+
+/// Shapes and host-side lengths of a checked attention input.
+pub(crate) struct Checked<B: Backend> {
+    pub batch: usize,
+    pub heads: usize,
+    pub queries_len: usize,
+    pub keys_len: usize,
+    pub scale: f64,
+    /// `[batch]` query lengths, `None` when every query is valid.
+    pub query_lengths: Option<Tensor<B, 1, Int>>,
+    /// `[batch, 1, L, 1]`, true for padded queries; `None` when no query is padded.
+    pub query_padding: Option<Tensor<B, 4, Bool>>,
+    /// `[batch, 1, 1, S]`, true for padded keys; `None` when no key is padded.
+    pub key_padding: Option<Tensor<B, 4, Bool>>,
+    /// `[batch, 1, 1, 1]` key lengths, for masks on gathered key indices.
+    pub key_lengths: Option<Tensor<B, 4, Int>>,
+}
+
+/// Checks the shapes and lengths of an attention input.
+///
+/// # Panics
+/// With a message naming the argument and the shapes when the batch or head dimensions
+/// disagree, the E of queries and keys differ, the S of keys and values differ, a length
+/// tensor is not `[batch]`, a length is greater than its sequence, or a key length is 0.
+pub(crate) fn check_input<B: Backend>(
+    queries: &Tensor<B, 4>,
+    keys: &Tensor<B, 4>,
+    values: &Tensor<B, 4>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    options: &AttentionOptions,
+) -> Checked<B> {
+    let [batch, heads, queries_len, dim] = queries.dims();
+    let [k_batch, k_heads, keys_len, k_dim] = keys.dims();
+    let [v_batch, v_heads, v_len, _] = values.dims();
+    assert!(
+        k_dim == dim,
+        "the E of queries {:?} and keys {:?} differ",
+        queries.dims(),
+        keys.dims()
+    );
+    assert!(
+        v_len == keys_len,
+        "the S of keys {:?} and values {:?} differ",
+        keys.dims(),
+        values.dims()
+    );
+    assert!(
+        k_batch == batch && v_batch == batch && k_heads == heads && v_heads == heads,
+        "queries {:?}, keys {:?} and values {:?} must share [batch, heads]",
+        queries.dims(),
+        keys.dims(),
+        values.dims()
+    );
+    assert!(
+        queries_len > 0 && keys_len > 0,
+        "queries {:?} and keys {:?} need at least one position",
+        queries.dims(),
+        keys.dims()
+    );
+    assert!(
+        (0.0..1.0).contains(&options.dropout),
+        "dropout must be in [0, 1), got {}",
+        options.dropout
+    );
+    let device = queries.device();
+
+    let query_lengths = query_lengths.map(|lengths| {
+        let host = host_lengths("query_lengths", Some(lengths.clone()), batch, queries_len);
+        (lengths, host)
+    });
+    let key_lengths = key_lengths.map(|lengths| {
+        let host = host_lengths("key_lengths", Some(lengths.clone()), batch, keys_len);
+        if let Some(b) = host.iter().position(|&n| n == 0) {
+            panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+        }
+        host
+    });
+
+    let query_padding = query_lengths
+        .as_ref()
+        .filter(|(_, host)| host.iter().any(|&n| n < queries_len))
+        .map(|(_, host)| {
+            padding_mask::<B>(host, queries_len, &device).reshape([batch, 1, queries_len, 1])
+        });
+    let key_padding = key_lengths
+        .as_ref()
+        .filter(|host| host.iter().any(|&n| n < keys_len))
+        .map(|host| padding_mask::<B>(host, keys_len, &device).reshape([batch, 1, 1, keys_len]));
+    let key_lengths = key_lengths.map(|host| {
+        Tensor::<B, 1, Int>::from_data(
+            TensorData::new(host.iter().map(|&n| n as i64).collect(), [batch]),
+            &device,
+        )
+        .reshape([batch, 1, 1, 1])
+    });
+
+    Checked {
+        batch,
+        heads,
+        queries_len,
+        keys_len,
+        scale: options.scale.unwrap_or(1.0 / (dim as f64).sqrt()),
+        query_lengths: query_lengths.map(|(lengths, _)| lengths),
+        query_padding,
+        key_padding,
+        key_lengths,
+    }
+}
+
+/// `[batch, len]`, true at positions `≥ lengths[batch]`.
+fn padding_mask<B: Backend>(
+    lengths: &[usize],
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Bool> {
+    let mask: Vec<bool> = lengths
+        .iter()
+        .flat_map(|&n| (0..len).map(move |i| i >= n))
+        .collect();
+    Tensor::from_data(TensorData::new(mask, [lengths.len(), len]), device)
+}
+
+impl<B: Backend> Checked<B> {
+    /// Fills the scores of padded keys with `-inf`. `scores`: `[batch, heads, rows, S]`.
+    pub fn mask_keys(&self, scores: Tensor<B, 4>) -> Tensor<B, 4> {
+        match &self.key_padding {
+            Some(mask) => {
+                let shape = scores.dims();
+                scores.mask_fill(mask.clone().expand(shape), f32::NEG_INFINITY)
+            }
+            None => scores,
+        }
+    }
+
+    /// Zeroes the rows of padded queries. `x`: `[batch, heads, L, F]`.
+    pub fn zero_padded_queries(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        match &self.query_padding {
+            Some(mask) => {
+                let shape = x.dims();
+                x.mask_fill(mask.clone().expand(shape), 0.0)
+            }
+            None => x,
+        }
+    }
+}
+
+/// Dropout on attention weights, active only when autodiff is enabled (as `burn::nn::Dropout`).
+pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
+    if prob == 0.0 {
+        return x;
+    }
+    DropoutConfig::new(prob).init().forward(x)
+}
+
+/// Rows of `x` picked per `(batch, head)`: `out[b, h, i, r, :] = x[b, h, index[b, h, i, r], :]`.
+///
+/// # Shapes
+/// - `x`: `[batch, heads, S, F]`
+/// - `index`: `[batch, heads, N, k]`, in `0..S`
+/// - output: `[batch, heads, N, k, F]`
+pub(crate) fn gather_rows<B: Backend>(x: Tensor<B, 4>, index: Tensor<B, 4, Int>) -> Tensor<B, 5> {
+    let [batch, heads, rows, features] = x.dims();
+    let [_, _, n, k] = index.dims();
+    let offsets = Tensor::<B, 1, Int>::arange(0..(batch * heads) as i64, &index.device())
+        .mul_scalar(rows as i64)
+        .reshape([batch, heads, 1, 1]);
+    let flat_index = (index + offsets).reshape([batch * heads * n * k]);
+    x.reshape([batch * heads * rows, features])
+        .select(0, flat_index)
+        .reshape([batch, heads, n, k, features])
+}
+
+/// Index tensor for per-query gathers along dim 2: the cluster of each query (padded queries
+/// read cluster 0 and are zeroed afterwards), expanded to `[batch, heads, L, width]`.
+pub(crate) fn cluster_index<B: Backend>(
+    assignments: &Tensor<B, 3, Int>,
+    width: usize,
+) -> Tensor<B, 4, Int> {
+    let [batch, heads, len] = assignments.dims();
+    assignments
+        .clone()
+        .clamp_min(0)
+        .unsqueeze_dim::<4>(3)
+        .expand([batch, heads, len, width])
+}
+
+/// Centroids of the clusters, the mean of their member queries (paper eq. 3).
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`
+/// - output: `[batch, heads, C, E]` (zero for an empty cluster)
+pub(crate) fn centroids<B: Backend>(
+    queries: Tensor<B, 4>,
+    assignments: &Tensor<B, 3, Int>,
+    counts: &Tensor<B, 3, Int>,
+    input: &Checked<B>,
+) -> Tensor<B, 4> {
+    let [batch, heads, _, dim] = queries.dims();
+    let [_, _, clusters] = counts.dims();
+    // Padded rows may hold anything (even NaN): zero them before they are summed.
+    let queries = input.zero_padded_queries(queries);
+    let sums = Tensor::<B, 4>::zeros(
+        [batch, heads, clusters, dim],
+        (&queries.device(), queries.dtype()),
+    )
+    .scatter(
+        2,
+        cluster_index(assignments, dim),
+        queries,
+        burn::tensor::IndexingUpdateOp::Add,
+    );
+    let counts = counts
+        .clone()
+        .float()
+        .cast(sums.dtype())
+        .clamp_min(1.0)
+        .unsqueeze_dim::<4>(3);
+    sums / counts
+}

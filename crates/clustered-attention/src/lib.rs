@@ -1,0 +1,47 @@
+#![warn(missing_docs)]
+//! Clustered and improved clustered attention for [Burn](https://burn.dev).
+//!
+//! An implementation of *Fast Transformers with Clustered Attention* (Vyas, Katharopoulos,
+//! Fleuret, NeurIPS 2020). Clustered attention groups the queries of each sequence and head
+//! into `C` clusters (LSH hashing, then K-means in Hamming space) and computes attention once
+//! per cluster centroid, in `O(L · C)` instead of `O(L · S)`; improved clustered attention
+//! recomputes the `topk` keys with the highest centroid attention exactly for every query.
+//!
+//! - Functional forms on `[batch, heads, seq, dim]`: [`full_attention`],
+//!   [`clustered_attention`], [`improved_clustered_attention`].
+//! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
+//!   [`MultiHeadClusteredAttention`].
+//! - The two clustering ops behind a backend extension trait, [`ClusteringBackend`], whose
+//!   default bodies are Burn tensor ops ([`ops::reference`]), so every backend works.
+//!
+//! # Example
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::{Distribution, Tensor};
+//! use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
+//!
+//! let device = Default::default();
+//! let attention = AttentionKind::Improved { clusters: 16, topk: 8 };
+//! let layer = ClusteredAttentionConfig::new(64, 4, attention).init::<NdArray>(&device);
+//! let x = Tensor::<NdArray, 3>::random([2, 100, 64], Distribution::Default, &device);
+//! let y = layer.forward(ClusteredAttentionInput::self_attn(x));
+//! assert_eq!(y.dims(), [2, 100, 64]);
+//! ```
+
+pub mod attention;
+mod backends;
+pub mod clustering;
+mod module;
+pub mod ops;
+
+pub use attention::{
+    AttentionOptions, clustered_attention, full_attention, improved_clustered_attention,
+};
+pub use clustering::{
+    ClusteringOptions, Clusters, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
+};
+pub use module::{
+    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    ParseAttentionKindError,
+};
+pub use ops::ClusteringBackend;

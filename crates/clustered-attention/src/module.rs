@@ -1,0 +1,424 @@
+//! The multi-head layer: projections around full, clustered or improved clustered attention.
+
+use core::fmt;
+use core::str::FromStr;
+
+use burn::config::Config;
+use burn::module::{Initializer, Module};
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::ClusteringBackend;
+use crate::attention::{
+    AttentionOptions, clustered_attention, full_attention, improved_clustered_attention,
+};
+use crate::clustering::ClusteringOptions;
+
+/// Which attention a [`MultiHeadClusteredAttention`] layer computes.
+///
+/// The kind holds no weights, so a trained layer can switch kind for evaluation
+/// ([`MultiHeadClusteredAttention::with_attention`]), as the paper's Table 1 does.
+/// Parses from and prints as `full`, `clustered:C` or `improved:C:K`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttentionKind {
+    /// Full softmax attention (paper eq. 1–2).
+    Full,
+    /// Clustered attention with `clusters` clusters (paper §3.2, eqs. 3–6).
+    Clustered {
+        /// Number of clusters `C`.
+        clusters: usize,
+    },
+    /// Improved clustered attention (paper §3.3, eqs. 9–11).
+    Improved {
+        /// Number of clusters `C`.
+        clusters: usize,
+        /// Number of keys `k` recomputed exactly per cluster.
+        topk: usize,
+    },
+}
+
+impl fmt::Display for AttentionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Full => write!(f, "full"),
+            Self::Clustered { clusters } => write!(f, "clustered:{clusters}"),
+            Self::Improved { clusters, topk } => write!(f, "improved:{clusters}:{topk}"),
+        }
+    }
+}
+
+/// Error returned when an [`AttentionKind`] cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseAttentionKindError(String);
+
+impl fmt::Display for ParseAttentionKindError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid attention kind {:?}: expected full, clustered:C or improved:C:K with C, K ≥ 1",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for ParseAttentionKindError {}
+
+impl FromStr for AttentionKind {
+    type Err = ParseAttentionKindError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let error = || ParseAttentionKindError(s.to_string());
+        let number = |part: &str| match part.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(error()),
+        };
+        let parts: Vec<&str> = s.trim().split(':').collect();
+        match parts.as_slice() {
+            ["full"] => Ok(Self::Full),
+            ["clustered", c] => Ok(Self::Clustered {
+                clusters: number(c)?,
+            }),
+            ["improved", c, k] => Ok(Self::Improved {
+                clusters: number(c)?,
+                topk: number(k)?,
+            }),
+            _ => Err(error()),
+        }
+    }
+}
+
+/// Configuration of a [`MultiHeadClusteredAttention`] layer.
+#[derive(Config, Debug)]
+pub struct ClusteredAttentionConfig {
+    /// Size of the input and output features.
+    pub d_model: usize,
+    /// Number of heads; must divide `d_model`.
+    pub n_heads: usize,
+    /// The attention computed by the layer.
+    pub attention: AttentionKind,
+    /// Hash bits, in `1..=32`.
+    #[config(default = 32)]
+    pub bits: usize,
+    /// Lloyd iterations of the Hamming K-means.
+    #[config(default = 10)]
+    pub iterations: usize,
+    /// Random thresholds on the hash planes (L2-like rather than cosine-like grouping).
+    #[config(default = true)]
+    pub hash_bias: bool,
+    /// Softmax temperature; `None` means `1 / sqrt(d_model / n_heads)`.
+    #[config(default = "None")]
+    pub scale: Option<f64>,
+    /// Dropout on the attention weights (training only).
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Seed of the hash planes and initial centroids.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// Initializer of the four projections (burn-nn's `MultiHeadAttention` default).
+    #[config(
+        default = "Initializer::KaimingUniform{gain: 0.577_350_269_189_625_8, fan_out_only: false}"
+    )]
+    pub initializer: Initializer,
+}
+
+/// Multi-head attention whose attention is full, clustered or improved clustered
+/// (Vyas et al., NeurIPS 2020).
+///
+/// Its parameters are those of burn-nn's
+/// [`MultiHeadAttention`](burn::nn::attention::MultiHeadAttention): four `d_model × d_model`
+/// [`Linear`] projections named `query`, `key`, `value` and `output`, so a record saved from one
+/// loads into the other. With [`AttentionKind::Full`] it computes what `MultiHeadAttention`
+/// computes (dropout aside: here it applies to the attention weights).
+///
+/// # Example
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Distribution, Tensor};
+/// use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
+///
+/// let device = Default::default();
+/// let layer = ClusteredAttentionConfig::new(32, 4, AttentionKind::Improved { clusters: 10, topk: 8 })
+///     .init::<NdArray>(&device);
+/// let x = Tensor::<NdArray, 3>::random([2, 50, 32], Distribution::Default, &device);
+/// let y = layer.forward(ClusteredAttentionInput::self_attn(x));
+/// assert_eq!(y.dims(), [2, 50, 32]);
+///
+/// // Evaluate the same weights with full attention.
+/// let full = layer.with_attention(AttentionKind::Full);
+/// ```
+#[derive(Module, Debug)]
+pub struct MultiHeadClusteredAttention<B: Backend> {
+    /// Projection of the inputs to the queries, `d_model → d_model`.
+    pub query: Linear<B>,
+    /// Projection of the inputs to the keys, `d_model → d_model`.
+    pub key: Linear<B>,
+    /// Projection of the inputs to the values, `d_model → d_model`.
+    pub value: Linear<B>,
+    /// Projection of the attention output, `d_model → d_model`.
+    pub output: Linear<B>,
+    /// The attention computed.
+    pub attention: AttentionKind,
+    /// Size of the input and output features.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Size of each head's queries, keys and values (`d_model / n_heads`).
+    pub d_k: usize,
+    /// Hash bits.
+    pub bits: usize,
+    /// Lloyd iterations.
+    pub iterations: usize,
+    /// Random thresholds on the hash planes.
+    pub hash_bias: bool,
+    /// Softmax temperature, `None` for `1 / sqrt(d_k)`.
+    pub scale: Option<f64>,
+    /// Dropout on the attention weights.
+    pub dropout: f64,
+    /// Seed of the hash planes and initial centroids.
+    pub seed: u64,
+}
+
+impl ClusteredAttentionConfig {
+    /// Creates the layer.
+    ///
+    /// # Panics
+    /// If `d_model` is not divisible by `n_heads`, `bits` is outside `1..=32`, a cluster count
+    /// or `topk` is 0, or `dropout` is outside `[0, 1)`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadClusteredAttention<B> {
+        assert!(
+            self.n_heads > 0 && self.d_model % self.n_heads == 0,
+            "d_model ({}) must be divisible by n_heads ({})",
+            self.d_model,
+            self.n_heads
+        );
+        check_kind(self.attention);
+        crate::ops::reference::check_bits(self.bits);
+        assert!(
+            (0.0..1.0).contains(&self.dropout),
+            "dropout must be in [0, 1), got {}",
+            self.dropout
+        );
+        let linear = || {
+            LinearConfig::new(self.d_model, self.d_model)
+                .with_initializer(self.initializer.clone())
+                .init(device)
+        };
+        MultiHeadClusteredAttention {
+            query: linear(),
+            key: linear(),
+            value: linear(),
+            output: linear(),
+            attention: self.attention,
+            d_model: self.d_model,
+            n_heads: self.n_heads,
+            d_k: self.d_model / self.n_heads,
+            bits: self.bits,
+            iterations: self.iterations,
+            hash_bias: self.hash_bias,
+            scale: self.scale,
+            dropout: self.dropout,
+            seed: self.seed,
+        }
+    }
+}
+
+fn check_kind(kind: AttentionKind) {
+    match kind {
+        AttentionKind::Full => {}
+        AttentionKind::Clustered { clusters } => {
+            assert!(clusters > 0, "clusters must be at least 1, got 0")
+        }
+        AttentionKind::Improved { clusters, topk } => {
+            assert!(clusters > 0, "clusters must be at least 1, got 0");
+            assert!(topk > 0, "topk must be at least 1, got 0");
+        }
+    }
+}
+
+/// Input of [`MultiHeadClusteredAttention::forward`], in the style of burn-nn's `MhaInput`.
+#[derive(Debug, Clone)]
+pub struct ClusteredAttentionInput<B: Backend> {
+    query: Tensor<B, 3>,
+    key: Tensor<B, 3>,
+    value: Tensor<B, 3>,
+    self_attention: bool,
+    mask_pad: Option<Tensor<B, 2, Bool>>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+}
+
+impl<B: Backend> ClusteredAttentionInput<B> {
+    /// Self-attention: queries, keys and values all come from `x`, `[batch, seq, d_model]`.
+    /// A padding mask or key lengths then also mark the padded queries.
+    pub fn self_attn(x: Tensor<B, 3>) -> Self {
+        Self {
+            query: x.clone(),
+            key: x.clone(),
+            value: x,
+            self_attention: true,
+            mask_pad: None,
+            key_lengths: None,
+            query_lengths: None,
+        }
+    }
+
+    /// Cross-attention: `query` `[batch, L, d_model]`, `key` and `value` `[batch, S, d_model]`.
+    pub fn new(query: Tensor<B, 3>, key: Tensor<B, 3>, value: Tensor<B, 3>) -> Self {
+        Self {
+            query,
+            key,
+            value,
+            self_attention: false,
+            mask_pad: None,
+            key_lengths: None,
+            query_lengths: None,
+        }
+    }
+
+    /// Key padding mask `[batch, S]`, `true` = masked, as in burn-nn. It must mark a suffix of
+    /// each sequence (padding); `forward` panics otherwise.
+    pub fn mask_pad(mut self, mask_pad: Tensor<B, 2, Bool>) -> Self {
+        self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// Key lengths `[batch]`: keys at positions `≥ key_lengths[b]` are padding.
+    pub fn key_lengths(mut self, lengths: Tensor<B, 1, Int>) -> Self {
+        self.key_lengths = Some(lengths);
+        self
+    }
+
+    /// Query lengths `[batch]`: queries at positions `≥ query_lengths[b]` are padding; they join
+    /// no cluster and their output rows are zero.
+    pub fn query_lengths(mut self, lengths: Tensor<B, 1, Int>) -> Self {
+        self.query_lengths = Some(lengths);
+        self
+    }
+}
+
+/// Lengths `[batch]` of the unmasked prefix of each row of a padding mask `[batch, S]`.
+///
+/// # Panics
+/// If a row masks a position followed by an unmasked one (not a padding mask).
+fn mask_to_lengths<B: Backend>(mask: Tensor<B, 2, Bool>) -> Tensor<B, 1, Int> {
+    let [batch, len] = mask.dims();
+    let device = mask.device();
+    let data = mask.into_data();
+    let values: Vec<bool> = data.iter::<bool>().collect();
+    let lengths: Vec<i64> = values
+        .chunks(len)
+        .enumerate()
+        .map(|(b, row)| {
+            let n = row.iter().position(|&m| m).unwrap_or(len);
+            assert!(
+                row[n..].iter().all(|&m| m),
+                "mask_pad [{batch}, {len}] must mask a suffix of each row (padding); row {b} unmasks a position after a masked one"
+            );
+            n as i64
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(lengths, [batch]), &device)
+}
+
+impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
+    /// The same layer (same weights) computing another attention.
+    ///
+    /// # Panics
+    /// If a cluster count or `topk` of `attention` is 0.
+    pub fn with_attention(mut self, attention: AttentionKind) -> Self {
+        check_kind(attention);
+        self.attention = attention;
+        self
+    }
+
+    /// Applies the layer.
+    ///
+    /// # Shapes
+    /// - query: `[batch, L, d_model]`
+    /// - key, value: `[batch, S, d_model]`
+    /// - mask_pad: `[batch, S]`; key_lengths, query_lengths: `[batch]`
+    /// - output: `[batch, L, d_model]`
+    ///
+    /// # Panics
+    /// If the last dimension of an input is not `d_model`, the inputs disagree on batch or on
+    /// `S`, `mask_pad` is not a padding mask, or a length is out of range (see
+    /// [`full_attention`]).
+    pub fn forward(&self, input: ClusteredAttentionInput<B>) -> Tensor<B, 3> {
+        let [batch, queries_len, _] = input.query.dims();
+        for (name, x) in [
+            ("query", &input.query),
+            ("key", &input.key),
+            ("value", &input.value),
+        ] {
+            assert!(
+                x.dims()[2] == self.d_model,
+                "{name} must have shape [batch, seq, d_model = {}], got {:?}",
+                self.d_model,
+                x.dims()
+            );
+        }
+        let key_lengths = match (input.key_lengths, input.mask_pad) {
+            (Some(lengths), _) => Some(lengths),
+            (None, Some(mask)) => Some(mask_to_lengths(mask)),
+            (None, None) => None,
+        };
+        let query_lengths = match input.query_lengths {
+            Some(lengths) => Some(lengths),
+            None if input.self_attention => key_lengths.clone(),
+            None => None,
+        };
+
+        let queries = self.heads(input.query, &self.query);
+        let keys = self.heads(input.key, &self.key);
+        let values = self.heads(input.value, &self.value);
+        let options = AttentionOptions::new()
+            .with_scale(self.scale)
+            .with_dropout(self.dropout);
+        let clustering = |clusters| {
+            ClusteringOptions::new(clusters)
+                .with_bits(self.bits)
+                .with_iterations(self.iterations)
+                .with_hash_bias(self.hash_bias)
+                .with_seed(self.seed)
+        };
+        let context = match self.attention {
+            AttentionKind::Full => {
+                full_attention(queries, keys, values, query_lengths, key_lengths, &options)
+            }
+            AttentionKind::Clustered { clusters } => clustered_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
+                &clustering(clusters),
+                &options,
+            ),
+            AttentionKind::Improved { clusters, topk } => improved_clustered_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
+                &clustering(clusters),
+                topk,
+                &options,
+            ),
+        };
+        let context = context
+            .swap_dims(1, 2)
+            .reshape([batch, queries_len, self.d_model]);
+        self.output.forward(context)
+    }
+
+    /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]` through `linear`.
+    fn heads(&self, x: Tensor<B, 3>, linear: &Linear<B>) -> Tensor<B, 4> {
+        let [batch, len, _] = x.dims();
+        linear
+            .forward(x)
+            .reshape([batch, len, self.n_heads, self.d_k])
+            .swap_dims(1, 2)
+    }
+}

@@ -1,0 +1,321 @@
+//! Attention-level checks against the host references, on NdArray and Flex.
+
+use burn::tensor::Tensor;
+use clustered_attention::{
+    AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
+    full_attention, improved_clustered_attention,
+};
+
+use crate::common::*;
+
+/// Tolerance of every f32-versus-f64 comparison of attention outputs.
+const TOLERANCE: f64 = 1e-5;
+
+struct Case {
+    q: Host4,
+    k: Host4,
+    v: Host4,
+    query_lengths: Vec<usize>,
+    key_lengths: Vec<usize>,
+}
+
+impl Case {
+    /// Batch of 3 with query padding, key padding and S ≠ L.
+    fn padded(len: usize, keys_len: usize, dim: usize, value_dim: usize, seed: u64) -> Self {
+        let q = clustered_queries([3, 2, len, dim], 4, 1.5, seed);
+        let k = normal([3, 2, keys_len, dim], seed + 1);
+        let v = normal([3, 2, keys_len, value_dim], seed + 2);
+        Self {
+            q,
+            k,
+            v,
+            query_lengths: vec![len, len - 5, len / 2],
+            key_lengths: vec![keys_len - 3, keys_len, keys_len / 3],
+        }
+    }
+
+    fn setup(&self) -> Setup<'_> {
+        Setup {
+            query_lengths: &self.query_lengths,
+            key_lengths: &self.key_lengths,
+            scale: 1.0 / (self.q.dims[3] as f64).sqrt(),
+        }
+    }
+
+    fn tensors<B: ClusteringBackend>(&self) -> Inputs<B> {
+        let device = Default::default();
+        (
+            self.q.to_tensor(&device),
+            self.k.to_tensor(&device),
+            self.v.to_tensor(&device),
+            Some(lengths(&self.query_lengths, &device)),
+            Some(lengths(&self.key_lengths, &device)),
+        )
+    }
+}
+
+type Inputs<B> = (
+    Tensor<B, 4>,
+    Tensor<B, 4>,
+    Tensor<B, 4>,
+    Option<Tensor<B, 1, burn::tensor::Int>>,
+    Option<Tensor<B, 1, burn::tensor::Int>>,
+);
+
+fn full<B: ClusteringBackend>(case: &Case) -> Host4 {
+    let (q, k, v, ql, kl) = case.tensors::<B>();
+    Host4::from_tensor(full_attention(q, k, v, ql, kl, &AttentionOptions::new()))
+}
+
+fn clustered<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
+    let (q, k, v, ql, kl) = case.tensors::<B>();
+    Host4::from_tensor(clustered_attention(
+        q,
+        k,
+        v,
+        ql,
+        kl,
+        clustering,
+        &AttentionOptions::new(),
+    ))
+}
+
+fn improved<B: ClusteringBackend>(
+    case: &Case,
+    clustering: &ClusteringOptions,
+    topk: usize,
+) -> Host4 {
+    let (q, k, v, ql, kl) = case.tensors::<B>();
+    Host4::from_tensor(improved_clustered_attention(
+        q,
+        k,
+        v,
+        ql,
+        kl,
+        clustering,
+        topk,
+        &AttentionOptions::new(),
+    ))
+}
+
+fn assignments<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions) -> Vec<i64> {
+    let (q, _, _, ql, _) = case.tensors::<B>();
+    host_ints(cluster_queries(q, ql, clustering).assignments)
+}
+
+/// Full attention against the f64 reference, with query padding, key padding and S ≠ L.
+pub fn full_matches_reference<B: ClusteringBackend>() {
+    let case = Case::padded(40, 29, 8, 5, 1);
+    let diff = max_abs_diff(
+        &full::<B>(&case),
+        &full_reference(&case.q, &case.k, &case.v, &case.setup()),
+    );
+    assert!(
+        diff <= TOLERANCE,
+        "full attention vs reference: max abs diff {diff}"
+    );
+}
+
+/// Clustered == full when clusters ≥ valid queries; improved == full when topk ≥ S.
+pub fn exact_regime_equals_full<B: ClusteringBackend>() {
+    let case = Case::padded(40, 29, 8, 5, 2);
+    let reference = full_reference(&case.q, &case.k, &case.v, &case.setup());
+
+    for clusters in [40, 64] {
+        let out = clustered::<B>(&case, &ClusteringOptions::new(clusters));
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= TOLERANCE,
+            "clustered ({clusters} clusters ≥ L) vs full: {diff}"
+        );
+        let out = improved::<B>(&case, &ClusteringOptions::new(clusters), 3);
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= TOLERANCE,
+            "improved ({clusters} clusters ≥ L, topk 3) vs full: {diff}"
+        );
+    }
+    for topk in [29, 100] {
+        let out = improved::<B>(&case, &ClusteringOptions::new(3), topk);
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= TOLERANCE,
+            "improved (topk {topk} ≥ S, 3 clusters) vs full: {diff}"
+        );
+    }
+    // A batch whose longest sequence has more queries than clusters, but the others fewer.
+    let clustering = ClusteringOptions::new(20);
+    let out = clustered::<B>(&case, &clustering);
+    let assignments = assignments::<B>(&case, &clustering);
+    let [_, heads, len, _] = case.q.dims;
+    for b in 0..3 {
+        if case.query_lengths[b] <= 20 {
+            for h in 0..heads {
+                for i in 0..len {
+                    let row = &reference[(b * heads + h) * len + i];
+                    for (d, expected) in row.iter().enumerate() {
+                        let diff = (out.at(b, h, i, d) - expected).abs();
+                        assert!(
+                            diff <= TOLERANCE,
+                            "clustered, batch item {b} with ≤ C queries: {diff}"
+                        );
+                    }
+                }
+            }
+        } else {
+            let distinct: std::collections::HashSet<_> = assignments
+                [b * heads * len..(b * heads + 1) * len]
+                .iter()
+                .filter(|&&a| a >= 0)
+                .collect();
+            assert!(
+                distinct.len() <= 20,
+                "batch item {b}: more clusters than asked"
+            );
+        }
+    }
+}
+
+/// Clustered and improved attention against the f64 references computed from the same
+/// assignments (C < L, topk < S), with padding.
+pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
+    let case = Case::padded(48, 37, 8, 6, 3);
+    let clustering = ClusteringOptions::new(5).with_seed(11);
+    let assignments = assignments::<B>(&case, &clustering);
+    let setup = case.setup();
+
+    let reference = clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup);
+    let diff = max_abs_diff(&clustered::<B>(&case, &clustering), &reference);
+    assert!(diff <= TOLERANCE, "clustered vs reference: {diff}");
+
+    for topk in [1, 4, 13] {
+        let reference = improved_reference(&case.q, &case.k, &case.v, &assignments, topk, &setup);
+        let diff = max_abs_diff(&improved::<B>(&case, &clustering, topk), &reference);
+        assert!(
+            diff <= TOLERANCE,
+            "improved (topk {topk}) vs reference: {diff}"
+        );
+    }
+}
+
+/// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query. With identity
+/// values (D = S) the outputs are the attention matrices themselves.
+pub fn proposition_2<B: ClusteringBackend>() {
+    for (seed, clusters, topk) in [(4, 3, 5), (5, 6, 2), (6, 2, 16)] {
+        let mut case = Case::padded(36, 30, 8, 1, seed);
+        case.v = identity_values(3, 2, 30);
+        let clustering = ClusteringOptions::new(clusters).with_seed(seed);
+        let exact = full_reference(&case.q, &case.k, &case.v, &case.setup());
+        let clustered = clustered::<B>(&case, &clustering);
+        let improved = improved::<B>(&case, &clustering, topk);
+        let [batch, heads, len, keys_len] = clustered.dims;
+        let mut strict = 0;
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..case.query_lengths[b] {
+                    let a = &exact[(b * heads + h) * len + i];
+                    let l1 = |out: &Host4| -> f64 {
+                        (0..keys_len)
+                            .map(|s| (out.at(b, h, i, s) - a[s]).abs())
+                            .sum()
+                    };
+                    let (improved_error, clustered_error) = (l1(&improved), l1(&clustered));
+                    assert!(
+                        improved_error <= clustered_error + 1e-6,
+                        "Proposition 2 fails at batch {b}, head {h}, query {i}: \
+                         ‖Aᵗ − A‖₁ = {improved_error} > ‖Aᶜ − A‖₁ = {clustered_error}"
+                    );
+                    if improved_error < clustered_error - 1e-3 {
+                        strict += 1;
+                    }
+                }
+            }
+        }
+        // The inequality must not hold only because both sides vanish.
+        assert!(
+            strict > 0,
+            "improved attention never beat clustered (seed {seed})"
+        );
+    }
+}
+
+/// The same seed gives bit-identical outputs; another seed gives other clusters.
+pub fn same_seed_bit_identical<B: ClusteringBackend>() {
+    let case = Case::padded(64, 50, 8, 4, 7);
+    let clustering = ClusteringOptions::new(6).with_seed(3);
+    assert_eq!(
+        clustered::<B>(&case, &clustering).data,
+        clustered::<B>(&case, &clustering).data
+    );
+    assert_eq!(
+        improved::<B>(&case, &clustering, 5).data,
+        improved::<B>(&case, &clustering, 5).data
+    );
+    let other = ClusteringOptions::new(6).with_seed(4);
+    assert_ne!(
+        assignments::<B>(&case, &clustering),
+        assignments::<B>(&case, &other)
+    );
+}
+
+/// A NaN in one query row leaves every other batch item's output unchanged.
+pub fn nan_query_is_contained<B: ClusteringBackend>() {
+    let case = Case::padded(30, 20, 8, 4, 8);
+    let mut poisoned = Case::padded(30, 20, 8, 4, 8);
+    let [_, heads, len, dim] = case.q.dims;
+    let row = (heads + 1) * len + 3; // batch item 1, head 1, query 3
+    poisoned.q.data[row * dim..(row + 1) * dim].fill(f32::NAN);
+    let clustering = ClusteringOptions::new(4);
+    type Run = fn(&Case, &ClusteringOptions) -> Host4;
+    let runs: [(&str, Run); 3] = [
+        ("full", |c, _| full::<B>(c)),
+        ("clustered", |c, o| clustered::<B>(c, o)),
+        ("improved", |c, o| improved::<B>(c, o, 3)),
+    ];
+    for (name, run) in runs {
+        let (clean, dirty) = (run(&case, &clustering), run(&poisoned, &clustering));
+        let per_item = clean.data.len() / 3;
+        for b in [0, 2] {
+            let range = b * per_item..(b + 1) * per_item;
+            assert_eq!(
+                clean.data[range.clone()],
+                dirty.data[range],
+                "{name}: a NaN query in batch item 1 changed batch item {b}"
+            );
+        }
+    }
+}
+
+macro_rules! attention_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn full_matches_reference() {
+                super::full_matches_reference::<$backend>();
+            }
+            #[test]
+            fn exact_regime_equals_full() {
+                super::exact_regime_equals_full::<$backend>();
+            }
+            #[test]
+            fn approximate_regime_matches_reference() {
+                super::approximate_regime_matches_reference::<$backend>();
+            }
+            #[test]
+            fn proposition_2() {
+                super::proposition_2::<$backend>();
+            }
+            #[test]
+            fn same_seed_bit_identical() {
+                super::same_seed_bit_identical::<$backend>();
+            }
+            #[test]
+            fn nan_query_is_contained() {
+                super::nan_query_is_contained::<$backend>();
+            }
+        }
+    };
+}
+
+attention_tests!(ndarray, crate::common::NdArrayBackend);
+attention_tests!(flex, crate::common::FlexBackend);

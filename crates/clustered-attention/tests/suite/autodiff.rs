@@ -1,0 +1,235 @@
+//! Gradients: they reach queries, keys and values; in the exact regime they equal full
+//! attention's; in the approximate regime they match central finite differences (f64).
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor, TensorData};
+use clustered_attention::{
+    AttentionOptions, ClusteringBackend, ClusteringOptions, clustered_attention, full_attention,
+    improved_clustered_attention,
+};
+
+use crate::common::*;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Full,
+    Clustered(usize),
+    Improved(usize, usize),
+}
+
+struct Grads {
+    queries: Vec<f64>,
+    keys: Vec<f64>,
+    values: Vec<f64>,
+}
+
+/// Gradients of `Σ output ⊙ weights` with respect to queries, keys and values.
+fn gradients<B: AutodiffBackend + ClusteringBackend>(
+    kind: Kind,
+    q: &Host4,
+    k: &Host4,
+    v: &Host4,
+    weights: &Host4,
+    query_lengths: &[usize],
+    key_lengths: &[usize],
+) -> Grads {
+    let device = Default::default();
+    let queries = q.to_tensor::<B>(&device).require_grad();
+    let keys = k.to_tensor::<B>(&device).require_grad();
+    let values = v.to_tensor::<B>(&device).require_grad();
+    let out = run(
+        kind,
+        queries.clone(),
+        keys.clone(),
+        values.clone(),
+        query_lengths,
+        key_lengths,
+    );
+    let loss = (out * weights.to_tensor::<B>(&device)).sum();
+    let grads = loss.backward();
+    let host = |t: Tensor<B, 4>| -> Vec<f64> {
+        t.grad(&grads)
+            .expect("a gradient")
+            .into_data()
+            .iter::<f64>()
+            .collect()
+    };
+    Grads {
+        queries: host(queries),
+        keys: host(keys),
+        values: host(values),
+    }
+}
+
+fn run<B: ClusteringBackend>(
+    kind: Kind,
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    query_lengths: &[usize],
+    key_lengths: &[usize],
+) -> Tensor<B, 4> {
+    let device = queries.device();
+    let ql = Some(lengths::<B>(query_lengths, &device));
+    let kl = Some(lengths::<B>(key_lengths, &device));
+    let options = AttentionOptions::new();
+    match kind {
+        Kind::Full => full_attention(queries, keys, values, ql, kl, &options),
+        Kind::Clustered(c) => clustered_attention(
+            queries,
+            keys,
+            values,
+            ql,
+            kl,
+            &ClusteringOptions::new(c),
+            &options,
+        ),
+        Kind::Improved(c, topk) => improved_clustered_attention(
+            queries,
+            keys,
+            values,
+            ql,
+            kl,
+            &ClusteringOptions::new(c),
+            topk,
+            &options,
+        ),
+    }
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn norm(a: &[f64]) -> f64 {
+    a.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// Gradients reach queries, keys and values through clustered and improved attention, and in
+/// the exact regime equal full attention's to 1e-4.
+fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteringBackend>() {
+    let q = clustered_queries([2, 2, 24, 8], 3, 1.0, 31);
+    let k = normal([2, 2, 19, 8], 32);
+    let v = normal([2, 2, 19, 4], 33);
+    let weights = normal([2, 2, 24, 4], 34);
+    let (ql, kl) = ([24, 17], [19, 12]);
+
+    for kind in [Kind::Clustered(4), Kind::Improved(4, 5)] {
+        let g = gradients::<B>(kind, &q, &k, &v, &weights, &ql, &kl);
+        for (name, grad) in [
+            ("queries", &g.queries),
+            ("keys", &g.keys),
+            ("values", &g.values),
+        ] {
+            assert!(
+                grad.iter().all(|x| x.is_finite()),
+                "{kind:?}: non-finite gradient of {name}"
+            );
+            assert!(
+                norm(grad) > 1e-3,
+                "{kind:?}: no gradient reaches the {name}"
+            );
+        }
+    }
+
+    let full = gradients::<B>(Kind::Full, &q, &k, &v, &weights, &ql, &kl);
+    for kind in [
+        Kind::Clustered(24),
+        Kind::Improved(24, 3),
+        Kind::Improved(2, 19),
+    ] {
+        let g = gradients::<B>(kind, &q, &k, &v, &weights, &ql, &kl);
+        for (name, a, b) in [
+            ("queries", &g.queries, &full.queries),
+            ("keys", &g.keys, &full.keys),
+            ("values", &g.values, &full.values),
+        ] {
+            let diff = max_diff(a, b);
+            assert!(
+                diff <= 1e-4,
+                "{kind:?} (exact regime): gradient of {name} differs from full by {diff}"
+            );
+        }
+    }
+}
+
+type F64Backend = Autodiff<burn::backend::NdArray<f64>>;
+
+fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<F64Backend, 4> {
+    // Explicit dtype: NdArray<f32> and NdArray<f64> share one device, whose default float
+    // dtype is whichever backend touched it first.
+    Tensor::from_data(
+        TensorData::new(data.to_vec(), dims),
+        (&Default::default(), DType::F64),
+    )
+}
+
+/// In the approximate regime the gradients equal central finite differences (f64, step 1e-6,
+/// tolerance 1e-6 times the largest gradient): the clusters and the top-k sets are piecewise
+/// constant, and a step this small does not move them.
+#[test]
+fn gradients_match_finite_differences() {
+    let hosts = [
+        clustered_queries([1, 2, 20, 6], 3, 1.0, 41),
+        normal([1, 2, 15, 6], 42),
+        normal([1, 2, 15, 3], 43),
+    ];
+    let weights = normal([1, 2, 20, 3], 44);
+    let weights: Vec<f64> = weights.data.iter().map(|&x| x as f64).collect();
+    let (ql, kl) = ([18], [13]);
+    let dims = [hosts[0].dims, hosts[1].dims, hosts[2].dims];
+    let loss = |kind: Kind, inputs: &[Vec<f64>; 3], track: bool| {
+        let [q, k, v] = [0, 1, 2].map(|i| {
+            let t = tensor_f64(dims[i], &inputs[i]);
+            if track { t.require_grad() } else { t }
+        });
+        let out = run::<F64Backend>(kind, q.clone(), k.clone(), v.clone(), &ql, &kl);
+        let loss = (out * tensor_f64([1, 2, 20, 3], &weights)).sum();
+        (loss, [q, k, v])
+    };
+    let inputs: [Vec<f64>; 3] = hosts
+        .clone()
+        .map(|h| h.data.iter().map(|&x| x as f64).collect());
+    for kind in [Kind::Clustered(3), Kind::Improved(3, 4)] {
+        let (value, tracked) = loss(kind, &inputs, true);
+        let grads = value.backward();
+        for (which, name) in ["queries", "keys", "values"].into_iter().enumerate() {
+            let grad: Vec<f64> = tracked[which]
+                .grad(&grads)
+                .expect("a gradient")
+                .into_data()
+                .iter::<f64>()
+                .collect();
+            let scale = grad.iter().fold(1.0f64, |m, g| m.max(g.abs()));
+            for index in (0..grad.len()).step_by(5) {
+                let step = 1e-6;
+                let eval = |delta: f64| {
+                    let mut shifted = inputs.clone();
+                    shifted[which][index] += delta;
+                    loss(kind, &shifted, false).0.into_scalar()
+                };
+                let numeric = (eval(step) - eval(-step)) / (2.0 * step);
+                let diff = (numeric - grad[index]).abs();
+                assert!(
+                    diff <= 1e-6 * scale,
+                    "{kind:?}: d loss / d {name}[{index}] = {} by autodiff, {numeric} by finite differences",
+                    grad[index]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ndarray_gradients_reach_inputs_and_match_full() {
+    gradients_reach_inputs_and_match_full::<Autodiff<NdArrayBackend>>();
+}
+
+#[test]
+fn flex_gradients_reach_inputs_and_match_full() {
+    gradients_reach_inputs_and_match_full::<Autodiff<FlexBackend>>();
+}

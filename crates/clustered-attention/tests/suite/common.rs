@@ -1,0 +1,276 @@
+//! Host-side data and independent references.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand_distr::{Distribution, StandardNormal};
+
+pub type NdArrayBackend = burn::backend::NdArray<f32>;
+pub type FlexBackend = burn::backend::Flex;
+
+/// A host copy of a `[batch, heads, rows, cols]` tensor.
+#[derive(Clone, Debug)]
+pub struct Host4 {
+    pub dims: [usize; 4],
+    pub data: Vec<f32>,
+}
+
+impl Host4 {
+    pub fn at(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        let [_, heads, rows, cols] = self.dims;
+        self.data[((b * heads + h) * rows + i) * cols + j] as f64
+    }
+
+    pub fn row(&self, b: usize, h: usize, i: usize) -> Vec<f64> {
+        (0..self.dims[3]).map(|j| self.at(b, h, i, j)).collect()
+    }
+
+    pub fn to_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 4> {
+        Tensor::from_data(TensorData::new(self.data.clone(), self.dims), device)
+    }
+
+    pub fn from_tensor<B: Backend>(tensor: Tensor<B, 4>) -> Self {
+        let dims = tensor.dims();
+        let data = tensor.into_data().iter::<f32>().collect();
+        Self { dims, data }
+    }
+}
+
+pub fn rng(seed: u64) -> Xoshiro256PlusPlus {
+    Xoshiro256PlusPlus::seed_from_u64(seed)
+}
+
+/// Standard normal entries.
+pub fn normal(dims: [usize; 4], seed: u64) -> Host4 {
+    let mut rng = rng(seed);
+    let data = (0..dims.iter().product::<usize>())
+        .map(|_| StandardNormal.sample(&mut rng))
+        .collect();
+    Host4 { dims, data }
+}
+
+/// Queries scattered around `centres` random centres per (batch, head): centre · `spread` +
+/// 0.1 · noise, the structure clustered attention relies on.
+pub fn clustered_queries(dims: [usize; 4], centres: usize, spread: f32, seed: u64) -> Host4 {
+    let [batch, heads, len, dim] = dims;
+    let mut rng = rng(seed);
+    let mut data = Vec::with_capacity(dims.iter().product());
+    for _ in 0..batch * heads {
+        let centre_values: Vec<f32> = (0..centres * dim)
+            .map(|_| spread * Distribution::<f32>::sample(&StandardNormal, &mut rng))
+            .collect();
+        for i in 0..len {
+            let c = (i * 7 + i / 3) % centres;
+            for e in 0..dim {
+                let noise: f32 = StandardNormal.sample(&mut rng);
+                data.push(centre_values[c * dim + e] + 0.1 * noise);
+            }
+        }
+    }
+    Host4 { dims, data }
+}
+
+/// `[batch, heads, S, S]` identity values: the attention output is then the attention matrix.
+pub fn identity_values(batch: usize, heads: usize, len: usize) -> Host4 {
+    let mut data = vec![0.0; batch * heads * len * len];
+    for bh in 0..batch * heads {
+        for i in 0..len {
+            data[(bh * len + i) * len + i] = 1.0;
+        }
+    }
+    Host4 {
+        dims: [batch, heads, len, len],
+        data,
+    }
+}
+
+pub fn lengths<B: Backend>(values: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    Tensor::from_data(
+        TensorData::new(values.iter().map(|&n| n as i64).collect(), [values.len()]),
+        device,
+    )
+}
+
+pub fn host_ints<B: Backend, const D: usize>(tensor: Tensor<B, D, Int>) -> Vec<i64> {
+    tensor.into_data().iter::<i64>().collect()
+}
+
+fn softmax(scores: &[f64]) -> Vec<f64> {
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Attention weights of one query row against the valid keys (zeros past `key_len`).
+fn weights(
+    query: &[f64],
+    keys: &Host4,
+    b: usize,
+    h: usize,
+    key_len: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let scores: Vec<f64> = (0..key_len)
+        .map(|s| scale * dot(query, &keys.row(b, h, s)))
+        .collect();
+    let mut w = softmax(&scores);
+    w.resize(keys.dims[2], 0.0);
+    w
+}
+
+fn weighted_values(w: &[f64], values: &Host4, b: usize, h: usize) -> Vec<f64> {
+    let mut out = vec![0.0; values.dims[3]];
+    for (s, ws) in w.iter().enumerate() {
+        if *ws != 0.0 {
+            for (d, o) in out.iter_mut().enumerate() {
+                *o += ws * values.at(b, h, s, d);
+            }
+        }
+    }
+    out
+}
+
+/// Everything the references need besides the tensors.
+pub struct Setup<'a> {
+    pub query_lengths: &'a [usize],
+    pub key_lengths: &'a [usize],
+    pub scale: f64,
+}
+
+/// Output `[batch, heads, L, D]` as nested rows, zero rows for padded queries.
+pub type Rows = Vec<Vec<f64>>;
+
+fn for_each_query(
+    q: &Host4,
+    setup: &Setup,
+    mut f: impl FnMut(usize, usize, usize) -> Vec<f64>,
+    width: usize,
+) -> Rows {
+    let [batch, heads, len, _] = q.dims;
+    let mut rows = Vec::with_capacity(batch * heads * len);
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                rows.push(if i < setup.query_lengths[b] {
+                    f(b, h, i)
+                } else {
+                    vec![0.0; width]
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// Full softmax attention (eqs. 1–2).
+pub fn full_reference(q: &Host4, k: &Host4, v: &Host4, setup: &Setup) -> Rows {
+    for_each_query(
+        q,
+        setup,
+        |b, h, i| {
+            let w = weights(&q.row(b, h, i), k, b, h, setup.key_lengths[b], setup.scale);
+            weighted_values(&w, v, b, h)
+        },
+        v.dims[3],
+    )
+}
+
+/// Mean of the valid queries of cluster `j` (eq. 3).
+fn centroid(q: &Host4, assignments: &[i64], b: usize, h: usize, j: usize) -> Vec<f64> {
+    let [_, heads, len, dim] = q.dims;
+    let mut sum = vec![0.0; dim];
+    let mut count = 0.0;
+    for i in 0..len {
+        if assignments[(b * heads + h) * len + i] == j as i64 {
+            for (e, s) in sum.iter_mut().enumerate() {
+                *s += q.at(b, h, i, e);
+            }
+            count += 1.0;
+        }
+    }
+    sum.iter().map(|s| s / count).collect()
+}
+
+/// Clustered attention (eqs. 3–6) for given assignments.
+pub fn clustered_reference(
+    q: &Host4,
+    k: &Host4,
+    v: &Host4,
+    assignments: &[i64],
+    setup: &Setup,
+) -> Rows {
+    let [_, heads, len, _] = q.dims;
+    for_each_query(
+        q,
+        setup,
+        |b, h, i| {
+            let j = assignments[(b * heads + h) * len + i] as usize;
+            let c = centroid(q, assignments, b, h, j);
+            let w = weights(&c, k, b, h, setup.key_lengths[b], setup.scale);
+            weighted_values(&w, v, b, h)
+        },
+        v.dims[3],
+    )
+}
+
+/// Improved clustered attention (eqs. 9–11) for given assignments.
+pub fn improved_reference(
+    q: &Host4,
+    k: &Host4,
+    v: &Host4,
+    assignments: &[i64],
+    topk: usize,
+    setup: &Setup,
+) -> Rows {
+    let [_, heads, len, _] = q.dims;
+    for_each_query(
+        q,
+        setup,
+        |b, h, i| {
+            let key_len = setup.key_lengths[b];
+            let j = assignments[(b * heads + h) * len + i] as usize;
+            let c = centroid(q, assignments, b, h, j);
+            let ac = weights(&c, k, b, h, key_len, setup.scale);
+            // Top-k valid keys by centroid attention.
+            let mut order: Vec<usize> = (0..key_len).collect();
+            order.sort_by(|&x, &y| ac[y].partial_cmp(&ac[x]).unwrap());
+            order.truncate(topk);
+            let mass: f64 = order.iter().map(|&l| ac[l]).sum();
+            let query = q.row(b, h, i);
+            let top_scores: Vec<f64> = order
+                .iter()
+                .map(|&l| setup.scale * dot(&query, &k.row(b, h, l)))
+                .collect();
+            let top = softmax(&top_scores);
+            let mut at = ac.clone();
+            for (r, &l) in order.iter().enumerate() {
+                at[l] = mass * top[r];
+            }
+            weighted_values(&at, v, b, h)
+        },
+        v.dims[3],
+    )
+}
+
+/// Largest absolute difference between an output tensor and reference rows.
+pub fn max_abs_diff(out: &Host4, reference: &Rows) -> f64 {
+    let [batch, heads, len, dim] = out.dims;
+    let mut worst: f64 = 0.0;
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                let row = &reference[(b * heads + h) * len + i];
+                for d in 0..dim {
+                    worst = worst.max((out.at(b, h, i, d) - row[d]).abs());
+                }
+            }
+        }
+    }
+    worst
+}

@@ -1,0 +1,157 @@
+//! Bad input panics with a message naming the argument and the shapes.
+
+use burn::tensor::{Distribution, Tensor};
+use clustered_attention::{
+    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteringOptions,
+    clustered_attention, full_attention, improved_clustered_attention, lsh_planes,
+};
+
+use crate::common::{NdArrayBackend as B, lengths};
+
+fn random(dims: [usize; 4]) -> Tensor<B, 4> {
+    Tensor::random(dims, Distribution::Default, &Default::default())
+}
+
+#[test]
+#[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 0")]
+fn bits_zero() {
+    clustered_attention(
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        None,
+        None,
+        &ClusteringOptions::new(2).with_bits(0),
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 33")]
+fn bits_33() {
+    lsh_planes::<B>(33, 4, true, 0, &Default::default());
+}
+
+#[test]
+#[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 33")]
+fn layer_bits_33() {
+    ClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 2 })
+        .with_bits(33)
+        .init::<B>(&Default::default());
+}
+
+#[test]
+#[should_panic(expected = "clusters must be at least 1, got 0")]
+fn clusters_zero() {
+    clustered_attention(
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        None,
+        None,
+        &ClusteringOptions::new(0),
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "topk must be at least 1, got 0")]
+fn topk_zero() {
+    improved_clustered_attention(
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        random([1, 1, 8, 4]),
+        None,
+        None,
+        &ClusteringOptions::new(2),
+        0,
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "the E of queries [2, 3, 8, 4] and keys [2, 3, 6, 5] differ")]
+fn query_key_dims_differ() {
+    full_attention(
+        random([2, 3, 8, 4]),
+        random([2, 3, 6, 5]),
+        random([2, 3, 6, 4]),
+        None,
+        None,
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "the S of keys [2, 3, 6, 4] and values [2, 3, 7, 4] differ")]
+fn key_value_lengths_differ() {
+    improved_clustered_attention(
+        random([2, 3, 8, 4]),
+        random([2, 3, 6, 4]),
+        random([2, 3, 7, 4]),
+        None,
+        None,
+        &ClusteringOptions::new(2),
+        2,
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "key_lengths[1] = 7 is outside 0..=6 (the sequence length)")]
+fn key_length_too_long() {
+    let device = Default::default();
+    clustered_attention(
+        random([2, 1, 8, 4]),
+        random([2, 1, 6, 4]),
+        random([2, 1, 6, 4]),
+        None,
+        Some(lengths::<B>(&[6, 7], &device)),
+        &ClusteringOptions::new(2),
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "query_lengths[0] = 9 is outside 0..=8 (the sequence length)")]
+fn query_length_too_long() {
+    let device = Default::default();
+    full_attention(
+        random([2, 1, 8, 4]),
+        random([2, 1, 6, 4]),
+        random([2, 1, 6, 4]),
+        Some(lengths::<B>(&[9, 1], &device)),
+        None,
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "query_lengths must have shape [batch] = [2], got [3]")]
+fn lengths_wrong_shape() {
+    let device = Default::default();
+    full_attention(
+        random([2, 1, 8, 4]),
+        random([2, 1, 6, 4]),
+        random([2, 1, 6, 4]),
+        Some(lengths::<B>(&[1, 2, 3], &device)),
+        None,
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "d_model (30) must be divisible by n_heads (4)")]
+fn d_model_not_divisible() {
+    ClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init::<B>(&Default::default());
+}
+
+#[test]
+#[should_panic(expected = "query must have shape [batch, seq, d_model = 8], got [1, 5, 6]")]
+fn layer_input_width() {
+    use clustered_attention::ClusteredAttentionInput;
+    let layer =
+        ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&Default::default());
+    let x = Tensor::<B, 3>::zeros([1, 5, 6], &Default::default());
+    layer.forward(ClusteredAttentionInput::self_attn(x));
+}
