@@ -45,3 +45,8 @@ pub use module::{
     ParseAttentionKindError,
 };
 pub use ops::ClusteringBackend;
+
+/// The README's examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -41,11 +41,12 @@ pub enum AttentionKind {
 
 impl fmt::Display for AttentionKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Full => write!(f, "full"),
-            Self::Clustered { clusters } => write!(f, "clustered:{clusters}"),
-            Self::Improved { clusters, topk } => write!(f, "improved:{clusters}:{topk}"),
-        }
+        let text = match self {
+            Self::Full => "full".to_string(),
+            Self::Clustered { clusters } => format!("clustered:{clusters}"),
+            Self::Improved { clusters, topk } => format!("improved:{clusters}:{topk}"),
+        };
+        f.pad(&text)
     }
 }
 
@@ -188,7 +189,7 @@ impl ClusteredAttentionConfig {
     /// or `topk` is 0, or `dropout` is outside `[0, 1)`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadClusteredAttention<B> {
         assert!(
-            self.n_heads > 0 && self.d_model % self.n_heads == 0,
+            self.n_heads > 0 && self.d_model.is_multiple_of(self.n_heads),
             "d_model ({}) must be divisible by n_heads ({})",
             self.d_model,
             self.n_heads

@@ -7,7 +7,7 @@
 //! gradient; everything differentiable (centroids, attention, top-k, broadcast) is made of
 //! ordinary Burn tensor ops in [`crate::attention`].
 //!
-//! The default method bodies ([`reference`]) are Burn tensor ops, so every backend gets a
+//! The default method bodies ([`reference`](mod@reference)) are Burn tensor ops, so every backend gets a
 //! working implementation by writing `impl ClusteringBackend for MyBackend {}`. They are the
 //! specification: any other implementation must reproduce their codes, assignments and counts
 //! bit for bit.
@@ -27,7 +27,7 @@ pub const NO_CLUSTER: i64 = -1;
 
 /// A backend that can hash queries and cluster their codes.
 ///
-/// Both methods have default bodies made of Burn tensor ops ([`reference`]); a backend may
+/// Both methods have default bodies made of Burn tensor ops ([`reference`](mod@reference)); a backend may
 /// override them with custom kernels but must then reproduce the default bodies bit for bit.
 pub trait ClusteringBackend: Backend {
     /// Hashes every query with random hyperplanes (sign of random projections, paper §3.2.2).

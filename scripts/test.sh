@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine: installs the system packages the tests need
+# (scripts/system-packages.txt; as root, or through sudo), then runs every test of the
+# workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mapfile -t packages < <(grep -v '^\s*#' scripts/system-packages.txt | grep -v '^\s*$' || true)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+cargo test --workspace --locked
