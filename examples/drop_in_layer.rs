@@ -33,7 +33,9 @@ impl<B: ClusteringBackend> Model<B> {
 
     /// `x`: `[batch, seq, 32]` → `[batch, seq, 1]`.
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let context = self.attention.forward(ClusteredAttentionInput::self_attn(x.clone()));
+        let context = self
+            .attention
+            .forward(ClusteredAttentionInput::self_attn(x.clone()));
         self.readout.forward(context + x)
     }
 }
@@ -41,14 +43,24 @@ impl<B: ClusteringBackend> Model<B> {
 fn main() {
     type B = Autodiff<NdArray>;
     let device = Default::default();
-    let mut model = Model::<B>::new(AttentionKind::Improved { clusters: 16, topk: 8 }, &device);
+    let mut model = Model::<B>::new(
+        AttentionKind::Improved {
+            clusters: 16,
+            topk: 8,
+        },
+        &device,
+    );
     let mut optimizer = AdamConfig::new().init();
 
     // Target: the mean of the first feature over the sequence, at every position.
     let batch = |seed: u64| {
         B::seed(&device, seed);
         let x = Tensor::<B, 3>::random([8, 128, 32], Distribution::Normal(0.0, 1.0), &device);
-        let y = x.clone().slice([0..8, 0..128, 0..1]).mean_dim(1).expand([8, 128, 1]);
+        let y = x
+            .clone()
+            .slice([0..8, 0..128, 0..1])
+            .mean_dim(1)
+            .expand([8, 128, 1]);
         (x, y)
     };
     for step in 0..30 {
@@ -68,13 +80,19 @@ fn main() {
     for kind in [
         AttentionKind::Full,
         AttentionKind::Clustered { clusters: 16 },
-        AttentionKind::Improved { clusters: 16, topk: 8 },
+        AttentionKind::Improved {
+            clusters: 16,
+            topk: 8,
+        },
     ] {
         let model = Model {
             attention: trained.attention.clone().with_attention(kind),
             readout: trained.readout.clone(),
         };
-        let mse: f32 = (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean().into_scalar();
+        let mse: f32 = (model.forward(x.clone()) - y.clone())
+            .powi_scalar(2)
+            .mean()
+            .into_scalar();
         println!("evaluated with {kind:>14}: mse {mse:.5}");
     }
 }

@@ -33,6 +33,7 @@ mod backends;
 pub mod clustering;
 mod module;
 pub mod ops;
+pub mod sparse;
 
 pub use attention::{
     AttentionOptions, clustered_attention, full_attention, improved_clustered_attention,

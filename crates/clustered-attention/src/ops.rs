@@ -1,17 +1,28 @@
-//! The backend extension trait holding the two non-differentiable clustering ops.
+//! The backend extension trait: the clustering ops and the sparse top-k products.
 //!
 //! Clustered attention (Vyas et al., 2020, §3.2.2) groups the queries in two steps:
 //! [`lsh_hash`](ClusteringBackend::lsh_hash) turns each query into a `bits`-bit code with
 //! random hyperplanes, and [`hamming_kmeans`](ClusteringBackend::hamming_kmeans) runs Lloyd's
-//! algorithm on those codes in Hamming space. Both ops produce integer tensors and carry no
-//! gradient; everything differentiable (centroids, attention, top-k, broadcast) is made of
-//! ordinary Burn tensor ops in [`crate::attention`].
+//! algorithm on those codes in Hamming space. Both produce integer tensors and carry no
+//! gradient.
 //!
-//! The default method bodies ([`reference`](mod@reference)) are Burn tensor ops, so every backend gets a
-//! working implementation by writing `impl ClusteringBackend for MyBackend {}`. They are the
-//! specification: any other implementation must reproduce their codes, assignments and counts
-//! bit for bit.
+//! Improved clustered attention (§3.3) also needs, per cluster, the `k` keys with the highest
+//! centroid attention ([`topk_indices`](ClusteringBackend::topk_indices)) and two *sparse*
+//! products of every query with its cluster's top-k keys and values (eqs. 10–11):
+//! [`sparse_dot`](ClusteringBackend::sparse_dot),
+//! [`sparse_weighted_sum`](ClusteringBackend::sparse_weighted_sum) and their transpose
+//! [`sparse_scatter`](ClusteringBackend::sparse_scatter). The three are differentiable, and the
+//! gradient of each is made of the other two, so `Autodiff<B>` differentiates them with `B`'s
+//! own implementations. Everything else (centroids, softmax, broadcast) is ordinary Burn
+//! tensor ops in [`crate::attention`].
+//!
+//! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
+//! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
+//! (NdArray, Flex) override them with multi-threaded host loops ([`host`](mod@host)); the
+//! default bodies are the specification: codes, assignments and counts must be reproduced
+//! bit for bit, top-k sets up to ties, the sparse products up to rounding.
 
+pub mod host;
 pub mod reference;
 
 use burn::tensor::backend::Backend;
@@ -25,10 +36,12 @@ pub const MAX_BITS: usize = 32;
 /// Marker stored in `assignments` for a padded query (position ≥ its sequence's length).
 pub const NO_CLUSTER: i64 = -1;
 
-/// A backend that can hash queries and cluster their codes.
+/// A backend that can hash and cluster queries and compute the sparse top-k products of
+/// improved clustered attention.
 ///
-/// Both methods have default bodies made of Burn tensor ops ([`reference`](mod@reference)); a backend may
-/// override them with custom kernels but must then reproduce the default bodies bit for bit.
+/// Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)); a
+/// backend may override them with custom kernels but must then reproduce the default bodies
+/// (bit for bit for the integer outputs).
 pub trait ClusteringBackend: Backend {
     /// Hashes every query with random hyperplanes (sign of random projections, paper §3.2.2).
     ///
@@ -81,6 +94,82 @@ pub trait ClusteringBackend: Backend {
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
         reference::hamming_kmeans::<Self>(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
+    /// §3.3), in descending order of score. Which of several equal scores is taken is up to
+    /// the backend (the host implementation takes the lowest index). Carries no gradient.
+    ///
+    /// # Shapes
+    /// - `scores`: `[batch, heads, C, S]`
+    /// - output: `[batch, heads, C, k]`, in `0..S`
+    ///
+    /// # Panics
+    /// If `k` is 0 or greater than `S`.
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        reference::topk_indices::<Self>(scores, k)
+    }
+
+    /// Dot products of every query with the top-k keys of its cluster (the numerators of
+    /// paper eq. 10): `out[b, h, i, r] = queries[b, h, i] · keys[b, h, topk[b, h, a_i, r]]`
+    /// with `a_i = assignments[b, h, i]`; rows of padded queries (`a_i = -1`) are zero.
+    ///
+    /// Its gradient is `sparse_weighted_sum(grad, keys)` for the queries and
+    /// `sparse_scatter(grad, queries)` for the keys.
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`
+    /// - `topk`: `[batch, heads, C, k]` in `0..S`, `assignments`: `[batch, heads, L]` in
+    ///   `0..C` or `-1`
+    /// - output: `[batch, heads, L, k]`
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::sparse_dot::<Self>(queries, keys, topk, assignments)
+    }
+
+    /// Weighted sums of the top-k values of every query's cluster (paper eq. 11, top-k
+    /// part): `out[b, h, i] = Σ_r weights[b, h, i, r] · values[b, h, topk[b, h, a_i, r]]`;
+    /// rows of padded queries are zero.
+    ///
+    /// Its gradient is `sparse_dot(grad, values)` for the weights and
+    /// `sparse_scatter(weights, grad)` for the values.
+    ///
+    /// # Shapes
+    /// - `weights`: `[batch, heads, L, k]`, `values`: `[batch, heads, S, D]`
+    /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
+    /// - output: `[batch, heads, L, D]`
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::sparse_weighted_sum::<Self>(weights, values, topk, assignments)
+    }
+
+    /// The transpose of the two products above:
+    /// `out[b, h, l] = Σ_{i, r : topk[b, h, a_i, r] = l} weights[b, h, i, r] · x[b, h, i]`
+    /// over the valid queries `i`.
+    ///
+    /// Its gradient is `sparse_dot(x, grad)` for the weights and
+    /// `sparse_weighted_sum(weights, grad)` for `x`.
+    ///
+    /// # Shapes
+    /// - `weights`: `[batch, heads, L, k]`, `x`: `[batch, heads, L, F]`
+    /// - `topk`: `[batch, heads, C, k]` in `0..keys_len`, `assignments`: `[batch, heads, L]`
+    /// - output: `[batch, heads, keys_len, F]`
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        reference::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len)
     }
 }
 

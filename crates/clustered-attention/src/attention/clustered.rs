@@ -1,7 +1,7 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, centroids, check_input, cluster_index, dropout};
+use super::{AttentionOptions, Grouping, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 
@@ -53,7 +53,6 @@ pub fn clustered_attention<B: ClusteringBackend>(
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
     clustering.check();
-    let [_, _, _, value_dim] = values.dims();
     let input = check_input(
         &queries,
         &keys,
@@ -63,14 +62,14 @@ pub fn clustered_attention<B: ClusteringBackend>(
         options,
     );
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+    let grouping = Grouping::new(clusters, &queries);
 
-    let centroids = centroids(queries, &clusters.assignments, &clusters.counts, &input); // eq. 3
+    let centroids = grouping.centroids(queries); // eq. 3, [batch, heads, C, E]
     let scores = centroids
         .matmul(keys.swap_dims(2, 3))
         .mul_scalar(input.scale);
     let weights = softmax(input.mask_keys(scores), 3); // eq. 4
     let weights = dropout(weights, options.dropout);
     let cluster_values = weights.matmul(values); // eq. 5, [batch, heads, C, D]
-    let broadcast = cluster_values.gather(2, cluster_index(&clusters.assignments, value_dim)); // eq. 6
-    input.zero_padded_queries(broadcast)
+    grouping.broadcast(cluster_values) // eq. 6
 }

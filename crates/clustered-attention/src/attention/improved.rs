@@ -1,9 +1,10 @@
 use burn::tensor::activation::softmax;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 
-use super::{AttentionOptions, centroids, check_input, cluster_index, dropout, gather_rows};
+use super::{AttentionOptions, Grouping, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::sparse::{sparse_dot, sparse_weighted_sum, topk_indices};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -13,7 +14,8 @@ use crate::clustering::{ClusteringOptions, cluster_queries};
 /// `m̂_j = Σ_{l ∈ T_j} Aᶜ_{jl}` (eq. 9). Each query `i` of cluster `j` attends to `T_j` with
 /// its own exact dot products, softmaxed over `T_j` and scaled by `m̂_j`, and to the other keys
 /// with `Aᶜ_j` (eq. 10); the output is `Aᵗ V` (eq. 11). Padded keys are masked per sequence,
-/// head and cluster. Costs `O(L · k · (E + D))` on top of clustered attention.
+/// head and cluster. Costs `O(L · k · (E + D))` on top of clustered attention; the sparse
+/// products are backend ops ([`crate::sparse`]).
 ///
 /// Proposition 2 of the paper holds: `‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁` for every query. With
 /// `topk ≥ S` the result equals [`full_attention`](super::full_attention), whatever `C`; so it
@@ -61,7 +63,6 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 ) -> Tensor<B, 4> {
     assert!(topk > 0, "topk must be at least 1, got 0");
     clustering.check();
-    let [_, _, _, value_dim] = values.dims();
     let input = check_input(
         &queries,
         &keys,
@@ -70,19 +71,13 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         key_lengths,
         options,
     );
-    let (batch, heads, len, keys_len) =
-        (input.batch, input.heads, input.queries_len, input.keys_len);
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+    let grouping = Grouping::new(clusters, &queries);
+    let assignments = grouping.assignments.clone();
     let num_clusters = clustering.clusters;
-    let device = queries.device();
 
     // Centroid attention Aᶜ (eqs. 3–4), [batch, heads, C, S].
-    let centroids = centroids(
-        queries.clone(),
-        &clusters.assignments,
-        &clusters.counts,
-        &input,
-    );
+    let centroids = grouping.centroids(queries.clone());
     let scores = input.mask_keys(
         centroids
             .matmul(keys.clone().swap_dims(2, 3))
@@ -91,55 +86,38 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let weights = softmax(scores.clone(), 3);
 
     // Top-k keys per cluster, [batch, heads, C, k]; ranking by score ranks by Aᶜ.
-    let k = topk.min(keys_len);
-    let top = if k == keys_len {
-        Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
-            .reshape([1, 1, 1, keys_len])
-            .expand([batch, heads, num_clusters, keys_len])
+    let k = topk.min(input.keys_len);
+    let top = if k == input.keys_len {
+        Tensor::<B, 1, Int>::arange(0..k as i64, &queries.device())
+            .reshape([1, 1, 1, k])
+            .expand([input.batch, input.heads, num_clusters, k])
     } else {
-        // argtopk is unimplemented on NdArray and Flex: sort, then keep the first k.
-        let (_, order) = scores.detach().sort_descending_with_indices(3);
-        order.slice([0..batch, 0..heads, 0..num_clusters, 0..k])
+        topk_indices(scores.detach(), k)
     };
-    let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3); // eq. 9, [batch, heads, C, 1]
+    let top_weights = weights.clone().gather(3, top.clone());
+    let top_mass = top_weights.clone().sum_dim(3); // eq. 9, [batch, heads, C, 1]
 
-    // Keys outside the top-k keep Aᶜ: their contribution per cluster, [batch, heads, C, D].
-    let in_top = Tensor::<B, 4, Int>::zeros([batch, heads, num_clusters, keys_len], &device)
-        .scatter(
-            3,
-            top.clone(),
-            Tensor::ones([batch, heads, num_clusters, k], &device),
-            burn::tensor::IndexingUpdateOp::Add,
-        )
-        .bool();
-    let rest = dropout(weights.mask_fill(in_top, 0.0), options.dropout);
-    let rest_values = rest.matmul(values.clone());
+    // Keys outside the top-k keep Aᶜ (eq. 10, second case): zero the top-k entries (exactly,
+    // x − x) and attend with the rest, [batch, heads, C, D].
+    let rest = weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
+    let rest_values = dropout(rest, options.dropout).matmul(values.clone());
 
-    // Top-k keys: exact dot products per query, renormalised to the cluster's mass (eq. 10).
-    let query_top = top.gather(2, cluster_index(&clusters.assignments, k)); // [batch, heads, L, k]
-    let top_keys = gather_rows(keys, query_top.clone()); // [batch, heads, L, k, E]
-    let top_scores = (queries.unsqueeze_dim::<5>(3) * top_keys)
-        .sum_dim(4)
-        .squeeze_dim::<4>(4)
-        .mul_scalar(input.scale);
-    let top_scores = match &input.key_lengths {
-        Some(lengths) => {
-            let padded = query_top
-                .clone()
-                .greater_equal(lengths.clone().expand([batch, heads, len, k]));
-            top_scores.mask_fill(padded, f32::NEG_INFINITY)
-        }
-        None => top_scores,
-    };
-    let query_mass = top_mass.gather(2, cluster_index(&clusters.assignments, 1)); // [batch, heads, L, 1]
-    let top_weights = dropout(softmax(top_scores, 3) * query_mass, options.dropout);
-    let top_values = gather_rows(values, query_top); // [batch, heads, L, k, D]
-    let top_output = (top_weights.unsqueeze_dim::<5>(4) * top_values)
-        .sum_dim(3)
-        .squeeze_dim::<4>(3);
+    // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
+    // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
+    let mut top_scores =
+        sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
+    if let Some(lengths) = &input.key_lengths {
+        let padded = top
+            .clone()
+            .greater_equal(lengths.clone().expand(top.dims()));
+        let bias = Tensor::<B, 4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
+            .mask_fill(padded, f32::NEG_INFINITY);
+        top_scores = top_scores + grouping.broadcast(bias);
+    }
+    let query_mass = grouping.broadcast(top_mass); // [batch, heads, L, 1]
+    let top_attention = dropout(softmax(top_scores, 3) * query_mass, options.dropout);
+    let top_output = sparse_weighted_sum(top_attention, values, top, assignments);
 
-    // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention.
-    let output =
-        top_output + rest_values.gather(2, cluster_index(&clusters.assignments, value_dim));
-    input.zero_padded_queries(output)
+    // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).
+    top_output + grouping.broadcast(rest_values)
 }

@@ -24,7 +24,10 @@ use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
+use crate::ClusteringBackend;
+use crate::clustering::Clusters;
 use crate::ops::host_lengths;
+use crate::sparse::{sparse_scatter, sparse_weighted_sum};
 
 /// Options shared by the three attentions.
 #[derive(Config, Debug, PartialEq)]
@@ -42,7 +45,6 @@ pub struct AttentionOptions {
 pub(crate) struct Checked<B: Backend> {
     pub batch: usize,
     pub heads: usize,
-    pub queries_len: usize,
     pub keys_len: usize,
     pub scale: f64,
     /// `[batch]` query lengths, `None` when every query is valid.
@@ -137,7 +139,6 @@ pub(crate) fn check_input<B: Backend>(
     Checked {
         batch,
         heads,
-        queries_len,
         keys_len,
         scale: options.scale.unwrap_or(1.0 / (dim as f64).sqrt()),
         query_lengths: query_lengths.map(|(lengths, _)| lengths),
@@ -192,68 +193,68 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
     DropoutConfig::new(prob).init().forward(x)
 }
 
-/// Rows of `x` picked per `(batch, head)`: `out[b, h, i, r, :] = x[b, h, index[b, h, i, r], :]`.
-///
-/// # Shapes
-/// - `x`: `[batch, heads, S, F]`
-/// - `index`: `[batch, heads, N, k]`, in `0..S`
-/// - output: `[batch, heads, N, k, F]`
-pub(crate) fn gather_rows<B: Backend>(x: Tensor<B, 4>, index: Tensor<B, 4, Int>) -> Tensor<B, 5> {
-    let [batch, heads, rows, features] = x.dims();
-    let [_, _, n, k] = index.dims();
-    let offsets = Tensor::<B, 1, Int>::arange(0..(batch * heads) as i64, &index.device())
-        .mul_scalar(rows as i64)
-        .reshape([batch, heads, 1, 1]);
-    let flat_index = (index + offsets).reshape([batch * heads * n * k]);
-    x.reshape([batch * heads * rows, features])
-        .select(0, flat_index)
-        .reshape([batch, heads, n, k, features])
+/// The clustering of a batch in the form the sparse products take: each query's cluster as a
+/// one-entry "top-k" (`identity[b, h, j, 0] = j`) with unit weights, so that summing the
+/// queries of each cluster is a [`sparse_scatter`] and handing each query its cluster's row is
+/// a [`sparse_weighted_sum`]. Both skip padded queries (assignment `-1`).
+pub(crate) struct Grouping<B: Backend> {
+    pub assignments: Tensor<B, 3, Int>,
+    counts: Tensor<B, 3, Int>,
+    identity: Tensor<B, 4, Int>,
+    ones: Tensor<B, 4>,
 }
 
-/// Index tensor for per-query gathers along dim 2: the cluster of each query (padded queries
-/// read cluster 0 and are zeroed afterwards), expanded to `[batch, heads, L, width]`.
-pub(crate) fn cluster_index<B: Backend>(
-    assignments: &Tensor<B, 3, Int>,
-    width: usize,
-) -> Tensor<B, 4, Int> {
-    let [batch, heads, len] = assignments.dims();
-    assignments
-        .clone()
-        .clamp_min(0)
-        .unsqueeze_dim::<4>(3)
-        .expand([batch, heads, len, width])
-}
+impl<B: ClusteringBackend> Grouping<B> {
+    pub fn new(clusters: Clusters<B>, queries: &Tensor<B, 4>) -> Self {
+        let [batch, heads, len, _] = queries.dims();
+        let [_, _, num_clusters] = clusters.counts.dims();
+        let device = queries.device();
+        Self {
+            identity: Tensor::<B, 1, Int>::arange(0..num_clusters as i64, &device)
+                .reshape([1, 1, num_clusters, 1])
+                .expand([batch, heads, num_clusters, 1]),
+            ones: Tensor::ones([batch, heads, len, 1], (&device, queries.dtype())),
+            assignments: clusters.assignments,
+            counts: clusters.counts,
+        }
+    }
 
-/// Centroids of the clusters, the mean of their member queries (paper eq. 3).
-///
-/// # Shapes
-/// - `queries`: `[batch, heads, L, E]`
-/// - output: `[batch, heads, C, E]` (zero for an empty cluster)
-pub(crate) fn centroids<B: Backend>(
-    queries: Tensor<B, 4>,
-    assignments: &Tensor<B, 3, Int>,
-    counts: &Tensor<B, 3, Int>,
-    input: &Checked<B>,
-) -> Tensor<B, 4> {
-    let [batch, heads, _, dim] = queries.dims();
-    let [_, _, clusters] = counts.dims();
-    // Padded rows may hold anything (even NaN): zero them before they are summed.
-    let queries = input.zero_padded_queries(queries);
-    let sums = Tensor::<B, 4>::zeros(
-        [batch, heads, clusters, dim],
-        (&queries.device(), queries.dtype()),
-    )
-    .scatter(
-        2,
-        cluster_index(assignments, dim),
-        queries,
-        burn::tensor::IndexingUpdateOp::Add,
-    );
-    let counts = counts
-        .clone()
-        .float()
-        .cast(sums.dtype())
-        .clamp_min(1.0)
-        .unsqueeze_dim::<4>(3);
-    sums / counts
+    /// Centroids of the clusters, the mean of their member queries (paper eq. 3).
+    ///
+    /// `queries`: `[batch, heads, L, E]` → `[batch, heads, C, E]` (zero for an empty cluster).
+    pub fn centroids(&self, queries: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [_, _, clusters] = self.counts.dims();
+        let sums = sparse_scatter(
+            self.ones.clone(),
+            queries,
+            self.identity.clone(),
+            self.assignments.clone(),
+            clusters,
+        );
+        // Multiply by 1 / count, a constant: the backward of a division goes through
+        // `recip`, which NdArray's SIMD path computes to only ~12 bits.
+        let inverse_counts =
+            Tensor::<B, 3>::ones(self.counts.dims(), (&sums.device(), sums.dtype()))
+                .div(
+                    self.counts
+                        .clone()
+                        .float()
+                        .cast(sums.dtype())
+                        .clamp_min(1.0),
+                )
+                .unsqueeze_dim::<4>(3);
+        sums * inverse_counts
+    }
+
+    /// Each query's cluster row (paper eq. 6), zero for padded queries.
+    ///
+    /// `x`: `[batch, heads, C, F]` → `[batch, heads, L, F]`.
+    pub fn broadcast(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        sparse_weighted_sum(
+            self.ones.clone(),
+            x,
+            self.identity.clone(),
+            self.assignments.clone(),
+        )
+    }
 }

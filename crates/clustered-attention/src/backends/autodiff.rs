@@ -1,11 +1,81 @@
-//! [`Autodiff`] passes the clustering ops through to its inner backend: codes, assignments
-//! and counts are integers and carry no gradient.
+//! [`Autodiff`]: the clustering ops and the top-k pass through to the inner backend (integer
+//! outputs, no gradient); the three sparse products are differentiated with the inner
+//! backend's own sparse products, since the gradient of each is made of the other two.
 
 use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::tensor::TensorMetadata;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::ClusteringBackend;
+
+/// Backward state: the two float inputs, the top-k indices and the assignments.
+type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
+
+/// `out = sparse_dot(q, k)`: `dq = sparse_weighted_sum(g, k)`, `dk = sparse_scatter(g, q)`.
+#[derive(Debug)]
+struct SparseDot;
+
+impl<B: ClusteringBackend> Backward<B, 2> for SparseDot {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (queries, keys, topk, assignments) = ops.state;
+        let keys_len = keys.shape()[2];
+        let (topk2, assignments2) = (topk.clone(), assignments.clone());
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            |grad| B::sparse_weighted_sum(grad, keys, topk, assignments),
+            |grad| B::sparse_scatter(grad, queries, topk2, assignments2, keys_len),
+        );
+    }
+}
+
+/// `out = sparse_weighted_sum(w, v)`: `dw = sparse_dot(g, v)`, `dv = sparse_scatter(w, g)`.
+#[derive(Debug)]
+struct SparseWeightedSum;
+
+impl<B: ClusteringBackend> Backward<B, 2> for SparseWeightedSum {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (weights, values, topk, assignments) = ops.state;
+        let keys_len = values.shape()[2];
+        let (topk2, assignments2) = (topk.clone(), assignments.clone());
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            |grad| B::sparse_dot(grad, values, topk, assignments),
+            |grad| B::sparse_scatter(weights, grad, topk2, assignments2, keys_len),
+        );
+    }
+}
+
+/// `out = sparse_scatter(w, x)`: `dw = sparse_dot(x, g)`, `dx = sparse_weighted_sum(w, g)`.
+#[derive(Debug)]
+struct SparseScatter;
+
+impl<B: ClusteringBackend> Backward<B, 2> for SparseScatter {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (weights, x, topk, assignments) = ops.state;
+        let (topk2, assignments2) = (topk.clone(), assignments.clone());
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            |grad| B::sparse_dot(x, grad, topk, assignments),
+            |grad| B::sparse_weighted_sum(weights, grad, topk2, assignments2),
+        );
+    }
+}
 
 impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
@@ -20,5 +90,105 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
         B::hamming_kmeans(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        B::topk_indices(scores.primitive, k)
+    }
+
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match SparseDot
+            .prepare::<C>([queries.node.clone(), keys.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let output = B::sparse_dot(
+                    queries.primitive.clone(),
+                    keys.primitive.clone(),
+                    topk.clone(),
+                    assignments.clone(),
+                );
+                prep.finish(
+                    (queries.primitive, keys.primitive, topk, assignments),
+                    output,
+                )
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::sparse_dot(
+                queries.primitive,
+                keys.primitive,
+                topk,
+                assignments,
+            )),
+        }
+    }
+
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match SparseWeightedSum
+            .prepare::<C>([weights.node.clone(), values.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let output = B::sparse_weighted_sum(
+                    weights.primitive.clone(),
+                    values.primitive.clone(),
+                    topk.clone(),
+                    assignments.clone(),
+                );
+                prep.finish(
+                    (weights.primitive, values.primitive, topk, assignments),
+                    output,
+                )
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::sparse_weighted_sum(
+                weights.primitive,
+                values.primitive,
+                topk,
+                assignments,
+            )),
+        }
+    }
+
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        match SparseScatter
+            .prepare::<C>([weights.node.clone(), x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let output = B::sparse_scatter(
+                    weights.primitive.clone(),
+                    x.primitive.clone(),
+                    topk.clone(),
+                    assignments.clone(),
+                    keys_len,
+                );
+                prep.finish((weights.primitive, x.primitive, topk, assignments), output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::sparse_scatter(
+                weights.primitive,
+                x.primitive,
+                topk,
+                assignments,
+                keys_len,
+            )),
+        }
     }
 }

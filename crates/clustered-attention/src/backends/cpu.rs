@@ -1,10 +1,85 @@
-//! CPU backends: the default bodies made of Burn tensor ops.
+//! CPU backends: host loops for K-means, top-k and the sparse products
+//! ([`crate::ops::host`]); hashing stays a Burn matrix product.
+
+/// Implements [`ClusteringBackend`](crate::ClusteringBackend) with the host ops.
+macro_rules! host_ops {
+    () => {
+        fn hamming_kmeans(
+            codes: IntTensor<Self>,
+            query_lengths: Option<IntTensor<Self>>,
+            clusters: usize,
+            iterations: usize,
+            seed: u64,
+        ) -> (IntTensor<Self>, IntTensor<Self>) {
+            host::hamming_kmeans::<Self>(codes, query_lengths, clusters, iterations, seed)
+        }
+
+        fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+            host::topk_indices::<Self>(scores, k)
+        }
+
+        fn sparse_dot(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
+            host::sparse_dot::<Self>(queries, keys, topk, assignments)
+        }
+
+        fn sparse_weighted_sum(
+            weights: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
+            host::sparse_weighted_sum::<Self>(weights, values, topk, assignments)
+        }
+
+        fn sparse_scatter(
+            weights: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+            keys_len: usize,
+        ) -> FloatTensor<Self> {
+            host::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len)
+        }
+    };
+}
 
 #[cfg(feature = "ndarray")]
 mod ndarray {
     use crate::ClusteringBackend;
+    use crate::ops::host::{self, HostAccess};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
+    use burn::tensor::TensorMetadata;
+    use burn::tensor::ops::{FloatTensor, IntTensor};
+
+    impl<E, I, Q> HostAccess for NdArray<E, I, Q>
+    where
+        E: FloatNdArrayElement,
+        I: IntNdArrayElement,
+        Q: QuantElement,
+        NdArrayTensor: From<SharedArray<E>>,
+        NdArrayTensor: From<SharedArray<I>>,
+    {
+        /// Borrows the array when it is in standard layout (NdArray copies shared arrays
+        /// element by element in `into_data`).
+        fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
+            match x {
+                NdArrayTensor::F32(storage) => {
+                    let view = storage.view();
+                    match view.as_slice() {
+                        Some(values) => f(values),
+                        None => f(&view.iter().copied().collect::<Vec<f32>>()),
+                    }
+                }
+                other => panic!("expected an f32 tensor, got {:?}", other.dtype()),
+            }
+        }
+    }
 
     impl<E, I, Q> ClusteringBackend for NdArray<E, I, Q>
     where
@@ -14,13 +89,28 @@ mod ndarray {
         NdArrayTensor: From<SharedArray<E>>,
         NdArrayTensor: From<SharedArray<I>>,
     {
+        host_ops!();
     }
 }
 
 #[cfg(feature = "flex")]
 mod flex {
     use crate::ClusteringBackend;
+    use crate::ops::host::{self, HostAccess};
     use burn::backend::Flex;
+    use burn::tensor::ops::{FloatTensor, IntTensor};
 
-    impl ClusteringBackend for Flex {}
+    impl HostAccess for Flex {
+        /// Borrows the storage when it is contiguous.
+        fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
+            match x.as_slice::<f32>() {
+                Some(values) => f(values),
+                None => f(x.to_contiguous().as_slice::<f32>().expect("an f32 tensor")),
+            }
+        }
+    }
+
+    impl ClusteringBackend for Flex {
+        host_ops!();
+    }
 }

@@ -7,7 +7,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
 
 use super::{MAX_BITS, NO_CLUSTER, host_lengths, initial_centroid_positions};
 
@@ -208,4 +208,141 @@ pub fn hamming_kmeans<B: Backend>(
     let counts = counts.mask_where(exact.expand([batch, heads, clusters]), singletons);
 
     (assignments.into_primitive(), counts.into_primitive())
+}
+
+/// Default body of [`ClusteringBackend::topk_indices`](super::ClusteringBackend::topk_indices):
+/// a descending sort of each row, then its first `k` indices.
+///
+/// # Panics
+/// If `k` is 0 or greater than `S`.
+pub fn topk_indices<B: Backend>(scores: FloatTensor<B>, k: usize) -> IntTensor<B> {
+    let scores = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(scores));
+    let [batch, heads, rows, len] = scores.dims();
+    check_topk(k, len);
+    let (_, order) = scores.sort_descending_with_indices(3);
+    order
+        .slice([0..batch, 0..heads, 0..rows, 0..k])
+        .into_primitive()
+}
+
+/// Panics unless `1 ≤ k ≤ len`.
+pub(crate) fn check_topk(k: usize, len: usize) {
+    assert!(
+        (1..=len).contains(&k),
+        "topk must be in 1..={len} (the number of keys), got {k}"
+    );
+}
+
+/// The top-k indices of each query's cluster, `[batch, heads, L, k]` (padded queries read
+/// cluster 0), and the `[batch, heads, L, 1]` mask of the padded queries.
+fn query_topk<B: Backend>(
+    topk: Tensor<B, 4, Int>,
+    assignments: Tensor<B, 3, Int>,
+) -> (Tensor<B, 4, Int>, Tensor<B, 4, Bool>) {
+    let [batch, heads, len] = assignments.dims();
+    let [_, _, _, k] = topk.dims();
+    let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
+    let index = assignments
+        .clamp_min(0)
+        .unsqueeze_dim::<4>(3)
+        .expand([batch, heads, len, k]);
+    (topk.gather(2, index), padded)
+}
+
+/// Rows `index[b, h, i, r]` of `x[b, h]`: `[batch, heads, N, k, F]`.
+fn gather_rows<B: Backend>(x: Tensor<B, 4>, index: Tensor<B, 4, Int>) -> Tensor<B, 5> {
+    let [batch, heads, rows, features] = x.dims();
+    let [_, _, n, k] = index.dims();
+    let offsets = Tensor::<B, 1, Int>::arange(0..(batch * heads) as i64, &index.device())
+        .mul_scalar(rows as i64)
+        .reshape([batch, heads, 1, 1]);
+    let flat_index = (index + offsets).reshape([batch * heads * n * k]);
+    x.reshape([batch * heads * rows, features])
+        .select(0, flat_index)
+        .reshape([batch, heads, n, k, features])
+}
+
+fn float4<B: Backend>(x: FloatTensor<B>) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn float_out<B: Backend>(x: Tensor<B, 4>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// Default body of [`ClusteringBackend::sparse_dot`](super::ClusteringBackend::sparse_dot):
+/// gathers the `[batch, heads, L, k, E]` keys of every query.
+pub fn sparse_dot<B: Backend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+) -> FloatTensor<B> {
+    let (queries, keys) = (float4::<B>(queries), float4::<B>(keys));
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    let dots = (queries.unsqueeze_dim::<5>(3) * gather_rows(keys, index))
+        .sum_dim(4)
+        .squeeze_dim::<4>(4);
+    let shape = dots.dims();
+    float_out(dots.mask_fill(padded.expand(shape), 0.0))
+}
+
+/// Default body of
+/// [`ClusteringBackend::sparse_weighted_sum`](super::ClusteringBackend::sparse_weighted_sum):
+/// gathers the `[batch, heads, L, k, D]` values of every query.
+pub fn sparse_weighted_sum<B: Backend>(
+    weights: FloatTensor<B>,
+    values: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+) -> FloatTensor<B> {
+    let (weights, values) = (float4::<B>(weights), float4::<B>(values));
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    let sums = (weights.unsqueeze_dim::<5>(4) * gather_rows(values, index))
+        .sum_dim(3)
+        .squeeze_dim::<4>(3);
+    let shape = sums.dims();
+    float_out(sums.mask_fill(padded.expand(shape), 0.0))
+}
+
+/// Default body of [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter):
+/// scatter-adds the `[batch, heads, L · k, F]` products `weights[i, r] · x[i]` into the key rows.
+pub fn sparse_scatter<B: Backend>(
+    weights: FloatTensor<B>,
+    x: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+    keys_len: usize,
+) -> FloatTensor<B> {
+    let (weights, x) = (float4::<B>(weights), float4::<B>(x));
+    let [batch, heads, len, k] = weights.dims();
+    let [_, _, _, features] = x.dims();
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    // Padded rows may hold anything, even NaN: zero them (and their weights) before summing.
+    let x = x.mask_fill(padded.clone().expand([batch, heads, len, features]), 0.0);
+    let weights = weights.mask_fill(padded.expand([batch, heads, len, k]), 0.0);
+    let products = weights.unsqueeze_dim::<5>(4) * x.unsqueeze_dim::<5>(3); // [b, h, L, k, F]
+    let index = index
+        .unsqueeze_dim::<5>(4)
+        .expand([batch, heads, len, k, features])
+        .reshape([batch, heads, len * k, features]);
+    let zeros = Tensor::<B, 4>::zeros(
+        [batch, heads, keys_len, features],
+        (&products.device(), products.dtype()),
+    );
+    float_out(zeros.scatter(
+        2,
+        index,
+        products.reshape([batch, heads, len * k, features]),
+        burn::tensor::IndexingUpdateOp::Add,
+    ))
 }

@@ -157,11 +157,12 @@ fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteringBackend>
     }
 }
 
-type F64Backend = Autodiff<burn::backend::NdArray<f64>>;
+/// Flex holds any float dtype at run time: the f64 tensors are created with an explicit
+/// dtype and every op keeps it. (NdArray<f64> would share its device, and the device's default
+/// dtype, with the NdArray<f32> tests running in the same process.)
+type F64Backend = Autodiff<FlexBackend>;
 
 fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<F64Backend, 4> {
-    // Explicit dtype: NdArray<f32> and NdArray<f64> share one device, whose default float
-    // dtype is whichever backend touched it first.
     Tensor::from_data(
         TensorData::new(data.to_vec(), dims),
         (&Default::default(), DType::F64),
@@ -210,7 +211,12 @@ fn gradients_match_finite_differences() {
                 let eval = |delta: f64| {
                     let mut shifted = inputs.clone();
                     shifted[which][index] += delta;
-                    loss(kind, &shifted, false).0.into_scalar()
+                    loss(kind, &shifted, false)
+                        .0
+                        .into_data()
+                        .iter::<f64>()
+                        .next()
+                        .unwrap()
                 };
                 let numeric = (eval(step) - eval(-step)) / (2.0 * step);
                 let diff = (numeric - grad[index]).abs();

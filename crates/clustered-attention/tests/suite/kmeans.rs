@@ -1,7 +1,7 @@
 //! Hashing and Hamming K-means against plain-loop references.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use clustered_attention::ops::initial_centroid_positions;
+use clustered_attention::ops::{initial_centroid_positions, reference};
 use clustered_attention::{ClusteringBackend, hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
 
@@ -69,7 +69,17 @@ fn codes_tensor<B: ClusteringBackend>(codes: &[u32], dims: [usize; 3]) -> Tensor
     Tensor::from_data(TensorData::new(values, dims), &Default::default())
 }
 
+/// Which implementation of the ops a test runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Implementation {
+    /// The backend's own (host loops on NdArray and Flex).
+    Backend,
+    /// The default bodies made of Burn tensor ops.
+    Reference,
+}
+
 fn run<B: ClusteringBackend>(
+    implementation: Implementation,
     codes: &[u32],
     dims: [usize; 3],
     query_lengths: Option<&[usize]>,
@@ -78,19 +88,33 @@ fn run<B: ClusteringBackend>(
     seed: u64,
 ) -> (Vec<i64>, Vec<i64>) {
     let device = Default::default();
-    let result = hamming_kmeans(
-        codes_tensor::<B>(codes, dims),
-        query_lengths.map(|l| lengths::<B>(l, &device)),
-        clusters,
-        iterations,
-        seed,
-    );
-    (host_ints(result.assignments), host_ints(result.counts))
+    let codes = codes_tensor::<B>(codes, dims);
+    let query_lengths = query_lengths.map(|l| lengths::<B>(l, &device));
+    let (assignments, counts) = match implementation {
+        Implementation::Backend => {
+            let clusters = hamming_kmeans(codes, query_lengths, clusters, iterations, seed);
+            (clusters.assignments, clusters.counts)
+        }
+        Implementation::Reference => {
+            let (a, c) = reference::hamming_kmeans::<B>(
+                codes.into_primitive(),
+                query_lengths.map(Tensor::into_primitive),
+                clusters,
+                iterations,
+                seed,
+            );
+            (
+                Tensor::<B, 3, Int>::from_primitive(a),
+                Tensor::from_primitive(c),
+            )
+        }
+    };
+    (host_ints(assignments), host_ints(counts))
 }
 
 /// The default bodies reproduce the loop reference bit for bit, with and without padding,
 /// with more, as many and fewer valid queries than clusters.
-fn kmeans_matches_reference<B: ClusteringBackend>() {
+fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation) {
     let mut rng = rng(21);
     for (len, clusters, iterations, bits) in [
         (50, 6, 10, 32),
@@ -111,6 +135,7 @@ fn kmeans_matches_reference<B: ClusteringBackend>() {
         for query_lengths in [None, Some(vec![len, len / 2, 1])] {
             let seed = 1000 + len as u64;
             let (assignments, counts) = run::<B>(
+                implementation,
                 &codes,
                 [batch, heads, len],
                 query_lengths.as_deref(),
@@ -154,7 +179,7 @@ fn kmeans_matches_reference<B: ClusteringBackend>() {
 /// 0x00, cluster 1 = {B, W = 0x1F} ties on bits 5–7 and must keep 0xFF. Expected: A, X → 0 and
 /// B, W → 1. (Ties to the highest index would send X to 1; ties setting a bit would pull W
 /// to cluster 0x0F; ties clearing a bit would pull X to 0x1F.)
-fn kmeans_tie_rules<B: ClusteringBackend>() {
+fn kmeans_tie_rules<B: ClusteringBackend>(implementation: Implementation) {
     let (len, clusters, seed) = (4, 2, 5);
     let initial = initial_centroid_positions(&[len], 1, clusters, seed);
     let (pa, pb) = (initial[0] as usize, initial[1] as usize);
@@ -165,7 +190,8 @@ fn kmeans_tie_rules<B: ClusteringBackend>() {
     codes[pb] = 0xFF;
     codes[px] = 0x0F;
     codes[pw] = 0x1F;
-    let (assignments, counts) = run::<B>(&codes, [1, 1, len], None, clusters, 1, seed);
+    let (assignments, counts) =
+        run::<B>(implementation, &codes, [1, 1, len], None, clusters, 1, seed);
     let mut expected = vec![0i64; len];
     expected[pb] = 1;
     expected[pw] = 1;
@@ -188,7 +214,8 @@ fn kmeans_tie_rules<B: ClusteringBackend>() {
         .collect();
     codes[others[0]] = 0x0F;
     codes[others[1]] = 0x1F;
-    let (assignments, counts) = run::<B>(&codes, [1, 1, len], None, clusters, 3, seed);
+    let (assignments, counts) =
+        run::<B>(implementation, &codes, [1, 1, len], None, clusters, 3, seed);
     let mut expected = vec![0i64; len];
     expected[initial[2] as usize] = 2;
     expected[others[1]] = 2;
@@ -199,7 +226,7 @@ fn kmeans_tie_rules<B: ClusteringBackend>() {
 /// Planted groups of codes (centres ≥ 16 bits apart, members ≤ 2 bits from their centre) are
 /// recovered exactly when each group holds one initial centroid, and never mixed when there
 /// are more clusters than groups.
-fn kmeans_recovers_planted_groups<B: ClusteringBackend>() {
+fn kmeans_recovers_planted_groups<B: ClusteringBackend>(implementation: Implementation) {
     let centres: [u32; 4] = [0x0000_0000, 0xFFFF_0000, 0x0000_FFFF, 0xF0F0_F0F0];
     for (a, b) in [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)] {
         assert!((centres[a] ^ centres[b]).count_ones() >= 16);
@@ -226,7 +253,7 @@ fn kmeans_recovers_planted_groups<B: ClusteringBackend>() {
             hit == [0, 1, 2, 3]
         })
         .expect("some seed covers the four groups");
-    let (assignments, counts) = run::<B>(&codes, [1, 1, len], None, 4, 10, seed);
+    let (assignments, counts) = run::<B>(implementation, &codes, [1, 1, len], None, 4, 10, seed);
     for i in 0..len {
         for j in 0..len {
             assert_eq!(
@@ -239,7 +266,7 @@ fn kmeans_recovers_planted_groups<B: ClusteringBackend>() {
     assert_eq!(counts.iter().sum::<i64>(), len as i64);
 
     for seed in 0..5 {
-        let (assignments, _) = run::<B>(&codes, [1, 1, len], None, 9, 10, seed);
+        let (assignments, _) = run::<B>(implementation, &codes, [1, 1, len], None, 9, 10, seed);
         for i in 0..len {
             for j in 0..len {
                 if assignments[i] == assignments[j] {
@@ -296,19 +323,20 @@ fn lsh_hash_matches_reference<B: ClusteringBackend>() {
 }
 
 macro_rules! kmeans_tests {
-    ($module:ident, $backend:ty) => {
+    ($module:ident, $backend:ty, $implementation:expr) => {
         mod $module {
+            use super::Implementation;
             #[test]
             fn kmeans_matches_reference() {
-                super::kmeans_matches_reference::<$backend>();
+                super::kmeans_matches_reference::<$backend>($implementation);
             }
             #[test]
             fn kmeans_tie_rules() {
-                super::kmeans_tie_rules::<$backend>();
+                super::kmeans_tie_rules::<$backend>($implementation);
             }
             #[test]
             fn kmeans_recovers_planted_groups() {
-                super::kmeans_recovers_planted_groups::<$backend>();
+                super::kmeans_recovers_planted_groups::<$backend>($implementation);
             }
             #[test]
             fn lsh_hash_matches_reference() {
@@ -318,5 +346,15 @@ macro_rules! kmeans_tests {
     };
 }
 
-kmeans_tests!(ndarray, crate::common::NdArrayBackend);
-kmeans_tests!(flex, crate::common::FlexBackend);
+// The default bodies (Burn tensor ops) and the host loops of NdArray and Flex.
+kmeans_tests!(
+    reference_ndarray,
+    crate::common::NdArrayBackend,
+    Implementation::Reference
+);
+kmeans_tests!(
+    ndarray,
+    crate::common::NdArrayBackend,
+    Implementation::Backend
+);
+kmeans_tests!(flex, crate::common::FlexBackend, Implementation::Backend);

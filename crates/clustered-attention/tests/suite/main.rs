@@ -11,3 +11,4 @@ mod autodiff;
 mod inputs;
 mod kmeans;
 mod layer;
+mod sparse;

@@ -1,0 +1,84 @@
+//! Tensor-level forms of the top-k selection and the sparse top-k products of improved
+//! clustered attention (paper §3.3, eqs. 9–11); see [`ClusteringBackend`] for their
+//! definitions.
+
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+use crate::ClusteringBackend;
+
+/// Indices of the `k` largest scores of every row, in descending order of score. No gradient.
+///
+/// # Shapes
+/// - `scores`: `[batch, heads, C, S]`
+/// - output: `[batch, heads, C, k]`
+///
+/// # Panics
+/// If `k` is 0 or greater than `S`.
+pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Tensor<B, 4, Int> {
+    Tensor::from_primitive(B::topk_indices(scores.into_primitive().tensor(), k))
+}
+
+/// `out[b, h, i, r] = queries[b, h, i] · keys[b, h, topk[b, h, a_i, r]]`, zero for padded
+/// queries (`a_i = -1`). Differentiable in `queries` and `keys`.
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`
+/// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
+/// - output: `[batch, heads, L, k]`
+pub fn sparse_dot<B: ClusteringBackend>(
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    topk: Tensor<B, 4, Int>,
+    assignments: Tensor<B, 3, Int>,
+) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_dot(
+        queries.into_primitive().tensor(),
+        keys.into_primitive().tensor(),
+        topk.into_primitive(),
+        assignments.into_primitive(),
+    )))
+}
+
+/// `out[b, h, i] = Σ_r weights[b, h, i, r] · values[b, h, topk[b, h, a_i, r]]`, zero for
+/// padded queries. Differentiable in `weights` and `values`.
+///
+/// # Shapes
+/// - `weights`: `[batch, heads, L, k]`, `values`: `[batch, heads, S, D]`
+/// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
+/// - output: `[batch, heads, L, D]`
+pub fn sparse_weighted_sum<B: ClusteringBackend>(
+    weights: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    topk: Tensor<B, 4, Int>,
+    assignments: Tensor<B, 3, Int>,
+) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_weighted_sum(
+        weights.into_primitive().tensor(),
+        values.into_primitive().tensor(),
+        topk.into_primitive(),
+        assignments.into_primitive(),
+    )))
+}
+
+/// `out[b, h, l] = Σ_{i, r : topk[b, h, a_i, r] = l} weights[b, h, i, r] · x[b, h, i]`, the
+/// transpose of [`sparse_dot`] and [`sparse_weighted_sum`]. Differentiable in `weights` and `x`.
+///
+/// # Shapes
+/// - `weights`: `[batch, heads, L, k]`, `x`: `[batch, heads, L, F]`
+/// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
+/// - output: `[batch, heads, keys_len, F]`
+pub fn sparse_scatter<B: ClusteringBackend>(
+    weights: Tensor<B, 4>,
+    x: Tensor<B, 4>,
+    topk: Tensor<B, 4, Int>,
+    assignments: Tensor<B, 3, Int>,
+    keys_len: usize,
+) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_scatter(
+        weights.into_primitive().tensor(),
+        x.into_primitive().tensor(),
+        topk.into_primitive(),
+        assignments.into_primitive(),
+        keys_len,
+    )))
+}

@@ -1,0 +1,316 @@
+//! The top-k selection and the sparse products: the backends' implementations (host loops on
+//! NdArray and Flex, custom backward under Autodiff) against the default bodies and against
+//! plain loops.
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use clustered_attention::ClusteringBackend;
+use clustered_attention::ops::reference;
+use clustered_attention::sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices};
+use rand::RngExt;
+
+use crate::common::*;
+
+const TOLERANCE: f32 = 1e-5;
+
+/// Random top-k sets (distinct keys per cluster) and assignments with padded queries.
+struct Indices {
+    topk: Vec<i64>,
+    topk_dims: [usize; 4],
+    assignments: Vec<i64>,
+    assignment_dims: [usize; 3],
+}
+
+fn indices(
+    batch: usize,
+    heads: usize,
+    len: usize,
+    keys_len: usize,
+    clusters: usize,
+    k: usize,
+    seed: u64,
+) -> Indices {
+    let mut rng = rng(seed);
+    let mut topk = Vec::new();
+    for _ in 0..batch * heads * clusters {
+        let picked = rand::seq::index::sample(&mut rng, keys_len, k);
+        topk.extend(picked.iter().map(|p| p as i64));
+    }
+    let assignments = (0..batch * heads * len)
+        .map(|i| {
+            let position = i % len;
+            if position >= len - 3 && (i / len) % 2 == 1 {
+                -1 // padded tail in every other row
+            } else {
+                rng.random_range(0..clusters as i64)
+            }
+        })
+        .collect();
+    Indices {
+        topk,
+        topk_dims: [batch, heads, clusters, k],
+        assignments,
+        assignment_dims: [batch, heads, len],
+    }
+}
+
+impl Indices {
+    fn tensors<B: Backend>(&self) -> (Tensor<B, 4, Int>, Tensor<B, 3, Int>) {
+        let device = Default::default();
+        (
+            Tensor::from_data(TensorData::new(self.topk.clone(), self.topk_dims), &device),
+            Tensor::from_data(
+                TensorData::new(self.assignments.clone(), self.assignment_dims),
+                &device,
+            ),
+        )
+    }
+}
+
+fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
+    let a: Vec<f32> = a.into_data().iter::<f32>().collect();
+    let b: Vec<f32> = b.into_data().iter::<f32>().collect();
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+/// The backend's sparse products equal the default bodies, and `sparse_dot` equals plain loops.
+fn sparse_products_match_reference<B: ClusteringBackend>() {
+    let device = Default::default();
+    let (batch, heads, len, keys_len, dim, clusters, k) = (2, 3, 37, 29, 10, 5, 6);
+    let ix = indices(batch, heads, len, keys_len, clusters, k, 61);
+    let queries = normal([batch, heads, len, dim], 62);
+    let keys = normal([batch, heads, keys_len, dim], 63);
+    let weights = normal([batch, heads, len, k], 64);
+    let (q, kt) = (
+        queries.to_tensor::<B>(&device),
+        keys.to_tensor::<B>(&device),
+    );
+    let w = weights.to_tensor::<B>(&device);
+    let (topk, assignments) = ix.tensors::<B>();
+
+    let dots = sparse_dot(q.clone(), kt.clone(), topk.clone(), assignments.clone());
+    let expected = float::<B>(reference::sparse_dot::<B>(
+        q.clone().into_primitive().tensor(),
+        kt.clone().into_primitive().tensor(),
+        topk.clone().into_primitive(),
+        assignments.clone().into_primitive(),
+    ));
+    let diff = max_diff(dots.clone(), expected);
+    assert!(diff <= TOLERANCE, "sparse_dot vs default body: {diff}");
+    let dots = Host4::from_tensor(dots);
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                let a = ix.assignments[(b * heads + h) * len + i];
+                for r in 0..k {
+                    let expected = if a < 0 {
+                        0.0
+                    } else {
+                        let key =
+                            ix.topk[((b * heads + h) * clusters + a as usize) * k + r] as usize;
+                        (0..dim)
+                            .map(|e| queries.at(b, h, i, e) * keys.at(b, h, key, e))
+                            .sum()
+                    };
+                    assert!((dots.at(b, h, i, r) - expected).abs() <= TOLERANCE as f64);
+                }
+            }
+        }
+    }
+
+    let sums = sparse_weighted_sum(w.clone(), kt.clone(), topk.clone(), assignments.clone());
+    let expected = float::<B>(reference::sparse_weighted_sum::<B>(
+        w.clone().into_primitive().tensor(),
+        kt.clone().into_primitive().tensor(),
+        topk.clone().into_primitive(),
+        assignments.clone().into_primitive(),
+    ));
+    let diff = max_diff(sums, expected);
+    assert!(
+        diff <= TOLERANCE,
+        "sparse_weighted_sum vs default body: {diff}"
+    );
+
+    let scattered = sparse_scatter(
+        w.clone(),
+        q.clone(),
+        topk.clone(),
+        assignments.clone(),
+        keys_len,
+    );
+    let expected = float::<B>(reference::sparse_scatter::<B>(
+        w.into_primitive().tensor(),
+        q.into_primitive().tensor(),
+        topk.into_primitive(),
+        assignments.into_primitive(),
+        keys_len,
+    ));
+    let diff = max_diff(scattered, expected);
+    assert!(diff <= TOLERANCE, "sparse_scatter vs default body: {diff}");
+}
+
+/// The backend's top-k equals a sort (no ties in random data); among ties it takes the
+/// lowest index (host loops), and k = S returns every index.
+fn topk_matches_sort<B: ClusteringBackend>() {
+    let device = Default::default();
+    let scores = normal([2, 2, 7, 40], 71);
+    let t = scores.to_tensor::<B>(&device);
+    for k in [1, 5, 40] {
+        let ours = host_ints(topk_indices(t.clone(), k));
+        for row in 0..2 * 2 * 7 {
+            let values = &scores.data[row * 40..(row + 1) * 40];
+            let mut order: Vec<usize> = (0..40).collect();
+            order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+            let expected: Vec<i64> = order[..k].iter().map(|&i| i as i64).collect();
+            assert_eq!(
+                ours[row * k..(row + 1) * k],
+                expected[..],
+                "k {k}, row {row}"
+            );
+        }
+        let reference = host_ints(Tensor::<B, 4, Int>::from_primitive(
+            reference::topk_indices::<B>(t.clone().into_primitive().tensor(), k),
+        ));
+        assert_eq!(ours, reference, "k {k}: backend vs default body");
+    }
+    let ties = Tensor::<B, 4>::from_data(
+        TensorData::new(
+            vec![1.0f32, 3.0, 3.0, 2.0, 3.0, f32::NEG_INFINITY],
+            [1, 1, 1, 6],
+        ),
+        &device,
+    );
+    assert_eq!(host_ints(topk_indices(ties, 3)), vec![1, 2, 4]);
+    // A tie at the boundary of the top-k keeps the earliest index.
+    let boundary = Tensor::<B, 4>::from_data(
+        TensorData::new(vec![3.0f32, 1.0, 1.0, 1.0], [1, 1, 1, 4]),
+        &device,
+    );
+    assert_eq!(host_ints(topk_indices(boundary, 2)), vec![0, 1]);
+}
+
+/// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
+/// sparse products) equals autodiff through the default bodies.
+fn sparse_gradients_match_reference<B: ClusteringBackend>() {
+    type A<B> = Autodiff<B>;
+    let device = Default::default();
+    let (batch, heads, len, keys_len, dim, clusters, k) = (2, 2, 23, 17, 6, 4, 5);
+    let ix = indices(batch, heads, len, keys_len, clusters, k, 81);
+    let x = normal([batch, heads, len, dim], 82);
+    let y = normal([batch, heads, keys_len, dim], 83);
+    let w = normal([batch, heads, len, k], 84);
+    let (topk, assignments) = ix.tensors::<A<B>>();
+    let outer_dot = normal([batch, heads, len, k], 85).to_tensor::<A<B>>(&device);
+    let outer_sum = normal([batch, heads, len, dim], 86).to_tensor::<A<B>>(&device);
+    let outer_scatter = normal([batch, heads, keys_len, dim], 87).to_tensor::<A<B>>(&device);
+
+    type Op<B> = fn(
+        Tensor<A<B>, 4>,
+        Tensor<A<B>, 4>,
+        Tensor<A<B>, 4, Int>,
+        Tensor<A<B>, 3, Int>,
+    ) -> Tensor<A<B>, 4>;
+    type Case<'a, B> = (
+        &'a str,
+        &'a Host4,
+        &'a Host4,
+        Op<B>,
+        Op<B>,
+        &'a Tensor<A<B>, 4>,
+    );
+    let cases: [Case<B>; 3] = [
+        (
+            "sparse_dot",
+            &x,
+            &y,
+            |a, b, t, s| sparse_dot(a, b, t, s),
+            |a, b, t, s| {
+                float(reference::sparse_dot::<A<B>>(
+                    a.into_primitive().tensor(),
+                    b.into_primitive().tensor(),
+                    t.into_primitive(),
+                    s.into_primitive(),
+                ))
+            },
+            &outer_dot,
+        ),
+        (
+            "sparse_weighted_sum",
+            &w,
+            &y,
+            |a, b, t, s| sparse_weighted_sum(a, b, t, s),
+            |a, b, t, s| {
+                float(reference::sparse_weighted_sum::<A<B>>(
+                    a.into_primitive().tensor(),
+                    b.into_primitive().tensor(),
+                    t.into_primitive(),
+                    s.into_primitive(),
+                ))
+            },
+            &outer_sum,
+        ),
+        (
+            "sparse_scatter",
+            &w,
+            &x,
+            |a, b, t, s| sparse_scatter(a, b, t, s, 17),
+            |a, b, t, s| {
+                float(reference::sparse_scatter::<A<B>>(
+                    a.into_primitive().tensor(),
+                    b.into_primitive().tensor(),
+                    t.into_primitive(),
+                    s.into_primitive(),
+                    17,
+                ))
+            },
+            &outer_scatter,
+        ),
+    ];
+    for (name, first, second, ours, theirs, outer) in cases {
+        let grads = |op: Op<B>| {
+            let a = first.to_tensor::<A<B>>(&device).require_grad();
+            let b = second.to_tensor::<A<B>>(&device).require_grad();
+            let loss =
+                (op(a.clone(), b.clone(), topk.clone(), assignments.clone()) * outer.clone()).sum();
+            let g = loss.backward();
+            (a.grad(&g).unwrap(), b.grad(&g).unwrap())
+        };
+        let ((a1, b1), (a2, b2)) = (grads(ours), grads(theirs));
+        let (da, db) = (max_diff(a1, a2), max_diff(b1, b2));
+        assert!(
+            da <= TOLERANCE && db <= TOLERANCE,
+            "{name}: gradients differ by {da}, {db}"
+        );
+    }
+}
+
+macro_rules! sparse_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn sparse_products_match_reference() {
+                super::sparse_products_match_reference::<$backend>();
+            }
+            #[test]
+            fn topk_matches_sort() {
+                super::topk_matches_sort::<$backend>();
+            }
+            #[test]
+            fn sparse_gradients_match_reference() {
+                super::sparse_gradients_match_reference::<$backend>();
+            }
+        }
+    };
+}
+
+sparse_tests!(ndarray, crate::common::NdArrayBackend);
+sparse_tests!(flex, crate::common::FlexBackend);
