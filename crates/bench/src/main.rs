@@ -1,0 +1,118 @@
+//! Cross-backend benchmark of full, clustered and improved clustered attention.
+//!
+//! The same attention code runs on every compiled backend. Per backend and sequence length it
+//! times our full attention, Burn's fused `burn::tensor::module::attention`, clustered and
+//! improved clustered attention, and the hashing and K-means ops alone; it prints a markdown
+//! table and writes CSV, JSON and an SVG plot under `--out-dir`.
+
+mod backends;
+mod measure;
+mod report;
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Parser, ValueEnum};
+
+/// Command-line arguments.
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Benchmark full, clustered and improved clustered attention across backends")]
+pub struct Args {
+    /// Backends to run, comma separated (default: every compiled one).
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Vec<String>,
+    /// Sequence lengths L = S, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+    pub lengths: Vec<usize>,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Per-head dimension E = D of queries, keys and values.
+    #[arg(long, default_value_t = 64)]
+    pub dim: usize,
+    /// Clusters C.
+    #[arg(long, default_value_t = 100)]
+    pub clusters: usize,
+    /// Keys recomputed exactly per cluster by improved clustered attention.
+    #[arg(long, default_value_t = 32)]
+    pub topk: usize,
+    /// Hash bits.
+    #[arg(long, default_value_t = 32)]
+    pub bits: usize,
+    /// Lloyd iterations.
+    #[arg(long, default_value_t = 10)]
+    pub iterations: usize,
+    /// `forward` times the forward pass; `train` times forward + backward.
+    #[arg(long, value_enum, default_value_t = Mode::Forward)]
+    pub mode: Mode,
+    /// Timed runs per measurement (after the warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Untimed warm-up runs per measurement.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Only these attentions/ops (full, fused, clustered, improved, lsh_hash, hamming_kmeans).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Memory budget in GiB for one measurement; larger ones are skipped with a note
+    /// (default: 70 % of the available RAM for CPU backends, 64 GiB for GPU backends).
+    #[arg(long)]
+    pub memory_gib: Option<f64>,
+    /// Output directory for the CSV, JSON and SVG files.
+    #[arg(long, default_value = "bench-results")]
+    pub out_dir: PathBuf,
+    /// Name of the output files (default: `<mode>`).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// What is timed.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The forward pass.
+    Forward,
+    /// Forward and backward passes.
+    Train,
+}
+
+fn main() -> Result<()> {
+    let mut args = Args::parse();
+    let compiled = backends::compiled();
+    if args.backends.is_empty() {
+        args.backends = compiled.iter().map(|s| s.to_string()).collect();
+    }
+    for backend in &args.backends {
+        if !compiled.contains(&backend.as_str()) {
+            bail!(
+                "backend {backend:?} is not compiled into this binary (compiled: {}); rebuild with `--features {backend}`",
+                compiled.join(", ")
+            );
+        }
+    }
+    for op in &args.only {
+        if !measure::OPS.contains(&op.as_str()) {
+            bail!(
+                "unknown op {op:?} in --only (known: {})",
+                measure::OPS.join(", ")
+            );
+        }
+    }
+    if args.lengths.is_empty() || args.lengths.contains(&0) {
+        bail!(
+            "--lengths must list positive lengths, got {:?}",
+            args.lengths
+        );
+    }
+
+    let machine = report::Machine::detect();
+    eprintln!("machine: {}", machine.describe());
+    let mut records = Vec::new();
+    for backend in args.backends.clone() {
+        records.extend(backends::run(&backend, &args)?);
+    }
+    report::write_all(&args, &machine, &records)
+}

@@ -1,0 +1,309 @@
+//! Timing the attentions and the clustering ops on one backend.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Distribution, Tensor};
+use clustered_attention::{
+    AttentionOptions, ClusteringBackend, ClusteringOptions, clustered_attention, full_attention,
+    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+};
+use serde::Serialize;
+
+use crate::{Args, Mode};
+
+/// Everything that can be timed, in table order.
+pub const OPS: [&str; 6] = [
+    "full",
+    "fused",
+    "clustered",
+    "improved",
+    "lsh_hash",
+    "hamming_kmeans",
+];
+
+/// Ops that have a backward pass (timed in `--mode train`).
+const ATTENTIONS: [&str; 4] = ["full", "fused", "clustered", "improved"];
+
+/// One measurement (or one skipped measurement).
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub backend: String,
+    pub dtype: &'static str,
+    pub mode: Mode,
+    pub op: String,
+    pub batch: usize,
+    pub heads: usize,
+    pub length: usize,
+    pub dim: usize,
+    pub clusters: usize,
+    pub topk: usize,
+    pub bits: usize,
+    pub iterations: usize,
+    pub runs: usize,
+    /// Median, minimum and maximum wall time of the timed runs, in seconds.
+    pub median_s: Option<f64>,
+    pub min_s: Option<f64>,
+    pub max_s: Option<f64>,
+    /// Estimated floating-point (or, for the clustering ops, bit) operations of one run.
+    pub flops: f64,
+    pub gflops_per_s: Option<f64>,
+    /// Why the measurement was skipped, if it was.
+    pub skipped: Option<String>,
+}
+
+fn selected(args: &Args) -> Vec<&'static str> {
+    let ops: &[&'static str] = match args.mode {
+        Mode::Forward => &OPS,
+        Mode::Train => &ATTENTIONS,
+    };
+    ops.iter()
+        .copied()
+        .filter(|op| args.only.is_empty() || args.only.iter().any(|o| o == op))
+        .collect()
+}
+
+/// Estimated operations of one forward run (see [`Record::flops`]).
+fn flops(op: &str, args: &Args, len: usize) -> f64 {
+    let (b, h, l, e) = (
+        args.batch as f64,
+        args.heads as f64,
+        len as f64,
+        args.dim as f64,
+    );
+    let c = args.clusters.min(len) as f64;
+    let k = args.topk.min(len) as f64;
+    let hash = 2.0 * b * h * l * e * args.bits as f64;
+    let kmeans = (args.iterations as f64 + 1.0) * b * h * l * c * args.bits as f64;
+    let clustered = hash + kmeans + 2.0 * b * h * c * l * 2.0 * e + 2.0 * b * h * l * e;
+    match op {
+        "full" | "fused" => 2.0 * b * h * l * l * 2.0 * e,
+        "clustered" => clustered,
+        "improved" => clustered + 2.0 * b * h * l * k * 2.0 * e,
+        "lsh_hash" => hash,
+        "hamming_kmeans" => kmeans,
+        _ => unreachable!(),
+    }
+}
+
+/// Rough peak memory of one run in bytes (f32), to skip what would not fit.
+fn memory_bytes(op: &str, args: &Args, len: usize) -> f64 {
+    let (b, h, l, e) = (
+        args.batch as f64,
+        args.heads as f64,
+        len as f64,
+        args.dim as f64,
+    );
+    let c = args.clusters.min(len) as f64;
+    let k = args.topk.min(len) as f64;
+    let train = if args.mode == Mode::Train { 3.0 } else { 1.0 };
+    let inputs = 3.0 * b * h * l * e * 4.0;
+    let kmeans = 6.0 * b * h * l * c.max(32.0) * 4.0;
+    let centroid = 4.0 * b * h * c * l * 8.0;
+    inputs
+        + train
+            * match op {
+                "full" | "fused" => 3.0 * b * h * l * l * 4.0,
+                "clustered" => kmeans + centroid,
+                "improved" => kmeans + centroid + 4.0 * b * h * l * k * e * 4.0,
+                _ => kmeans,
+            }
+}
+
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+/// Runs `f` `warmup` times untimed, then `runs` times timed; the device is synchronised
+/// inside the timed region, and the result is kept alive until it has been.
+fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R) -> Stats {
+    for _ in 0..args.warmup {
+        let out = f();
+        B::sync(device).expect("device sync");
+        drop(out);
+    }
+    let mut times: Vec<f64> = (0..args.runs.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            let out = f();
+            B::sync(device).expect("device sync");
+            let elapsed = start.elapsed().as_secs_f64();
+            drop(out);
+            elapsed
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    Stats {
+        median: times[times.len() / 2],
+        min: times[0],
+        max: times[times.len() - 1],
+    }
+}
+
+fn clustering(args: &Args) -> ClusteringOptions {
+    ClusteringOptions::new(args.clusters)
+        .with_bits(args.bits)
+        .with_iterations(args.iterations)
+}
+
+/// One attention forward pass.
+fn attend<B: ClusteringBackend>(
+    op: &str,
+    args: &Args,
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let options = AttentionOptions::new();
+    match op {
+        "full" => full_attention(q, k, v, None, None, &options),
+        "fused" => attention(q, k, v, None, None, AttentionModuleOptions::default()),
+        "clustered" => clustered_attention(q, k, v, None, None, &clustering(args), &options),
+        "improved" => improved_clustered_attention(
+            q,
+            k,
+            v,
+            None,
+            None,
+            &clustering(args),
+            args.topk,
+            &options,
+        ),
+        _ => unreachable!(),
+    }
+}
+
+fn inputs<B: Backend>(args: &Args, len: usize, device: &B::Device) -> [Tensor<B, 4>; 3] {
+    let shape = [args.batch, args.heads, len, args.dim];
+    B::seed(device, 0);
+    [0, 1, 2].map(|_| Tensor::random(shape, Distribution::Normal(0.0, 1.0), device))
+}
+
+fn memory_budget(args: &Args, gpu: bool) -> f64 {
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    match args.memory_gib {
+        Some(budget) => budget * gib,
+        None if gpu => 64.0 * gib,
+        None => {
+            let mut system = sysinfo::System::new();
+            system.refresh_memory();
+            0.7 * system.available_memory() as f64
+        }
+    }
+}
+
+/// Measures every selected op at every length, calling `measure` for the ones that fit.
+fn run_all(
+    backend: &str,
+    gpu: bool,
+    args: &Args,
+    mut measure: impl FnMut(&str, usize) -> Stats,
+) -> Vec<Record> {
+    let budget = memory_budget(args, gpu);
+    let mut records = Vec::new();
+    for &len in &args.lengths {
+        for op in selected(args) {
+            let flops = flops(op, args, len) * if args.mode == Mode::Train { 3.0 } else { 1.0 };
+            let needed = memory_bytes(op, args, len);
+            let mut record = Record {
+                backend: backend.to_string(),
+                dtype: "f32",
+                mode: args.mode,
+                op: op.to_string(),
+                batch: args.batch,
+                heads: args.heads,
+                length: len,
+                dim: args.dim,
+                clusters: args.clusters,
+                topk: args.topk,
+                bits: args.bits,
+                iterations: args.iterations,
+                runs: args.runs,
+                median_s: None,
+                min_s: None,
+                max_s: None,
+                flops,
+                gflops_per_s: None,
+                skipped: None,
+            };
+            if needed > budget {
+                let note = format!(
+                    "needs ~{:.1} GiB, over the {:.1} GiB budget (--memory-gib)",
+                    needed / 1024f64.powi(3),
+                    budget / 1024f64.powi(3)
+                );
+                eprintln!("{backend:>8} L={len:<6} {op:<15} skipped: {note}");
+                record.skipped = Some(note);
+            } else {
+                let stats = measure(op, len);
+                eprintln!(
+                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4})",
+                    stats.median, stats.min, stats.max
+                );
+                record.median_s = Some(stats.median);
+                record.min_s = Some(stats.min);
+                record.max_s = Some(stats.max);
+                record.gflops_per_s = Some(flops / stats.median / 1e9);
+            }
+            records.push(record);
+        }
+    }
+    records
+}
+
+/// `--mode forward`: every op's forward pass.
+pub fn run_forward<B: ClusteringBackend>(
+    backend: &str,
+    device: B::Device,
+    gpu: bool,
+    args: &Args,
+) -> Result<Vec<Record>> {
+    let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    Ok(run_all(backend, gpu, args, |op, len| {
+        if cache.as_ref().is_none_or(|(l, _)| *l != len) {
+            cache = Some((len, inputs::<B>(args, len, &device)));
+        }
+        let [q, k, v] = cache.as_ref().unwrap().1.clone();
+        match op {
+            "lsh_hash" => {
+                let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
+                time::<B, _>(&device, args, || lsh_hash(q.clone(), planes.clone()))
+            }
+            "hamming_kmeans" => {
+                let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
+                let codes = lsh_hash(q, planes);
+                time::<B, _>(&device, args, || {
+                    hamming_kmeans(codes.clone(), None, args.clusters, args.iterations, 0)
+                })
+            }
+            _ => time::<B, _>(&device, args, || {
+                attend(op, args, q.clone(), k.clone(), v.clone())
+            }),
+        }
+    }))
+}
+
+/// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v.
+pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
+    backend: &str,
+    device: B::Device,
+    gpu: bool,
+    args: &Args,
+) -> Result<Vec<Record>> {
+    let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    Ok(run_all(backend, gpu, args, |op, len| {
+        if cache.as_ref().is_none_or(|(l, _)| *l != len) {
+            cache = Some((len, inputs::<B>(args, len, &device)));
+        }
+        let [q, k, v] = cache.as_ref().unwrap().1.clone();
+        time::<B, _>(&device, args, || {
+            let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
+            attend(op, args, q, k, v).sum().backward()
+        })
+    }))
+}

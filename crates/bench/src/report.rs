@@ -1,0 +1,245 @@
+//! The markdown table, CSV, JSON and SVG outputs.
+
+use std::collections::BTreeSet;
+use std::fs;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::Args;
+use crate::measure::{OPS, Record};
+
+/// The machine the numbers come from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub os: String,
+}
+
+impl Machine {
+    pub fn detect() -> Self {
+        let mut system = sysinfo::System::new();
+        system.refresh_cpu_all();
+        system.refresh_memory();
+        let cpu = system
+            .cpus()
+            .first()
+            .map(|c| c.brand().trim().to_string())
+            .unwrap_or_else(|| "unknown CPU".to_string());
+        Self {
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_gib: system.total_memory() as f64 / 1024f64.powi(3),
+            os: sysinfo::System::long_os_version().unwrap_or_else(|| std::env::consts::OS.into()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} cores, {:.0} GiB, {})",
+            self.cpu, self.cores, self.memory_gib, self.os
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    machine: &'a Machine,
+    command: String,
+    records: &'a [Record],
+}
+
+fn cell(record: Option<&Record>) -> String {
+    match record {
+        None => String::new(),
+        Some(r) => match (r.median_s, &r.skipped) {
+            (Some(t), _) if t < 1.0 => format!("{:.1} ms", t * 1e3),
+            (Some(t), _) => format!("{t:.2} s"),
+            (None, Some(_)) => "skipped".into(),
+            (None, None) => String::new(),
+        },
+    }
+}
+
+/// Markdown table: one row per (backend, length), one column per op (median times).
+pub fn markdown(machine: &Machine, records: &[Record]) -> String {
+    let ops: Vec<&str> = OPS
+        .iter()
+        .copied()
+        .filter(|op| records.iter().any(|r| r.op == *op))
+        .collect();
+    let mut out = String::new();
+    if let Some(r) = records.first() {
+        out += &format!(
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs. Machine: {}.\n\n",
+            r.mode,
+            r.batch,
+            r.heads,
+            r.dim,
+            r.clusters,
+            r.topk,
+            r.bits,
+            r.iterations,
+            r.dtype,
+            r.runs,
+            machine.describe()
+        );
+    }
+    out += &format!("| backend | L | {} |\n", ops.join(" | "));
+    out += &format!("|---|---:|{}\n", "---:|".repeat(ops.len()));
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for r in records {
+        let key = (r.backend.clone(), r.length);
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for (backend, length) in keys {
+        let cells: Vec<String> = ops
+            .iter()
+            .map(|op| {
+                cell(
+                    records
+                        .iter()
+                        .find(|r| r.backend == backend && r.length == length && r.op == *op),
+                )
+            })
+            .collect();
+        out += &format!("| {backend} | {length} | {} |\n", cells.join(" | "));
+    }
+    let notes: BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| {
+            r.skipped
+                .as_ref()
+                .map(|n| format!("- {} L={} {}: {n}", r.backend, r.length, r.op))
+        })
+        .collect();
+    if !notes.is_empty() {
+        out += "\n";
+        for note in notes {
+            out += &note;
+            out += "\n";
+        }
+    }
+    out
+}
+
+/// Log-log plot of time against length, one line per (attention, backend).
+fn plot(path: &std::path::Path, records: &[Record]) -> Result<()> {
+    let timed: Vec<&Record> = records
+        .iter()
+        .filter(|r| {
+            r.median_s.is_some()
+                && ["full", "fused", "clustered", "improved"].contains(&r.op.as_str())
+        })
+        .collect();
+    if timed.is_empty() {
+        return Ok(());
+    }
+    let (min_l, max_l) = timed.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+        (lo.min(r.length as f64), hi.max(r.length as f64))
+    });
+    let (min_t, max_t) = timed.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+        let t = r.median_s.unwrap();
+        (lo.min(t), hi.max(t))
+    });
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mode = format!("{:?}", timed[0].mode).to_lowercase();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("attention {mode} time against sequence length"),
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (min_l * 0.8..max_l * 1.25).log_scale(),
+            (min_t * 0.5..max_t * 2.0).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("sequence length L = S")
+        .y_desc("seconds (median)")
+        .draw()?;
+    let mut series: Vec<(String, String)> = Vec::new();
+    for r in &timed {
+        let key = (r.op.clone(), r.backend.clone());
+        if !series.contains(&key) {
+            series.push(key);
+        }
+    }
+    let backends: Vec<String> = {
+        let mut b: Vec<String> = series.iter().map(|(_, b)| b.clone()).collect();
+        b.dedup();
+        b
+    };
+    for (op, backend) in &series {
+        let op_index = ["full", "fused", "clustered", "improved"]
+            .iter()
+            .position(|o| o == op)
+            .unwrap();
+        let color = Palette99::pick(op_index).to_rgba();
+        let backend_index = backends.iter().position(|b| b == backend).unwrap_or(0);
+        let points: Vec<(f64, f64)> = timed
+            .iter()
+            .filter(|r| &r.op == op && &r.backend == backend)
+            .map(|r| (r.length as f64, r.median_s.unwrap()))
+            .collect();
+        let style = ShapeStyle::from(&color).stroke_width(if backend_index == 0 { 2 } else { 1 });
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))?
+            .label(format!("{op} ({backend})"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart.draw_series(points.iter().map(|&(x, y)| match backend_index % 3 {
+            0 => Circle::new((x, y), 4, color.filled()).into_dyn(),
+            1 => TriangleMarker::new((x, y), 5, color.filled()).into_dyn(),
+            _ => Cross::new((x, y), 5, color).into_dyn(),
+        }))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Prints the table and writes `<name>.md`, `.csv`, `.json` and `.svg` under `--out-dir`.
+pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<()> {
+    let table = markdown(machine, records);
+    println!("{table}");
+    fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{:?}", args.mode).to_lowercase());
+    let base = args.out_dir.join(&name);
+
+    fs::write(base.with_extension("md"), &table)?;
+    let mut csv = csv::Writer::from_path(base.with_extension("csv"))?;
+    for r in records {
+        csv.serialize(r)?;
+    }
+    csv.flush()?;
+    let output = Output {
+        machine,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        records,
+    };
+    fs::write(
+        base.with_extension("json"),
+        serde_json::to_string_pretty(&output)?,
+    )?;
+    plot(&base.with_extension("svg"), records).context("drawing the SVG plot")?;
+    eprintln!("wrote {}.{{md,csv,json,svg}}", base.display());
+    Ok(())
+}
