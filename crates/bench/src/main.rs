@@ -5,6 +5,12 @@
 //! improved clustered attention, and the hashing and K-means ops alone; it prints a markdown
 //! table and writes CSV, JSON and an SVG plot under `--out-dir`.
 
+/// mimalloc keeps freed pages for reuse: glibc's malloc maps every allocation above 32 MiB
+/// fresh and unmaps it on free, so each large intermediate tensor pays its page faults again
+/// and the CPU timings grow faster than the work at long sequences.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod backends;
 mod measure;
 mod report;

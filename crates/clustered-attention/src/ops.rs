@@ -25,6 +25,7 @@
 pub mod host;
 pub mod reference;
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use rand::SeedableRng;
@@ -94,6 +95,19 @@ pub trait ClusteringBackend: Backend {
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
         reference::hamming_kmeans::<Self>(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    /// Softmax over the last dimension: the attention weights of paper eqs. 1, 4 and 10.
+    ///
+    /// Its gradient is `y ⊙ (g − Σ_last g ⊙ y)`, which `Autodiff<B>` computes from the saved
+    /// output with a product, a row sum and a subtraction: no division, unlike Burn's
+    /// decomposed softmax (NdArray's SIMD division gradient uses a 12-bit reciprocal).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, heads, rows, S]`, output of the same shape
+    fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let last = x.shape().num_dims() - 1;
+        Self::softmax(x, last)
     }
 
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper

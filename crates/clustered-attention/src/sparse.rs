@@ -6,6 +6,17 @@ use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::ClusteringBackend;
 
+/// Softmax over the last dimension with a division-free gradient
+/// (see [`ClusteringBackend::attention_softmax`]).
+///
+/// # Shapes
+/// - `x`: `[batch, heads, rows, S]`, output of the same shape
+pub fn attention_softmax<B: ClusteringBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::attention_softmax(
+        x.into_primitive().tensor(),
+    )))
+}
+
 /// Indices of the `k` largest scores of every row, in descending order of score. No gradient.
 ///
 /// # Shapes

@@ -1,9 +1,9 @@
-use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor};
 
 use super::{AttentionOptions, Grouping, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::sparse::attention_softmax;
 
 /// Clustered attention (paper §3.2, eqs. 3–6).
 ///
@@ -68,7 +68,7 @@ pub fn clustered_attention<B: ClusteringBackend>(
     let scores = centroids
         .matmul(keys.swap_dims(2, 3))
         .mul_scalar(input.scale);
-    let weights = softmax(input.mask_keys(scores), 3); // eq. 4
+    let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
     let weights = dropout(weights, options.dropout);
     let cluster_values = weights.matmul(values); // eq. 5, [batch, heads, C, D]
     grouping.broadcast(cluster_values) // eq. 6

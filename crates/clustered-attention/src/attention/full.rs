@@ -1,8 +1,8 @@
-use burn::tensor::activation::softmax;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
 use super::{AttentionOptions, check_input, dropout};
+use crate::ClusteringBackend;
+use crate::sparse::attention_softmax;
 
 /// Full softmax attention, `softmax(Q Kᵀ · scale) V` (paper eqs. 1–2): the exact baseline
 /// that clustered attention approximates. Costs `O(L · S · (E + D))` time and `O(L · S)` memory.
@@ -32,7 +32,7 @@ use super::{AttentionOptions, check_input, dropout};
 /// let out = full_attention(q, k, v, None, None, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 5, 3]);
 /// ```
-pub fn full_attention<B: Backend>(
+pub fn full_attention<B: ClusteringBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -49,7 +49,7 @@ pub fn full_attention<B: Backend>(
         options,
     );
     let scores = queries.matmul(keys.swap_dims(2, 3)).mul_scalar(input.scale);
-    let weights = softmax(input.mask_keys(scores), 3);
+    let weights = attention_softmax(input.mask_keys(scores));
     let weights = dropout(weights, options.dropout);
     input.zero_padded_queries(weights.matmul(values))
 }

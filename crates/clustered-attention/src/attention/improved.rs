@@ -1,10 +1,9 @@
-use burn::tensor::activation::softmax;
-use burn::tensor::{IndexingUpdateOp, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 
 use super::{AttentionOptions, Grouping, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::{sparse_dot, sparse_weighted_sum, topk_indices};
+use crate::sparse::{attention_softmax, sparse_dot, sparse_weighted_sum, topk_indices};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -83,7 +82,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
             .matmul(keys.clone().swap_dims(2, 3))
             .mul_scalar(input.scale),
     );
-    let weights = softmax(scores.clone(), 3);
+    let weights = attention_softmax(scores.clone());
 
     // Top-k keys per cluster, [batch, heads, C, k]; ranking by score ranks by Aᶜ.
     let k = topk.min(input.keys_len);
@@ -94,13 +93,18 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     } else {
         topk_indices(scores.detach(), k)
     };
-    let top_weights = weights.clone().gather(3, top.clone());
-    let top_mass = top_weights.clone().sum_dim(3); // eq. 9, [batch, heads, C, 1]
+    let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3); // eq. 9, [batch, heads, C, 1]
 
-    // Keys outside the top-k keep Aᶜ (eq. 10, second case): zero the top-k entries (exactly,
-    // x − x) and attend with the rest, [batch, heads, C, D].
-    let rest = weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
-    let rest_values = dropout(rest, options.dropout).matmul(values.clone());
+    // Keys outside the top-k keep Aᶜ (eq. 10, second case): all of Aᶜ V minus the top-k keys'
+    // share, per cluster, [batch, heads, C, D]; no [C, S] tensor beyond Aᶜ itself.
+    let weights = dropout(weights, options.dropout);
+    let top_share = sparse_weighted_sum(
+        weights.clone().gather(3, top.clone()),
+        values.clone(),
+        top.clone(),
+        grouping.cluster_rows.clone(),
+    );
+    let rest_values = weights.matmul(values.clone()) - top_share;
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
     // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
@@ -115,7 +119,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         top_scores = top_scores + grouping.broadcast(bias);
     }
     let query_mass = grouping.broadcast(top_mass); // [batch, heads, L, 1]
-    let top_attention = dropout(softmax(top_scores, 3) * query_mass, options.dropout);
+    let top_attention = dropout(attention_softmax(top_scores) * query_mass, options.dropout);
     let top_output = sparse_weighted_sum(top_attention, values, top, assignments);
 
     // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).

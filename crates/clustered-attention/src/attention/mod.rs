@@ -199,6 +199,9 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
 /// a [`sparse_weighted_sum`]. Both skip padded queries (assignment `-1`).
 pub(crate) struct Grouping<B: Backend> {
     pub assignments: Tensor<B, 3, Int>,
+    /// `[batch, heads, C]`, `cluster_rows[b, h, j] = j`: assignments that make each cluster
+    /// its own "query", for sparse products over the clusters' top-k keys.
+    pub cluster_rows: Tensor<B, 3, Int>,
     counts: Tensor<B, 3, Int>,
     identity: Tensor<B, 4, Int>,
     ones: Tensor<B, 4>,
@@ -209,10 +212,12 @@ impl<B: ClusteringBackend> Grouping<B> {
         let [batch, heads, len, _] = queries.dims();
         let [_, _, num_clusters] = clusters.counts.dims();
         let device = queries.device();
+        let cluster_rows = Tensor::<B, 1, Int>::arange(0..num_clusters as i64, &device)
+            .reshape([1, 1, num_clusters])
+            .expand([batch, heads, num_clusters]);
         Self {
-            identity: Tensor::<B, 1, Int>::arange(0..num_clusters as i64, &device)
-                .reshape([1, 1, num_clusters, 1])
-                .expand([batch, heads, num_clusters, 1]),
+            identity: cluster_rows.clone().unsqueeze_dim(3),
+            cluster_rows,
             ones: Tensor::ones([batch, heads, len, 1], (&device, queries.dtype())),
             assignments: clusters.assignments,
             counts: clusters.counts,

@@ -6,7 +6,7 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
@@ -77,7 +77,39 @@ impl<B: ClusteringBackend> Backward<B, 2> for SparseScatter {
     }
 }
 
+/// `y = softmax(x)`: `dx = y ⊙ g − y ⊙ Σ_last (y ⊙ g)`.
+#[derive(Debug)]
+struct AttentionSoftmax;
+
+impl<B: ClusteringBackend> Backward<B, 1> for AttentionSoftmax {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let output = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            let last = output.shape().num_dims() - 1;
+            let weighted = B::float_mul(grad, output.clone());
+            let row_sums = B::float_sum_dim(weighted.clone(), last);
+            B::float_sub(weighted, B::float_mul(output, row_sums))
+        });
+    }
+}
+
 impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
+    fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match AttentionSoftmax
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let output = B::attention_softmax(x.primitive);
+                prep.finish(output.clone(), output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.primitive)),
+        }
+    }
+
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         B::lsh_hash(queries.primitive, planes.primitive)
     }

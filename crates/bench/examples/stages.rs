@@ -1,0 +1,128 @@
+//! Times each stage of clustered and improved clustered attention on its own, to find the
+//! bottleneck of a backend (the bench CLI times whole attentions).
+//!
+//! `cargo run --release -p bench --example stages -- [L] [backend]` with `backend` one of
+//! `flex` (default) or `ndarray`; batch 1, 4 heads, E = D = 64, C = 100, topk = 32.
+
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor};
+use clustered_attention::sparse::{
+    attention_softmax, sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices,
+};
+use clustered_attention::{
+    AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
+    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Median of five synchronised runs after a warm-up.
+fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R {
+    let _ = f();
+    B::sync(device).expect("sync");
+    let mut times = Vec::new();
+    let mut out = None;
+    for _ in 0..5 {
+        let start = Instant::now();
+        out = Some(f());
+        B::sync(device).expect("sync");
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    println!("{name:<24} {:>9.2} ms", times[2] * 1e3);
+    out.expect("five runs")
+}
+
+fn run<B: ClusteringBackend>(len: usize) {
+    let device = Default::default();
+    let (heads, dim, clusters, topk) = (4, 64, 100, 32);
+    let shape = [1, heads, len, dim];
+    let [q, k, v] =
+        [0, 1, 2].map(|_| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device));
+    let options = ClusteringOptions::new(clusters);
+
+    let planes = lsh_planes::<B>(32, dim, true, 0, &device);
+    let codes = stage::<B, _>("lsh_hash", &device, || lsh_hash(q.clone(), planes.clone()));
+    stage::<B, _>("hamming_kmeans", &device, || {
+        hamming_kmeans(codes.clone(), None, clusters, 10, 0)
+    });
+    let groups = cluster_queries(q.clone(), None, &options);
+    let assignments = groups.assignments;
+    let ones = Tensor::<B, 4>::ones([1, heads, len, 1], &device);
+    let identity = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+        .reshape([1, 1, clusters, 1])
+        .expand([1, heads, clusters, 1]);
+    let centroids = stage::<B, _>("centroid sums", &device, || {
+        sparse_scatter(
+            ones.clone(),
+            q.clone(),
+            identity.clone(),
+            assignments.clone(),
+            clusters,
+        )
+    });
+    let keys_t = k.clone().swap_dims(2, 3);
+    let scores = stage::<B, _>("centroid scores", &device, || {
+        centroids.clone().matmul(keys_t.clone())
+    });
+    let weights = stage::<B, _>("softmax [C, S]", &device, || {
+        attention_softmax(scores.clone())
+    });
+    let cluster_values = stage::<B, _>("weights @ values", &device, || {
+        weights.clone().matmul(v.clone())
+    });
+    stage::<B, _>("broadcast", &device, || {
+        sparse_weighted_sum(
+            ones.clone(),
+            cluster_values.clone(),
+            identity.clone(),
+            assignments.clone(),
+        )
+    });
+    let top = stage::<B, _>("topk", &device, || topk_indices(scores.clone(), topk));
+    let dots = stage::<B, _>("sparse_dot", &device, || {
+        sparse_dot(q.clone(), k.clone(), top.clone(), assignments.clone())
+    });
+    let top_weights = stage::<B, _>("softmax [L, k]", &device, || {
+        attention_softmax(dots.clone())
+    });
+    stage::<B, _>("sparse_weighted_sum", &device, || {
+        sparse_weighted_sum(
+            top_weights.clone(),
+            v.clone(),
+            top.clone(),
+            assignments.clone(),
+        )
+    });
+    let none = AttentionOptions::new();
+    stage::<B, _>("clustered (whole)", &device, || {
+        clustered_attention(q.clone(), k.clone(), v.clone(), None, None, &options, &none)
+    });
+    stage::<B, _>("improved (whole)", &device, || {
+        improved_clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            None,
+            None,
+            &options,
+            topk,
+            &none,
+        )
+    });
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let len = args
+        .next()
+        .map_or(16384, |l| l.parse().expect("L must be a number"));
+    match args.next().as_deref().unwrap_or("flex") {
+        "flex" => run::<burn::backend::Flex>(len),
+        "ndarray" => run::<burn::backend::NdArray>(len),
+        other => panic!("unknown backend {other:?} (flex or ndarray)"),
+    }
+}
