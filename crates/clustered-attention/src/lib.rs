@@ -31,6 +31,8 @@
 pub mod attention;
 mod backends;
 pub mod clustering;
+#[cfg(feature = "cube")]
+mod kernels;
 mod module;
 pub mod ops;
 pub mod sparse;

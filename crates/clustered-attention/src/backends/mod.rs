@@ -8,3 +8,7 @@
 #[cfg(feature = "autodiff")]
 mod autodiff;
 mod cpu;
+#[cfg(feature = "cube")]
+mod cube;
+#[cfg(feature = "cube")]
+mod fusion;

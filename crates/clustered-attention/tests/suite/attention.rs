@@ -319,3 +319,46 @@ macro_rules! attention_tests {
 
 attention_tests!(ndarray, crate::common::NdArrayBackend);
 attention_tests!(flex, crate::common::FlexBackend);
+
+/// The attention-level checks on the GPU backends (NaN propagation is left to the CPU ones:
+/// GPU shader arithmetic need not preserve NaN).
+macro_rules! gpu_attention_tests {
+    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
+        mod $module {
+            #[test]
+            $(#[$ignore])?
+            fn full_matches_reference() {
+                super::full_matches_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn exact_regime_equals_full() {
+                super::exact_regime_equals_full::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn approximate_regime_matches_reference() {
+                super::approximate_regime_matches_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn proposition_2() {
+                super::proposition_2::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn same_seed_bit_identical() {
+                super::same_seed_bit_identical::<$backend>();
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+gpu_attention_tests!(wgpu, burn::backend::Wgpu);
+#[cfg(feature = "cuda")]
+gpu_attention_tests!(
+    cuda,
+    burn::backend::Cuda,
+    ignore = "needs an NVIDIA GPU: run with --ignored"
+);

@@ -8,6 +8,8 @@ mod common;
 
 mod attention;
 mod autodiff;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu;
 mod inputs;
 mod kmeans;
 mod layer;

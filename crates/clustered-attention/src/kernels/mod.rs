@@ -1,0 +1,21 @@
+//! CubeCL kernels of the clustering ops, for the CubeCL backends (WGPU, Vulkan, CUDA).
+//!
+//! They reproduce the default bodies ([`crate::ops::reference`]) bit for bit: the codes
+//! whenever the projections are computed exactly (the summation order differs from a matrix
+//! product), the K-means always (integer arithmetic only).
+
+pub(crate) mod hash;
+pub(crate) mod kmeans;
+
+use cubecl::prelude::CubeCount;
+
+/// Most cubes a grid dimension may hold on every runtime (WebGPU's limit).
+const MAX_CUBES_PER_DIM: u32 = 65_535;
+
+/// A 2-D grid of at least `cubes` cubes along X (folded into Y beyond the per-dimension
+/// limit), times `rows` along Z.
+pub(crate) fn cube_count(cubes: usize, rows: usize) -> CubeCount {
+    let cubes = cubes.max(1) as u32;
+    let x = cubes.min(MAX_CUBES_PER_DIM);
+    CubeCount::Static(x, cubes.div_ceil(x), rows.max(1) as u32)
+}

@@ -1,0 +1,220 @@
+//! The CubeCL kernels against the default bodies on NdArray, bit for bit: codes, assignments
+//! and counts for bits ∈ {1, 8, 31, 32}, L ∈ {1, 7, 1000, 4099}, C ∈ {1, 2, 100}, with and
+//! without padding; on `Wgpu` (fused), on the unfused `CubeBackend` and under `Autodiff<Wgpu>`
+//! (and on CUDA, `#[ignore]`d: run with `--ignored` where an NVIDIA GPU is present).
+//!
+//! Queries and planes are dyadic rationals with few significant bits, so every projection is
+//! exact in `f32` whatever the summation order: a matrix product (the default body) and the
+//! kernel's sequential sum then give the same codes.
+
+use std::sync::OnceLock;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use clustered_attention::ops::reference;
+use clustered_attention::{ClusteringBackend, hamming_kmeans, lsh_hash, lsh_planes};
+use rand::RngExt;
+
+use crate::common::*;
+
+const BITS: [usize; 4] = [1, 8, 31, 32];
+const LENGTHS: [usize; 4] = [1, 7, 1000, 4099];
+const CLUSTERS: [usize; 3] = [1, 2, 100];
+const ITERATIONS: usize = 10;
+const DIM: usize = 16;
+const SEED: u64 = 17;
+
+/// One hashing case and the K-means cases built on its codes, with the reference results.
+struct Case {
+    bits: usize,
+    dims: [usize; 4],
+    queries: Vec<f32>,
+    planes: Vec<f32>,
+    codes: Vec<i64>,
+    kmeans: Vec<KmeansCase>,
+}
+
+struct KmeansCase {
+    clusters: usize,
+    lengths: Option<Vec<usize>>,
+    assignments: Vec<i64>,
+    counts: Vec<i64>,
+}
+
+/// The reference results, computed once with the default bodies on NdArray.
+fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        type R = NdArrayBackend;
+        let device = Default::default();
+        let mut rng = rng(SEED);
+        let mut cases = Vec::new();
+        for bits in BITS {
+            for len in LENGTHS {
+                let dims = [2, 2, len, DIM];
+                let queries: Vec<f32> = (0..dims.iter().product::<usize>())
+                    .map(|_| rng.random_range(-32i32..32) as f32 / 8.0)
+                    .collect();
+                let planes: Vec<f32> = lsh_planes::<R>(bits, DIM, true, SEED, &device)
+                    .mul_scalar(64.0)
+                    .round()
+                    .div_scalar(64.0)
+                    .into_data()
+                    .iter::<f32>()
+                    .collect();
+                let codes = host_ints(Tensor::<R, 3, Int>::from_primitive(
+                    reference::lsh_hash::<R>(
+                        tensor4::<R>(&queries, dims).into_primitive().tensor(),
+                        tensor2::<R>(&planes, [bits, DIM + 1])
+                            .into_primitive()
+                            .tensor(),
+                    ),
+                ));
+                let mut kmeans = Vec::new();
+                for clusters in CLUSTERS {
+                    for lengths in [None, Some(vec![len, len / 2])] {
+                        let (assignments, counts) = reference::hamming_kmeans::<R>(
+                            int3::<R>(&codes, [2, 2, len]).into_primitive(),
+                            lengths
+                                .as_ref()
+                                .map(|l| lengths_tensor::<R>(l).into_primitive()),
+                            clusters,
+                            ITERATIONS,
+                            SEED,
+                        );
+                        kmeans.push(KmeansCase {
+                            clusters,
+                            lengths,
+                            assignments: host_ints(Tensor::<R, 3, Int>::from_primitive(
+                                assignments,
+                            )),
+                            counts: host_ints(Tensor::<R, 3, Int>::from_primitive(counts)),
+                        });
+                    }
+                }
+                cases.push(Case {
+                    bits,
+                    dims,
+                    queries,
+                    planes,
+                    codes,
+                    kmeans,
+                });
+            }
+        }
+        cases
+    })
+}
+
+fn tensor4<B: ClusteringBackend>(values: &[f32], dims: [usize; 4]) -> Tensor<B, 4> {
+    Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
+}
+
+fn tensor2<B: ClusteringBackend>(values: &[f32], dims: [usize; 2]) -> Tensor<B, 2> {
+    Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
+}
+
+fn int3<B: ClusteringBackend>(values: &[i64], dims: [usize; 3]) -> Tensor<B, 3, Int> {
+    Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
+}
+
+fn lengths_tensor<B: ClusteringBackend>(values: &[usize]) -> Tensor<B, 1, Int> {
+    lengths::<B>(values, &Default::default())
+}
+
+/// Panics with the first mismatch (and how many there are) unless `actual == expected`.
+fn assert_same(actual: &[i64], expected: &[i64], context: &str) {
+    assert_eq!(actual.len(), expected.len(), "{context}: lengths differ");
+    let mismatches: Vec<usize> = (0..actual.len())
+        .filter(|&i| actual[i] != expected[i])
+        .collect();
+    if let Some(&first) = mismatches.first() {
+        panic!(
+            "{context}: {} of {} values differ, first at {first}: {} instead of {}",
+            mismatches.len(),
+            actual.len(),
+            actual[first],
+            expected[first]
+        );
+    }
+}
+
+/// The backend's kernels reproduce every reference case bit for bit.
+pub fn kernels_match_reference<B: ClusteringBackend>() {
+    for case in cases() {
+        let codes = host_ints(lsh_hash(
+            tensor4::<B>(&case.queries, case.dims),
+            tensor2::<B>(&case.planes, [case.bits, DIM + 1]),
+        ));
+        let [_, _, len, _] = case.dims;
+        assert_same(
+            &codes,
+            &case.codes,
+            &format!("codes: bits {}, L {len}", case.bits),
+        );
+        for k in &case.kmeans {
+            let result = hamming_kmeans(
+                int3::<B>(&case.codes, [2, 2, len]),
+                k.lengths.as_deref().map(lengths_tensor::<B>),
+                k.clusters,
+                ITERATIONS,
+                SEED,
+            );
+            let context = format!(
+                "bits {}, L {len}, C {}, lengths {:?}",
+                case.bits, k.clusters, k.lengths
+            );
+            assert_eq!(
+                host_ints(result.assignments),
+                k.assignments,
+                "assignments: {context}"
+            );
+            assert_eq!(host_ints(result.counts), k.counts, "counts: {context}");
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+    use burn::backend::{Autodiff, Wgpu};
+
+    #[test]
+    fn fused_kernels_match_reference() {
+        super::kernels_match_reference::<Wgpu>();
+    }
+
+    #[test]
+    fn unfused_kernels_match_reference() {
+        super::kernels_match_reference::<CubeBackend<WgpuRuntime, f32, i32, u32>>();
+    }
+
+    #[test]
+    fn autodiff_kernels_match_reference() {
+        super::kernels_match_reference::<Autodiff<Wgpu>>();
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use burn::backend::{Autodiff, Cuda};
+    use burn_cubecl::CubeBackend;
+    use cubecl::cuda::CudaRuntime;
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn fused_kernels_match_reference() {
+        super::kernels_match_reference::<Cuda>();
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn unfused_kernels_match_reference() {
+        super::kernels_match_reference::<CubeBackend<CudaRuntime, f32, i32, u8>>();
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn autodiff_kernels_match_reference() {
+        super::kernels_match_reference::<Autodiff<Cuda>>();
+    }
+}
