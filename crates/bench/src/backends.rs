@@ -4,7 +4,7 @@ use anyhow::Result;
 use burn::backend::Autodiff;
 
 use crate::Args;
-use crate::measure::{Record, run_forward, run_train};
+use crate::measure::{Limits, Record, run_forward, run_train};
 
 /// Names of the backends compiled into this binary.
 pub fn compiled() -> Vec<&'static str> {
@@ -13,6 +13,10 @@ pub fn compiled() -> Vec<&'static str> {
         "ndarray",
         #[cfg(feature = "flex")]
         "flex",
+        #[cfg(feature = "wgpu")]
+        "wgpu",
+        #[cfg(feature = "cuda")]
+        "cuda",
     ]
     .to_vec()
 }
@@ -20,18 +24,34 @@ pub fn compiled() -> Vec<&'static str> {
 /// Runs every measurement on one backend.
 pub fn run(name: &str, args: &Args) -> Result<Vec<Record>> {
     macro_rules! dispatch {
-        ($backend:ty, $device:expr, $gpu:expr) => {
+        ($backend:ty, $device:expr, $limits:expr) => {
             match args.mode {
-                crate::Mode::Forward => run_forward::<$backend>(name, $device, $gpu, args),
-                crate::Mode::Train => run_train::<Autodiff<$backend>>(name, $device, $gpu, args),
+                crate::Mode::Forward => run_forward::<$backend>(name, $device, $limits, args),
+                crate::Mode::Train => run_train::<Autodiff<$backend>>(name, $device, $limits, args),
             }
         };
     }
     match name {
         #[cfg(feature = "ndarray")]
-        "ndarray" => dispatch!(burn::backend::NdArray<f32>, Default::default(), false),
+        "ndarray" => dispatch!(
+            burn::backend::NdArray<f32>,
+            Default::default(),
+            Limits::host()
+        ),
         #[cfg(feature = "flex")]
-        "flex" => dispatch!(burn::backend::Flex, Default::default(), false),
+        "flex" => dispatch!(burn::backend::Flex, Default::default(), Limits::host()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let device = burn::backend::wgpu::WgpuDevice::default();
+            let limits = Limits::device::<burn::backend::wgpu::WgpuRuntime>(&device);
+            dispatch!(burn::backend::Wgpu, device, limits)
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let device = burn::backend::cuda::CudaDevice::default();
+            let limits = Limits::device::<cubecl::cuda::CudaRuntime>(&device);
+            dispatch!(burn::backend::Cuda, device, limits)
+        }
         other => anyhow::bail!("backend {other:?} is not compiled into this binary"),
     }
 }

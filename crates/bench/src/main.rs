@@ -67,6 +67,10 @@ pub struct Args {
     /// (default: 70 % of the available RAM for CPU backends, 64 GiB for GPU backends).
     #[arg(long)]
     pub memory_gib: Option<f64>,
+    /// Once a measurement's median exceeds this many seconds, longer lengths of that op are
+    /// skipped with a note.
+    #[arg(long, default_value_t = 120.0)]
+    pub time_limit_s: f64,
     /// Output directory for the CSV, JSON and SVG files.
     #[arg(long, default_value = "bench-results")]
     pub out_dir: PathBuf,

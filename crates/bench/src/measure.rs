@@ -184,6 +184,46 @@ fn inputs<B: Backend>(args: &Args, len: usize, device: &B::Device) -> [Tensor<B,
     [0, 1, 2].map(|_| Tensor::random(shape, Distribution::Normal(0.0, 1.0), device))
 }
 
+/// What one measurement may use on a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    gpu: bool,
+    /// Largest buffer a kernel may bind, in bytes (WebGPU on lavapipe: 128 MiB).
+    max_tensor_bytes: Option<f64>,
+}
+
+impl Limits {
+    /// A CPU backend: the budget is the host's memory.
+    pub fn host() -> Self {
+        Self {
+            gpu: false,
+            max_tensor_bytes: None,
+        }
+    }
+
+    /// A CubeCL device: its memory, and the largest buffer it can bind.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn device<R: cubecl::Runtime>(device: &R::Device) -> Self {
+        let client = R::client(device);
+        Self {
+            gpu: true,
+            max_tensor_bytes: Some(client.properties().memory.max_page_size as f64),
+        }
+    }
+}
+
+/// The largest single tensor of one run in bytes (f32): the attention matrix of full
+/// attention, the `[C, S]` centroid attention of the clustered ones.
+fn largest_tensor_bytes(op: &str, args: &Args, len: usize) -> f64 {
+    let (b, h, l) = (args.batch as f64, args.heads as f64, len as f64);
+    let c = args.clusters.min(len) as f64;
+    match op {
+        "full" | "fused" => b * h * l * l * 4.0,
+        "clustered" | "improved" => (b * h * c * l * 4.0).max(b * h * l * args.dim as f64 * 4.0),
+        _ => b * h * l * args.dim as f64 * 4.0,
+    }
+}
+
 fn memory_budget(args: &Args, gpu: bool) -> f64 {
     let gib = 1024.0 * 1024.0 * 1024.0;
     match args.memory_gib {
@@ -200,12 +240,13 @@ fn memory_budget(args: &Args, gpu: bool) -> f64 {
 /// Measures every selected op at every length, calling `measure` for the ones that fit.
 fn run_all(
     backend: &str,
-    gpu: bool,
+    limits: Limits,
     args: &Args,
     mut measure: impl FnMut(&str, usize) -> Stats,
 ) -> Vec<Record> {
-    let budget = memory_budget(args, gpu);
+    let budget = memory_budget(args, limits.gpu);
     let mut records = Vec::new();
+    let mut slow: Vec<(&str, f64)> = Vec::new();
     for &len in &args.lengths {
         for op in selected(args) {
             let flops = flops(op, args, len) * if args.mode == Mode::Train { 3.0 } else { 1.0 };
@@ -231,12 +272,25 @@ fn run_all(
                 gflops_per_s: None,
                 skipped: None,
             };
-            if needed > budget {
-                let note = format!(
+            let largest = largest_tensor_bytes(op, args, len);
+            let skip = if needed > budget {
+                Some(format!(
                     "needs ~{:.1} GiB, over the {:.1} GiB budget (--memory-gib)",
                     needed / 1024f64.powi(3),
                     budget / 1024f64.powi(3)
-                );
+                ))
+            } else if let Some(max) = limits.max_tensor_bytes.filter(|&max| largest > max) {
+                Some(format!(
+                    "a {:.0} MiB tensor, over the device's {:.0} MiB buffer limit",
+                    largest / 1024f64.powi(2),
+                    max / 1024f64.powi(2)
+                ))
+            } else {
+                slow.iter()
+                    .find(|(o, _)| *o == op)
+                    .map(|(_, t)| format!("a shorter length took {t:.1} s, over --time-limit-s"))
+            };
+            if let Some(note) = skip {
                 eprintln!("{backend:>8} L={len:<6} {op:<15} skipped: {note}");
                 record.skipped = Some(note);
             } else {
@@ -249,6 +303,9 @@ fn run_all(
                 record.min_s = Some(stats.min);
                 record.max_s = Some(stats.max);
                 record.gflops_per_s = Some(flops / stats.median / 1e9);
+                if stats.median > args.time_limit_s {
+                    slow.push((op, stats.median));
+                }
             }
             records.push(record);
         }
@@ -260,11 +317,11 @@ fn run_all(
 pub fn run_forward<B: ClusteringBackend>(
     backend: &str,
     device: B::Device,
-    gpu: bool,
+    limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
-    Ok(run_all(backend, gpu, args, |op, len| {
+    Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
         }
@@ -292,11 +349,11 @@ pub fn run_forward<B: ClusteringBackend>(
 pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
     backend: &str,
     device: B::Device,
-    gpu: bool,
+    limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
-    Ok(run_all(backend, gpu, args, |op, len| {
+    Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
         }

@@ -322,6 +322,7 @@ attention_tests!(flex, crate::common::FlexBackend);
 
 /// The attention-level checks on the GPU backends (NaN propagation is left to the CPU ones:
 /// GPU shader arithmetic need not preserve NaN).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 macro_rules! gpu_attention_tests {
     ($module:ident, $backend:ty $(, $ignore:meta)?) => {
         mod $module {
