@@ -1,0 +1,107 @@
+//! `cargo bench -p bench`: divan micro-benchmarks of the two clustering ops and the three
+//! attentions on NdArray, at batch 1, 4 heads, E = D = 64, C = 100, topk = 32, 32 bits,
+//! 10 Lloyd iterations (the paper's settings), L = S ∈ {1024, 4096}.
+//!
+//! Each measured call ends with a read of the output to the host, so the time includes the
+//! whole computation.
+
+use burn::backend::NdArray;
+use burn::tensor::{Distribution, Int, Tensor};
+use clustered_attention::{
+    AttentionOptions, ClusteringOptions, clustered_attention, full_attention, hamming_kmeans,
+    improved_clustered_attention, lsh_hash, lsh_planes,
+};
+use divan::Bencher;
+
+type B = NdArray<f32>;
+
+const LENGTHS: [usize; 2] = [1024, 4096];
+const HEADS: usize = 4;
+const DIM: usize = 64;
+const CLUSTERS: usize = 100;
+const TOPK: usize = 32;
+
+fn main() {
+    divan::main();
+}
+
+fn inputs(len: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+    let device = Default::default();
+    let x = || {
+        Tensor::<B, 4>::random(
+            [1, HEADS, len, DIM],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        )
+    };
+    (x(), x(), x())
+}
+
+fn clustering() -> ClusteringOptions {
+    ClusteringOptions::new(CLUSTERS)
+}
+
+#[divan::bench(args = LENGTHS, sample_count = 10)]
+fn lsh_hash_op(bencher: Bencher, len: usize) {
+    let (queries, _, _) = inputs(len);
+    let planes = lsh_planes::<B>(32, DIM, true, 0, &Default::default());
+    bencher.bench(|| lsh_hash(queries.clone(), planes.clone()).into_data());
+}
+
+#[divan::bench(args = LENGTHS, sample_count = 10)]
+fn hamming_kmeans_op(bencher: Bencher, len: usize) {
+    let (queries, _, _) = inputs(len);
+    let planes = lsh_planes::<B>(32, DIM, true, 0, &Default::default());
+    let codes: Tensor<B, 3, Int> = lsh_hash(queries, planes);
+    bencher.bench(|| {
+        hamming_kmeans(codes.clone(), None, CLUSTERS, 10, 0)
+            .counts
+            .into_data()
+    });
+}
+
+#[divan::bench(args = LENGTHS, sample_count = 5)]
+fn full(bencher: Bencher, len: usize) {
+    let (q, k, v) = inputs(len);
+    let options = AttentionOptions::new();
+    bencher.bench(|| {
+        full_attention(q.clone(), k.clone(), v.clone(), None, None, &options).into_data()
+    });
+}
+
+#[divan::bench(args = LENGTHS, sample_count = 10)]
+fn clustered(bencher: Bencher, len: usize) {
+    let (q, k, v) = inputs(len);
+    let (options, clustering) = (AttentionOptions::new(), clustering());
+    bencher.bench(|| {
+        clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            None,
+            None,
+            &clustering,
+            &options,
+        )
+        .into_data()
+    });
+}
+
+#[divan::bench(args = LENGTHS, sample_count = 10)]
+fn improved(bencher: Bencher, len: usize) {
+    let (q, k, v) = inputs(len);
+    let (options, clustering) = (AttentionOptions::new(), clustering());
+    bencher.bench(|| {
+        improved_clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            None,
+            None,
+            &clustering,
+            TOPK,
+            &options,
+        )
+        .into_data()
+    });
+}
