@@ -1,0 +1,182 @@
+//! Utterances as model inputs: log-mel features computed once per run, length-bucketed
+//! batches, the batcher.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use crate::audio::load_audio;
+use crate::features::{Features, LogMel};
+use crate::manifest::{ManifestError, Utterance, read_manifest};
+use crate::phones::PhoneInventory;
+
+/// One utterance ready for the model.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// Utterance id.
+    pub id: String,
+    /// Log-mel features, `[frames, n_mels]`.
+    pub features: Arc<Features>,
+    /// Labels as model outputs (1-based; 0 is the blank).
+    pub targets: Vec<usize>,
+}
+
+/// Reads, validates and featurizes a split: the manifest is validated as a whole (every audio
+/// file decoded) before any feature is computed; features are computed once, on all cores.
+///
+/// # Errors
+/// The [`ManifestError`] listing every bad line.
+pub fn load_split(
+    manifest: &Path,
+    inventory: &PhoneInventory,
+    log_mel: &LogMel,
+) -> Result<Vec<Example>, ManifestError> {
+    let utterances = read_manifest(manifest, inventory, true)?;
+    Ok(featurize(&utterances, log_mel))
+}
+
+/// Computes the features of utterances on all cores (the audio was validated).
+pub fn featurize(utterances: &[Utterance], log_mel: &LogMel) -> Vec<Example> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = utterances.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = utterances
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|u| {
+                            let samples = load_audio(&u.audio_path)
+                                .expect("audio was validated with the manifest");
+                            Example {
+                                id: u.entry.id.clone(),
+                                features: Arc::new(log_mel.features(&samples)),
+                                targets: u.targets.clone(),
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("feature thread panicked"))
+            .collect()
+    })
+}
+
+/// Length-bucketed batches: utterances sorted by length, cut into batches of at most
+/// `max_frames` padded frames (batch size × longest utterance), at least one utterance each.
+pub fn bucket(mut examples: Vec<Example>, max_frames: usize) -> Vec<Vec<Example>> {
+    examples.sort_by_key(|e| (e.features.frames, e.id.clone()));
+    let mut batches = Vec::new();
+    let mut current: Vec<Example> = Vec::new();
+    for example in examples {
+        let longest = example.features.frames;
+        if !current.is_empty() && (current.len() + 1) * longest > max_frames {
+            batches.push(std::mem::take(&mut current));
+        }
+        current.push(example);
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
+}
+
+/// A dataset whose items are whole batches (see [`bucket`]); use it with batch size 1.
+#[derive(Debug, Clone)]
+pub struct BucketDataset {
+    batches: Vec<Vec<Example>>,
+}
+
+impl BucketDataset {
+    /// Wraps pre-made batches.
+    pub fn new(batches: Vec<Vec<Example>>) -> Self {
+        Self { batches }
+    }
+}
+
+impl Dataset<Vec<Example>> for BucketDataset {
+    fn get(&self, index: usize) -> Option<Vec<Example>> {
+        self.batches.get(index).cloned()
+    }
+
+    fn len(&self) -> usize {
+        self.batches.len()
+    }
+}
+
+/// A padded batch.
+#[derive(Debug, Clone)]
+pub struct CtcBatch<B: Backend> {
+    /// Features `[batch, frames, n_mels]`, zero past each utterance's end.
+    pub features: Tensor<B, 3>,
+    /// Valid frames per utterance.
+    pub frame_lengths: Vec<usize>,
+    /// Labels `[batch, max_target_len]`, padded with the blank (0).
+    pub targets: Tensor<B, 2, Int>,
+    /// Labels per utterance.
+    pub target_lengths: Vec<usize>,
+    /// The labels on the host, for the phone error rate.
+    pub references: Vec<Vec<usize>>,
+}
+
+/// Pads the utterances of a bucket into a [`CtcBatch`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CtcBatcher;
+
+impl CtcBatcher {
+    /// Pads `examples` into a batch on `device`.
+    ///
+    /// # Panics
+    /// When `examples` is empty or the utterances disagree on `n_mels`.
+    pub fn make<B: Backend>(&self, examples: &[Example], device: &B::Device) -> CtcBatch<B> {
+        assert!(!examples.is_empty(), "a batch needs at least one utterance");
+        let n_mels = examples[0].features.n_mels;
+        let frames = examples
+            .iter()
+            .map(|e| e.features.frames)
+            .max()
+            .unwrap_or(0);
+        let labels = examples
+            .iter()
+            .map(|e| e.targets.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let batch = examples.len();
+        let mut features = vec![0f32; batch * frames * n_mels];
+        let mut targets = vec![0i64; batch * labels];
+        for (b, e) in examples.iter().enumerate() {
+            assert_eq!(
+                e.features.n_mels, n_mels,
+                "utterance {} has {} mel bands, expected {n_mels}",
+                e.id, e.features.n_mels
+            );
+            let start = b * frames * n_mels;
+            features[start..start + e.features.data.len()].copy_from_slice(&e.features.data);
+            for (i, &t) in e.targets.iter().enumerate() {
+                targets[b * labels + i] = t as i64;
+            }
+        }
+        CtcBatch {
+            features: Tensor::from_data(TensorData::new(features, [batch, frames, n_mels]), device),
+            frame_lengths: examples.iter().map(|e| e.features.frames).collect(),
+            targets: Tensor::from_data(TensorData::new(targets, [batch, labels]), device),
+            target_lengths: examples.iter().map(|e| e.targets.len()).collect(),
+            references: examples.iter().map(|e| e.targets.clone()).collect(),
+        }
+    }
+}
+
+impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for CtcBatcher {
+    fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
+        let examples: Vec<Example> = items.into_iter().flatten().collect();
+        self.make(&examples, device)
+    }
+}

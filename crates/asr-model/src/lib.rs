@@ -1,0 +1,22 @@
+//! A transformer CTC phone recognizer whose encoder layers use full, clustered or improved
+//! clustered attention ([`clustered_attention`]), after the speech experiments of Vyas,
+//! Katharopoulos & Fleuret, *Fast Transformers with Clustered Attention* (NeurIPS 2020), §4.1.
+//!
+//! - [`corpus`]: a multi-speaker English corpus synthesized with `espeak-ng` (and `flite`);
+//! - [`manifest`], [`audio`], [`features`]: JSONL manifests validated up front, WAV/FLAC at any
+//!   sample rate, log-mel filterbank features;
+//! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
+//! - [`decode`]: greedy CTC decoding and the phone error rate;
+//! - [`train`]: training with burn-train, evaluation, saving and loading.
+#![warn(missing_docs)]
+
+pub mod audio;
+pub mod corpus;
+pub mod data;
+pub mod decode;
+pub mod features;
+pub mod manifest;
+pub mod model;
+pub mod phones;
+pub mod render;
+pub mod train;

@@ -1,0 +1,559 @@
+//! `asr`: generate the corpus, train, evaluate and transcribe.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use clustered_attention::{AttentionKind, ClusteringBackend};
+
+use asr_model::audio::load_audio;
+use asr_model::corpus::{CorpusOptions, generate};
+use asr_model::data::{CtcBatcher, Example, load_split};
+use asr_model::decode::greedy_ctc_decode;
+use asr_model::features::{LogMel, LogMelConfig};
+use asr_model::model::AsrModelConfig;
+use asr_model::phones::PhoneInventory;
+use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, load_model, train};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "CTC phone recognition with full, clustered or improved clustered attention"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Synthesize a corpus with espeak-ng (and flite, when installed).
+    Corpus(CorpusArgs),
+    /// Train a model on a corpus; prints the test phone error rate.
+    Train(TrainArgs),
+    /// Evaluate trained models, with their own or another attention (paper Table 1).
+    Eval(EvalArgs),
+    /// Print the phones recognized in one audio file (WAV or FLAC, any sample rate).
+    Transcribe(TranscribeArgs),
+    /// Time training steps (forward + backward + Adam) of the default model on random
+    /// features, per attention (a benchmark; the paper's Figure 2 setting is 800 frames).
+    StepTime(StepTimeArgs),
+}
+
+#[derive(Args, Debug)]
+struct StepTimeArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendName,
+    /// Attentions to time, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "full,clustered:100,improved:100:32"
+    )]
+    attention: Vec<AttentionKind>,
+    /// Frames per utterance.
+    #[arg(long, default_value_t = 800)]
+    frames: usize,
+    /// Utterances per batch.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Time subsampling (1 = none, as in the paper).
+    #[arg(long, default_value_t = 1)]
+    subsampling: usize,
+    /// Timed steps (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BackendName {
+    /// Burn's NdArray CPU backend.
+    Ndarray,
+    /// Burn's Flex CPU backend.
+    Flex,
+    /// WGPU (Vulkan, Metal or DX12; lavapipe without a GPU).
+    Wgpu,
+    /// WGPU through Vulkan with SPIR-V kernels.
+    Vulkan,
+    /// CUDA.
+    Cuda,
+}
+
+#[derive(Args, Debug)]
+struct CorpusArgs {
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Hours of audio over all splits.
+    #[arg(long, default_value_t = 1.0)]
+    hours: f64,
+    /// Share of the audio in dev and in test, each.
+    #[arg(long, default_value_t = 0.1)]
+    held_out_fraction: f64,
+    /// Plain-text source, one sentence or verse per line.
+    #[arg(long, default_value = "data/text/kjv-pentateuch.txt")]
+    text: PathBuf,
+    /// Licence of the text source, recorded in the corpus README.
+    #[arg(
+        long,
+        default_value = "public domain (King James Version, 1611; Crown copyright applies in the UK only)"
+    )]
+    licence: String,
+    /// Seed of the voice, speed and pitch choices.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Bits per FLAC sample.
+    #[arg(long, default_value_t = 16)]
+    bits_per_sample: usize,
+    /// Longest phrase, in words.
+    #[arg(long, default_value_t = 12)]
+    max_words: usize,
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// Corpus directory (phones.txt, train/dev/test.jsonl).
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Output directory: checkpoints, logs, the final model.
+    #[arg(long, default_value = "runs/improved")]
+    out: PathBuf,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendName,
+    /// Attention: full, clustered:C or improved:C:K.
+    #[arg(long, default_value = "improved:16:16")]
+    attention: AttentionKind,
+    /// Last epoch.
+    #[arg(long, default_value_t = 40)]
+    epochs: usize,
+    /// Peak learning rate (Adam).
+    #[arg(long, default_value_t = 2e-3)]
+    learning_rate: f64,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 200)]
+    warmup_steps: usize,
+    /// Largest gradient L2 norm per parameter.
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f32,
+    /// Padded frames per batch (length-bucketed batches).
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    n_heads: usize,
+    /// Encoder layers.
+    #[arg(long, default_value_t = 4)]
+    n_layers: usize,
+    /// Feed-forward hidden size.
+    #[arg(long, default_value_t = 512)]
+    d_ff: usize,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
+    /// Time subsampling by frame stacking (1, 2 or 4).
+    #[arg(long, default_value_t = 4)]
+    subsampling: usize,
+    /// Mel bands.
+    #[arg(long, default_value_t = 40)]
+    n_mels: usize,
+    /// Seed of the weights, the hashing planes and the batch order.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Continue from the last checkpoint in --out.
+    #[arg(long)]
+    resume: bool,
+    /// Interrupt after this many training steps (to try --resume).
+    #[arg(long)]
+    stop_after_steps: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct EvalArgs {
+    /// Trained model directories (each with model.json and model.mpk).
+    #[arg(long = "model", required = true)]
+    models: Vec<PathBuf>,
+    /// Corpus directory.
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Split to evaluate.
+    #[arg(long, default_value = "test")]
+    split: String,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendName,
+    /// Evaluate with this attention instead of the trained one.
+    #[arg(long)]
+    attention: Option<AttentionKind>,
+    /// Print the cross table: every model with full, clustered:C and improved:C:K.
+    #[arg(long)]
+    table: bool,
+    /// Clusters C of the table (default: the mean number of encoder steps / 8).
+    #[arg(long)]
+    clusters: Option<usize>,
+    /// Top keys K of the table's improved attention.
+    #[arg(long, default_value_t = 16)]
+    topk: usize,
+    /// Padded frames per batch.
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+}
+
+#[derive(Args, Debug)]
+struct TranscribeArgs {
+    /// Trained model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Audio file.
+    file: PathBuf,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendName,
+}
+
+/// Runs `$body` with `$B` bound to the chosen (autodiff) backend type and `$device` to its
+/// default device.
+macro_rules! with_backend {
+    ($name:expr, $B:ident, $device:ident, $body:expr) => {
+        match $name {
+            #[cfg(feature = "ndarray")]
+            BackendName::Ndarray => {
+                type $B = Autodiff<burn::backend::NdArray>;
+                let $device = Default::default();
+                $body
+            }
+            #[cfg(feature = "flex")]
+            BackendName::Flex => {
+                type $B = Autodiff<burn::backend::Flex>;
+                let $device = Default::default();
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            BackendName::Wgpu => {
+                type $B = Autodiff<burn::backend::Wgpu>;
+                let $device = Default::default();
+                $body
+            }
+            #[cfg(feature = "vulkan")]
+            BackendName::Vulkan => {
+                type $B = Autodiff<burn::backend::Vulkan>;
+                let $device = Default::default();
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            BackendName::Cuda => {
+                type $B = Autodiff<burn::backend::Cuda>;
+                let $device = Default::default();
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => bail!(
+                "backend {other:?} is not compiled in: rebuild with `--features {}`",
+                format!("{other:?}").to_lowercase()
+            ),
+        }
+    };
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Corpus(args) => generate(&CorpusOptions {
+            out: args.out,
+            hours: args.hours,
+            held_out_fraction: args.held_out_fraction,
+            text: args.text,
+            text_licence: args.licence,
+            seed: args.seed,
+            bits_per_sample: args.bits_per_sample,
+            max_words: args.max_words,
+        }),
+        Command::Train(args) => {
+            with_backend!(args.backend, B, device, run_train::<B>(&args, &device))
+        }
+        Command::Eval(args) => with_backend!(
+            args.backend,
+            B,
+            device,
+            run_eval::<<B as AutodiffBackend>::InnerBackend>(&args, &device)
+        ),
+        Command::StepTime(args) => {
+            with_backend!(args.backend, B, device, run_step_time::<B>(&args, &device))
+        }
+        Command::Transcribe(args) => with_backend!(
+            args.backend,
+            B,
+            device,
+            run_transcribe::<<B as AutodiffBackend>::InnerBackend>(&args, &device)
+        ),
+    }
+}
+
+/// Reads the corpus's inventory and validates all three manifests (every problem at once)
+/// before computing any feature.
+fn load_corpus(
+    corpus: &Path,
+    log_mel: &LogMel,
+    splits: &[&str],
+) -> anyhow::Result<(PhoneInventory, Vec<Vec<Example>>)> {
+    let inventory = PhoneInventory::load(&corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
+    let mut problems = Vec::new();
+    let mut manifests = Vec::new();
+    for split in splits {
+        let path = corpus.join(format!("{split}.jsonl"));
+        match asr_model::manifest::read_manifest(&path, &inventory, true) {
+            Ok(utterances) => manifests.push(utterances),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if !problems.is_empty() {
+        bail!("the corpus is not usable:\n{}", problems.join("\n"));
+    }
+    let examples = manifests
+        .iter()
+        .map(|u| asr_model::data::featurize(u, log_mel))
+        .collect();
+    Ok((inventory, examples))
+}
+
+fn run_train<B: AutodiffBackend + ClusteringBackend>(
+    args: &TrainArgs,
+    device: &B::Device,
+) -> anyhow::Result<()>
+where
+    B::InnerBackend: ClusteringBackend,
+{
+    let start = Instant::now();
+    let features = LogMelConfig::new().with_n_mels(args.n_mels);
+    let log_mel = LogMel::new(features.clone());
+    let (inventory, mut splits) = load_corpus(&args.corpus, &log_mel, &["train", "dev", "test"])?;
+    let test = splits.pop().expect("three splits");
+    let dev = splits.pop().expect("three splits");
+    let train_split = splits.pop().expect("three splits");
+    let (train_split, dropped) = feasible(train_split, args.subsampling);
+    if dropped > 0 {
+        eprintln!(
+            "note: {dropped} training utterance(s) have more labels than encoder steps at subsampling {} and are left out",
+            args.subsampling
+        );
+    }
+    eprintln!(
+        "corpus {}: {} train, {} dev, {} test utterances; features in {:.1} s",
+        args.corpus.display(),
+        train_split.len(),
+        dev.len(),
+        test.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let saved = SavedModel {
+        model: AsrModelConfig::new(inventory.n_outputs())
+            .with_n_mels(args.n_mels)
+            .with_d_model(args.d_model)
+            .with_n_heads(args.n_heads)
+            .with_n_layers(args.n_layers)
+            .with_d_ff(args.d_ff)
+            .with_dropout(args.dropout)
+            .with_attention(args.attention)
+            .with_subsampling(args.subsampling)
+            .with_seed(args.seed),
+        features,
+        phones: inventory.phones().to_vec(),
+    };
+    let options = TrainOptions {
+        dir: args.out.clone(),
+        epochs: args.epochs,
+        learning_rate: args.learning_rate,
+        warmup_steps: args.warmup_steps,
+        grad_clip: args.grad_clip,
+        batch_frames: args.batch_frames,
+        seed: args.seed,
+        shuffle: true,
+        resume: args.resume,
+        stop_after_steps: args.stop_after_steps,
+        application_log: true,
+    };
+    let model = train::<B>(&saved, train_split, dev, &options, device)?;
+    let per = evaluate(&model, &test, None, args.batch_frames, device);
+    println!(
+        "test PER: {:.2} % ({} errors / {} phones, {} utterances, attention {}); model: {}; wall time {:.0} s",
+        per.percent(),
+        per.errors,
+        per.reference_phones,
+        test.len(),
+        args.attention,
+        args.out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn run_eval<B: ClusteringBackend>(args: &EvalArgs, device: &B::Device) -> anyhow::Result<()> {
+    let mut loaded = Vec::new();
+    for dir in &args.models {
+        loaded.push(load_model::<B>(dir, device)?);
+    }
+    let log_mel = LogMel::new(loaded[0].1.features.clone());
+    let inventory =
+        PhoneInventory::load(&args.corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
+    let examples = load_split(
+        &args.corpus.join(format!("{}.jsonl", args.split)),
+        &inventory,
+        &log_mel,
+    )?;
+    for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
+        if saved.phones != inventory.phones() {
+            bail!(
+                "{}: the model's phone inventory differs from {}",
+                dir.display(),
+                args.corpus.display()
+            );
+        }
+    }
+    let steps: f64 = examples
+        .iter()
+        .map(|e| e.features.frames.div_ceil(loaded[0].1.model.subsampling) as f64)
+        .sum::<f64>()
+        / examples.len() as f64;
+    let clusters = args
+        .clusters
+        .unwrap_or(((steps / 8.0).round() as usize).max(1));
+    let columns: Vec<Option<AttentionKind>> = if args.table {
+        vec![
+            Some(AttentionKind::Full),
+            Some(AttentionKind::Clustered { clusters }),
+            Some(AttentionKind::Improved {
+                clusters,
+                topk: args.topk,
+            }),
+        ]
+    } else {
+        vec![args.attention]
+    };
+    let name = |k: &Option<AttentionKind>, own: AttentionKind| k.unwrap_or(own).to_string();
+    println!(
+        "PER (%) on {} ({} utterances, mean {:.0} encoder steps); rows: trained with, columns: evaluated with",
+        args.split,
+        examples.len(),
+        steps
+    );
+    let own0 = loaded[0].1.model.attention;
+    let header: Vec<String> = columns.iter().map(|k| name(k, own0)).collect();
+    println!("| model | trained with | {} |", header.join(" | "));
+    println!("|---|---|{}", "---|".repeat(columns.len()));
+    for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|k| {
+                format!(
+                    "{:.2}",
+                    evaluate(model, &examples, *k, args.batch_frames, device).percent()
+                )
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} |",
+            dir.display(),
+            saved.model.attention,
+            cells.join(" | ")
+        );
+    }
+    Ok(())
+}
+
+fn run_transcribe<B: ClusteringBackend>(
+    args: &TranscribeArgs,
+    device: &B::Device,
+) -> anyhow::Result<()> {
+    let (model, saved) = load_model::<B>(&args.model, device)?;
+    let log_mel = LogMel::new(saved.features.clone());
+    let samples = load_audio(&args.file)?;
+    if samples.is_empty() {
+        bail!("{}: the audio is empty", args.file.display());
+    }
+    let example = Example {
+        id: args.file.display().to_string(),
+        features: std::sync::Arc::new(log_mel.features(&samples)),
+        targets: Vec::new(),
+    };
+    let batch = CtcBatcher.make::<B>(std::slice::from_ref(&example), device);
+    let log_probs = model.forward(batch.features, &batch.frame_lengths);
+    let inventory = PhoneInventory::new(saved.phones.clone()).map_err(anyhow::Error::msg)?;
+    let outputs = model.decode(log_probs, &batch.frame_lengths).remove(0);
+    let _ = greedy_ctc_decode;
+    let phones: Vec<&str> = outputs
+        .iter()
+        .map(|&o| {
+            inventory
+                .phone_of(o)
+                .context("output outside the inventory")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    println!("{}", phones.join(" "));
+    Ok(())
+}
+
+fn run_step_time<B: AutodiffBackend + ClusteringBackend>(
+    args: &StepTimeArgs,
+    device: &B::Device,
+) -> anyhow::Result<()> {
+    use burn::optim::{GradientsParams, Optimizer};
+    use burn::tensor::{Distribution, Int, Tensor};
+    let inventory = PhoneInventory::standard();
+    let targets_len = args.frames / args.subsampling / 4;
+    println!(
+        "| attention | frames | batch | subsampling | median step (s) | min (s) | max (s) |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for &attention in &args.attention {
+        B::seed(device, 0);
+        let mut model = AsrModelConfig::new(inventory.n_outputs())
+            .with_attention(attention)
+            .with_subsampling(args.subsampling)
+            .init::<B>(device);
+        let mut optim = burn::optim::AdamConfig::new().init();
+        let features = Tensor::<B, 3>::random(
+            [args.batch, args.frames, 40],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
+        let targets = Tensor::<B, 2, Int>::random(
+            [args.batch, targets_len],
+            Distribution::Uniform(1.0, 40.0),
+            device,
+        );
+        let frame_lengths = vec![args.frames; args.batch];
+        let target_lengths = vec![targets_len; args.batch];
+        let mut times = Vec::new();
+        for step in 0..=args.steps {
+            let start = Instant::now();
+            let log_probs = model.forward(features.clone(), &frame_lengths);
+            let loss = model
+                .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
+                .mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-4, model, grads);
+            // Wait for the device: read one value back.
+            let _ = B::sync(device);
+            if step > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "| {attention} | {} | {} | {} | {:.3} | {:.3} | {:.3} |",
+            args.frames,
+            args.batch,
+            args.subsampling,
+            times[times.len() / 2],
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    Ok(())
+}

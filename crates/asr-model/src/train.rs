@@ -1,0 +1,436 @@
+//! Training with burn-train, evaluation and the phone error rate metric.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use burn::backend::Flex;
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataset::Dataset;
+use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
+use burn::module::Module;
+use burn::optim::AdamConfig;
+use burn::optim::grad_clipping::GradientClippingConfig;
+use burn::record::{DefaultRecorder, Recorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use burn::train::metric::state::{FormatOptions, NumericMetricState};
+use burn::train::metric::{
+    Adaptor, LossInput, LossMetric, Metric, MetricAttributes, MetricMetadata, MetricName, Numeric,
+    NumericAttributes, NumericEntry, SerializedEntry,
+};
+use burn::train::{
+    InferenceStep, Interrupter, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
+};
+use clustered_attention::{AttentionKind, ClusteringBackend};
+use serde::{Deserialize, Serialize};
+
+use crate::data::{BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
+use crate::decode::{PhoneErrorRate, greedy_ctc_decode};
+use crate::features::LogMelConfig;
+use crate::model::{AsrModel, AsrModelConfig};
+
+/// What a training or evaluation step reports.
+#[derive(Debug)]
+pub struct CtcOutput<B: Backend> {
+    /// Mean over the batch of the CTC loss per target phone, `[1]`.
+    pub loss: Tensor<B, 1>,
+    /// Edit distance and reference phones of the batch (zero in training steps).
+    pub per: PhoneErrorRate,
+}
+
+/// [`CtcOutput`] moved off the training device, for the metrics.
+#[derive(Debug)]
+pub struct CtcStats {
+    loss: Tensor<Flex, 1>,
+    per: PhoneErrorRate,
+}
+
+impl<B: Backend> ItemLazy for CtcOutput<B> {
+    type ItemSync = CtcStats;
+
+    fn sync(self) -> CtcStats {
+        CtcStats {
+            loss: Tensor::from_data(self.loss.into_data(), &Default::default()),
+            per: self.per,
+        }
+    }
+}
+
+impl Adaptor<LossInput<Flex>> for CtcStats {
+    fn adapt(&self) -> LossInput<Flex> {
+        LossInput::new(self.loss.clone())
+    }
+}
+
+impl Adaptor<PhoneErrorRate> for CtcStats {
+    fn adapt(&self) -> PhoneErrorRate {
+        self.per
+    }
+}
+
+/// The phone error rate as a burn-train metric: Σ edit distance / Σ reference phones over
+/// the epoch, in percent.
+#[derive(Clone)]
+pub struct PhoneErrorRateMetric {
+    name: MetricName,
+    state: NumericMetricState,
+}
+
+impl Default for PhoneErrorRateMetric {
+    fn default() -> Self {
+        Self {
+            name: Arc::new("PER".to_string()),
+            state: NumericMetricState::new(),
+        }
+    }
+}
+
+impl Metric for PhoneErrorRateMetric {
+    type Input = PhoneErrorRate;
+
+    fn name(&self) -> MetricName {
+        self.name.clone()
+    }
+
+    fn attributes(&self) -> MetricAttributes {
+        NumericAttributes {
+            unit: Some("%".into()),
+            higher_is_better: false,
+        }
+        .into()
+    }
+
+    fn update(&mut self, item: &PhoneErrorRate, _metadata: &MetricMetadata) -> SerializedEntry {
+        self.state.update(
+            item.percent(),
+            item.reference_phones.max(1),
+            FormatOptions::new(self.name()).unit("%").precision(2),
+        )
+    }
+
+    fn clear(&mut self) {
+        self.state.reset()
+    }
+}
+
+impl Numeric for PhoneErrorRateMetric {
+    fn value(&self) -> NumericEntry {
+        self.state.current_value()
+    }
+
+    fn running_value(&self) -> NumericEntry {
+        self.state.running_value()
+    }
+}
+
+impl<B: ClusteringBackend> AsrModel<B> {
+    fn loss_of(&self, batch: &CtcBatch<B>, log_probs: Tensor<B, 3>) -> Tensor<B, 1> {
+        let per_utterance = self.ctc_loss(
+            log_probs,
+            &batch.frame_lengths,
+            batch.targets.clone(),
+            &batch.target_lengths,
+        );
+        let device = per_utterance.device();
+        let lengths: Vec<f32> = batch.target_lengths.iter().map(|&t| t as f32).collect();
+        let n = lengths.len();
+        (per_utterance / Tensor::<B, 1>::from_data(TensorData::new(lengths, [n]), &device)).mean()
+    }
+
+    /// Greedy transcriptions of a batch's log-probabilities `[batch, steps, n_outputs]`.
+    pub fn decode(&self, log_probs: Tensor<B, 3>, frame_lengths: &[usize]) -> Vec<Vec<usize>> {
+        let [batch, steps, _] = log_probs.dims();
+        let best = log_probs.argmax(2).into_data();
+        let best: Vec<i64> = best
+            .convert::<i64>()
+            .into_vec()
+            .expect("arg-max indices convert to i64");
+        (0..batch)
+            .map(|b| {
+                let len = self.output_length(frame_lengths[b]).min(steps);
+                let path: Vec<usize> = best[b * steps..b * steps + len]
+                    .iter()
+                    .map(|&i| i as usize)
+                    .collect();
+                greedy_ctc_decode(&path)
+            })
+            .collect()
+    }
+}
+
+impl<B: AutodiffBackend + ClusteringBackend> TrainStep for AsrModel<B> {
+    type Input = CtcBatch<B>;
+    type Output = CtcOutput<B>;
+
+    fn step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+        let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
+        let loss = self.loss_of(&batch, log_probs);
+        let grads = loss.backward();
+        TrainOutput::new(
+            self,
+            grads,
+            CtcOutput {
+                loss,
+                per: PhoneErrorRate::default(),
+            },
+        )
+    }
+}
+
+impl<B: ClusteringBackend> InferenceStep for AsrModel<B> {
+    type Input = CtcBatch<B>;
+    type Output = CtcOutput<B>;
+
+    fn step(&self, batch: CtcBatch<B>) -> CtcOutput<B> {
+        let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
+        let loss = self.loss_of(&batch, log_probs.clone());
+        let mut per = PhoneErrorRate::default();
+        for (hypothesis, reference) in self
+            .decode(log_probs, &batch.frame_lengths)
+            .iter()
+            .zip(&batch.references)
+        {
+            per.add(hypothesis, reference);
+        }
+        CtcOutput { loss, per }
+    }
+}
+
+/// Everything needed to rebuild a trained model: stored as `model.json` next to the weights.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SavedModel {
+    /// The model's configuration (its attention is the one it was trained with).
+    pub model: AsrModelConfig,
+    /// The front end's configuration.
+    pub features: LogMelConfig,
+    /// The phone inventory, in output order (after the blank).
+    pub phones: Vec<String>,
+}
+
+/// Training settings.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// Output directory (checkpoints, logs, the final model).
+    pub dir: PathBuf,
+    /// Epochs (absolute: with `resume`, training stops after this epoch).
+    pub epochs: usize,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: usize,
+    /// Gradient clipping: largest L2 norm of each parameter's gradient.
+    pub grad_clip: f32,
+    /// Padded frames per batch.
+    pub batch_frames: usize,
+    /// Seed of the weights, the hashing planes and the batch order.
+    pub seed: u64,
+    /// Shuffle the batches every epoch (off only for reproducibility checks).
+    pub shuffle: bool,
+    /// Continue from the last checkpoint in `dir`.
+    pub resume: bool,
+    /// Stop (as an interruption would) after this many training steps of this run.
+    pub stop_after_steps: Option<usize>,
+    /// Install burn-train's application logger (`dir/experiment.log`; a process-wide
+    /// logger, so at most once per process).
+    pub application_log: bool,
+}
+
+/// The last epoch with a model checkpoint in `dir/checkpoint`.
+pub fn last_checkpoint(dir: &Path) -> Option<usize> {
+    std::fs::read_dir(dir.join("checkpoint"))
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_prefix("model-")?
+                .strip_suffix(".mpk")?
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
+/// A dataset that interrupts training after its `limit`-th item.
+struct StopAfter {
+    inner: BucketDataset,
+    limit: usize,
+    served: std::sync::atomic::AtomicUsize,
+    interrupter: Interrupter,
+}
+
+impl Dataset<Vec<Example>> for StopAfter {
+    fn get(&self, index: usize) -> Option<Vec<Example>> {
+        let served = self
+            .served
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if served >= self.limit {
+            self.interrupter.stop(Some("--stop-after-steps reached"));
+        }
+        self.inner.get(index)
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+/// Trains `config` on `train` (validating on `valid` each epoch) with burn-train on `device`;
+/// returns the trained model (on the inner backend) and saves it as `dir/model.mpk` +
+/// `dir/model.json`.
+///
+/// # Errors
+/// When the directory cannot be written or a checkpoint cannot be read.
+pub fn train<B: AutodiffBackend + ClusteringBackend>(
+    saved: &SavedModel,
+    train: Vec<Example>,
+    valid: Vec<Example>,
+    options: &TrainOptions,
+    device: &B::Device,
+) -> anyhow::Result<AsrModel<B::InnerBackend>>
+where
+    B::InnerBackend: ClusteringBackend,
+{
+    std::fs::create_dir_all(&options.dir)?;
+    B::seed(device, options.seed);
+    let model: AsrModel<B> = saved.model.init(device);
+    let dataset = BucketDataset::new(bucket(train, options.batch_frames));
+    let optim = AdamConfig::new()
+        .with_grad_clipping(Some(GradientClippingConfig::Norm(options.grad_clip)))
+        .init();
+    let scheduler = LinearLrSchedulerConfig::new(
+        options.learning_rate / options.warmup_steps.max(1) as f64,
+        options.learning_rate,
+        options.warmup_steps.max(1),
+    )
+    .init()
+    .map_err(|e| anyhow::anyhow!("learning-rate schedule: {e}"))?;
+    let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(CtcBatcher)
+        .batch_size(1)
+        .build(BucketDataset::new(bucket(valid, options.batch_frames)));
+    let interrupter = Interrupter::new();
+    let builder = || {
+        let builder = DataLoaderBuilder::<B, _, _>::new(CtcBatcher).batch_size(1);
+        if options.shuffle {
+            builder.shuffle(options.seed)
+        } else {
+            builder
+        }
+    };
+    let train_loader = match options.stop_after_steps {
+        Some(limit) => builder().build(StopAfter {
+            inner: dataset,
+            limit,
+            served: 0.into(),
+            interrupter: interrupter.clone(),
+        }),
+        None => builder().build(dataset),
+    };
+    let mut training = SupervisedTraining::new(&options.dir, train_loader, valid_loader)
+        .with_interrupter(interrupter)
+        .metrics((LossMetric::<Flex>::new(),))
+        .metric_valid_numeric(PhoneErrorRateMetric::default())
+        .with_file_checkpointer(DefaultRecorder::new())
+        .num_epochs(options.epochs)
+        .summary();
+    if !(cfg!(feature = "tui") && std::io::IsTerminal::is_terminal(&std::io::stdout())) {
+        training = training.renderer(crate::render::ProgressLines::default());
+    }
+    if !options.application_log {
+        training = training.with_application_logger(None);
+    }
+    if options.resume {
+        if let Some(epoch) = last_checkpoint(&options.dir) {
+            eprintln!(
+                "resuming after epoch {epoch} (checkpoint in {})",
+                options.dir.display()
+            );
+            training = training.checkpoint(epoch);
+        } else {
+            eprintln!(
+                "no checkpoint in {}: starting from scratch",
+                options.dir.display()
+            );
+        }
+    }
+    let result = training.launch(Learner::new(model, optim, scheduler));
+    let model = result.model;
+    save_model(&model, saved, &options.dir)?;
+    Ok(model)
+}
+
+/// Saves weights (`dir/model.mpk`) and configuration (`dir/model.json`).
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn save_model<B: Backend>(
+    model: &AsrModel<B>,
+    saved: &SavedModel,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    DefaultRecorder::new()
+        .record(model.clone().into_record(), dir.join("model"))
+        .with_context(|| format!("{}: cannot save the model", dir.display()))?;
+    std::fs::write(dir.join("model.json"), serde_json::to_string_pretty(saved)?)?;
+    Ok(())
+}
+
+/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`.
+///
+/// # Errors
+/// When a file is missing or does not match.
+pub fn load_model<B: ClusteringBackend>(
+    dir: &Path,
+    device: &B::Device,
+) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
+    let json = std::fs::read_to_string(dir.join("model.json"))
+        .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
+    let saved: SavedModel = serde_json::from_str(&json)
+        .with_context(|| format!("{}: malformed model.json", dir.display()))?;
+    let record = DefaultRecorder::new()
+        .load(dir.join("model"), device)
+        .with_context(|| format!("{}: cannot load model.mpk", dir.display()))?;
+    Ok((saved.model.init::<B>(device).load_record(record), saved))
+}
+
+/// Phone error rate of `model` (with `attention`, when given) over `examples`.
+pub fn evaluate<B: ClusteringBackend>(
+    model: &AsrModel<B>,
+    examples: &[Example],
+    attention: Option<AttentionKind>,
+    batch_frames: usize,
+    device: &B::Device,
+) -> PhoneErrorRate {
+    let model = match attention {
+        Some(kind) => model.clone().with_attention(kind),
+        None => model.clone(),
+    };
+    let mut per = PhoneErrorRate::default();
+    for batch in bucket(examples.to_vec(), batch_frames) {
+        let batch: CtcBatch<B> = CtcBatcher.make(&batch, device);
+        let log_probs = model.forward(batch.features, &batch.frame_lengths);
+        for (h, r) in model
+            .decode(log_probs, &batch.frame_lengths)
+            .iter()
+            .zip(&batch.references)
+        {
+            per.add(h, r);
+        }
+    }
+    per
+}
+
+/// Keeps the examples that a CTC alignment can fit (`steps ≥ labels + repeated neighbours`),
+/// returning them and the number dropped (the caller reports it).
+pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, usize) {
+    let before = examples.len();
+    let kept: Vec<Example> = examples
+        .into_iter()
+        .filter(|e| {
+            let repeats = e.targets.windows(2).filter(|w| w[0] == w[1]).count();
+            e.features.frames.div_ceil(subsampling) >= e.targets.len() + repeats
+        })
+        .collect();
+    let dropped = before - kept.len();
+    (kept, dropped)
+}
