@@ -12,7 +12,6 @@ use clustered_attention::{AttentionKind, ClusteringBackend};
 use asr_model::audio::load_audio;
 use asr_model::corpus::{CorpusOptions, generate};
 use asr_model::data::{CtcBatcher, Example, load_split};
-use asr_model::decode::greedy_ctc_decode;
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
@@ -486,7 +485,6 @@ fn run_transcribe<B: ClusteringBackend>(
     let log_probs = model.forward(batch.features, &batch.frame_lengths);
     let inventory = PhoneInventory::new(saved.phones.clone()).map_err(anyhow::Error::msg)?;
     let outputs = model.decode(log_probs, &batch.frame_lengths).remove(0);
-    let _ = greedy_ctc_decode;
     let phones: Vec<&str> = outputs
         .iter()
         .map(|&o| {

@@ -14,7 +14,7 @@ use crate::ClusteringBackend;
 use crate::kernels::cube_count;
 use crate::kernels::hash::lsh_hash_kernel;
 use crate::kernels::kmeans::{SHARED_CENTROIDS, kmeans_assign_kernel, kmeans_update_kernel};
-use crate::ops::reference::check_bits;
+use crate::ops::reference::check_planes;
 use crate::ops::{host_lengths, initial_centroid_positions};
 
 impl<R, F, I, BT> ClusteringBackend for CubeBackend<R, F, I, BT>
@@ -48,14 +48,7 @@ fn lsh_hash<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let [batch, heads, len, dim] = queries.shape().dims();
     let [bits, columns] = planes.shape().dims();
-    check_bits(bits);
-    assert!(
-        columns == dim + 1,
-        "planes must have shape [bits, E + 1] = [{bits}, {}] for queries of shape {:?}, got {:?}",
-        dim + 1,
-        [batch, heads, len, dim],
-        [bits, columns]
-    );
+    check_planes([batch, heads, len, dim], [bits, columns]);
     assert_eq!(
         queries.dtype, planes.dtype,
         "queries and planes must share a dtype"

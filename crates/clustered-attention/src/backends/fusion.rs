@@ -11,7 +11,7 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
 use crate::ClusteringBackend;
-use crate::ops::reference::check_bits;
+use crate::ops::reference::check_planes;
 
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
@@ -62,14 +62,7 @@ impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         let [batch, heads, len, dim] = queries.shape().dims();
         let [bits, columns] = planes.shape().dims();
-        check_bits(bits);
-        assert!(
-            columns == dim + 1,
-            "planes must have shape [bits, E + 1] = [{bits}, {}] for queries of shape {:?}, got {:?}",
-            dim + 1,
-            [batch, heads, len, dim],
-            [bits, columns]
-        );
+        check_planes([batch, heads, len, dim], [bits, columns]);
         let client = queries.client.clone();
         let streams = OperationStreams::with_inputs([&queries, &planes]);
         let codes = TensorIr::uninit(

@@ -21,6 +21,22 @@ pub(crate) fn check_bits(bits: usize) {
     );
 }
 
+/// Checks `bits` ([`check_bits`]) and that `planes [bits, E + 1]` fit `queries [batch, heads, L, E]`.
+///
+/// # Panics
+/// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
+pub(crate) fn check_planes(queries: [usize; 4], planes: [usize; 2]) {
+    let [bits, columns] = planes;
+    check_bits(bits);
+    assert!(
+        columns == queries[3] + 1,
+        "planes must have shape [bits, E + 1] = [{bits}, {}] for queries of shape {:?}, got {:?}",
+        queries[3] + 1,
+        queries,
+        planes
+    );
+}
+
 /// The value of bit `b` in a code held as an `i32` two's complement pattern:
 /// `2^b` for `b < 31` and `-2^31` for the sign bit.
 fn bit_values(bits: usize) -> Vec<i64> {
@@ -42,15 +58,8 @@ pub fn lsh_hash<B: Backend>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> 
     let queries = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(queries));
     let planes = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(planes));
     let [batch, heads, len, dim] = queries.dims();
-    let [bits, columns] = planes.dims();
-    check_bits(bits);
-    assert!(
-        columns == dim + 1,
-        "planes must have shape [bits, E + 1] = [{bits}, {}] for queries of shape {:?}, got {:?}",
-        dim + 1,
-        queries.dims(),
-        planes.dims()
-    );
+    let [bits, _] = planes.dims();
+    check_planes(queries.dims(), planes.dims());
     let device = queries.device();
     let rows = batch * heads * len;
 
