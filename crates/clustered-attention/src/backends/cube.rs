@@ -6,6 +6,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Shape, Tensor, TensorData, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
@@ -13,8 +14,17 @@ use cubecl::prelude::*;
 use crate::ClusteringBackend;
 use crate::kernels::cube_count;
 use crate::kernels::hash::lsh_hash_kernel;
-use crate::kernels::kmeans::{SHARED_CENTROIDS, kmeans_assign_kernel, kmeans_update_kernel};
-use crate::ops::reference::check_planes;
+use crate::kernels::kmeans::{
+    SHARED_CENTROIDS, SHARED_VOTES, VOTES, kmeans_assign_kernel, kmeans_update_kernel,
+    kmeans_votes_kernel,
+};
+use crate::kernels::sparse::{
+    cluster_histogram_kernel, cluster_offsets_kernel, cluster_order_kernel,
+    cluster_slot_sums_kernel, gather_slot_sums_kernel, invert_topk_kernel, sparse_dot_kernel,
+    sparse_weighted_sum_kernel,
+};
+use crate::kernels::topk::topk_kernel;
+use crate::ops::reference::{check_planes, check_topk};
 use crate::ops::{host_lengths, initial_centroid_positions};
 
 impl<R, F, I, BT> ClusteringBackend for CubeBackend<R, F, I, BT>
@@ -36,6 +46,38 @@ where
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
         hamming_kmeans::<R, F, I, BT>(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        topk_indices::<R>(scores, k, I::dtype())
+    }
+
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sparse_dot::<R>(queries, keys, topk, assignments)
+    }
+
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sparse_weighted_sum::<R>(weights, values, topk, assignments)
+    }
+
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        sparse_scatter::<R, F, I, BT>(weights, x, topk, assignments, keys_len)
     }
 }
 
@@ -132,6 +174,9 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         dtype,
     );
 
+    let votes =
+        Tensor::<B<R, F, I, BT>, 2, Int>::zeros([rows, clusters * VOTES], options).into_primitive();
+
     let shared = clusters <= SHARED_CENTROIDS;
     let assign = || {
         kmeans_assign_kernel::launch::<R>(
@@ -148,12 +193,23 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         )
     };
     let update = |update: bool| {
+        kmeans_votes_kernel::launch::<R>(
+            &client,
+            cube_count(len.div_ceil(CUBE_THREADS), rows),
+            CubeDim::new_1d(CUBE_THREADS as u32),
+            codes.clone().into_tensor_arg(),
+            assignments.clone().into_tensor_arg(),
+            votes.clone().into_tensor_arg(),
+            clusters,
+            clusters <= SHARED_VOTES,
+            update,
+            dtype.into(),
+        );
         kmeans_update_kernel::launch::<R>(
             &client,
             cube_count(clusters.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS.min(clusters.next_power_of_two()) as u32),
-            codes.clone().into_tensor_arg(),
-            assignments.clone().into_tensor_arg(),
+            votes.clone().into_tensor_arg(),
             row_lengths.clone().into_tensor_arg(),
             centroids.clone().into_tensor_arg(),
             counts.clone().into_tensor_arg(),
@@ -174,4 +230,266 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
             .into_primitive()
     };
     (reshape(assignments, len), reshape(counts, clusters))
+}
+
+/// Largest cube of the top-k kernel.
+const TOPK_THREADS: usize = 256;
+
+/// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
+/// of dtype `int_dtype`, descending by score, ties to the lower index.
+fn topk_indices<R: CubeRuntime>(
+    scores: CubeTensor<R>,
+    k: usize,
+    int_dtype: DType,
+) -> CubeTensor<R> {
+    let [batch, heads, rows, len] = scores.shape().dims();
+    check_topk(k, len);
+    let scores = into_contiguous(scores);
+    let client = scores.client.clone();
+    let indices = empty_device_dtype(
+        client.clone(),
+        scores.device.clone(),
+        Shape::new([batch, heads, rows, k]),
+        int_dtype,
+    );
+    let all_rows = batch * heads * rows;
+    let threads = TOPK_THREADS.min(len.next_power_of_two()).max(32);
+    let float_dtype = scores.dtype;
+    topk_kernel::launch::<R>(
+        &client,
+        cube_count(all_rows, 1),
+        CubeDim::new_1d(threads as u32),
+        flat(scores, [all_rows, len]).into_tensor_arg(),
+        flat(indices.clone(), [all_rows, k]).into_tensor_arg(),
+        k,
+        threads,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    indices
+}
+
+/// `tensor` (contiguous) seen with another shape.
+fn flat<R: CubeRuntime, const D: usize>(tensor: CubeTensor<R>, dims: [usize; D]) -> CubeTensor<R> {
+    reshape(tensor, Shape::new(dims))
+}
+
+/// Threads per cube of the element-wise sparse kernels.
+const SPARSE_THREADS: usize = 256;
+
+/// Checks the index tensors of a sparse product against the float operands.
+///
+/// # Panics
+/// If `topk` is not `[batch, heads, C, k]`, `assignments` is not `[batch, heads, rows]`, or
+/// the two have different dtypes.
+fn check_indices<R: CubeRuntime>(
+    topk: &CubeTensor<R>,
+    assignments: &CubeTensor<R>,
+    batch_heads: [usize; 2],
+    rows: usize,
+) -> [usize; 2] {
+    let [batch, heads, clusters, k] = topk.shape().dims();
+    let assignment_dims: [usize; 3] = assignments.shape().dims();
+    assert!(
+        [batch, heads] == batch_heads && assignment_dims == [batch, heads, rows],
+        "topk {:?} and assignments {:?} must be [{}, {}, C, k] and [{}, {}, {rows}]",
+        topk.shape().dims::<4>(),
+        assignment_dims,
+        batch_heads[0],
+        batch_heads[1],
+        batch_heads[0],
+        batch_heads[1],
+    );
+    assert_eq!(
+        topk.dtype, assignments.dtype,
+        "topk and assignments must share an int dtype"
+    );
+    [clusters, k]
+}
+
+/// Launches [`sparse_dot_kernel`].
+fn sparse_dot<R: CubeRuntime>(
+    queries: CubeTensor<R>,
+    keys: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let [batch, heads, len, _] = queries.shape().dims();
+    let [_, k] = check_indices(&topk, &assignments, [batch, heads], len);
+    let (float_dtype, int_dtype) = (queries.dtype, topk.dtype);
+    let client = queries.client.clone();
+    let output = empty_device_dtype(
+        client.clone(),
+        queries.device.clone(),
+        Shape::new([batch, heads, len, k]),
+        float_dtype,
+    );
+    let units = batch * heads * len * k;
+    sparse_dot_kernel::launch::<R>(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        into_contiguous(queries).into_tensor_arg(),
+        into_contiguous(keys).into_tensor_arg(),
+        into_contiguous(topk).into_tensor_arg(),
+        into_contiguous(assignments).into_tensor_arg(),
+        output.clone().into_tensor_arg(),
+        [float_dtype.into(), int_dtype.into()],
+    );
+    output
+}
+
+/// Launches [`sparse_weighted_sum_kernel`].
+fn sparse_weighted_sum<R: CubeRuntime>(
+    weights: CubeTensor<R>,
+    values: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let [batch, heads, len, _] = weights.shape().dims();
+    let [_, _, _, dim] = values.shape().dims();
+    check_indices(&topk, &assignments, [batch, heads], len);
+    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
+    let client = weights.client.clone();
+    let output = empty_device_dtype(
+        client.clone(),
+        weights.device.clone(),
+        Shape::new([batch, heads, len, dim]),
+        float_dtype,
+    );
+    let units = batch * heads * len * dim;
+    sparse_weighted_sum_kernel::launch::<R>(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        into_contiguous(weights).into_tensor_arg(),
+        into_contiguous(values).into_tensor_arg(),
+        into_contiguous(topk).into_tensor_arg(),
+        into_contiguous(assignments).into_tensor_arg(),
+        output.clone().into_tensor_arg(),
+        [float_dtype.into(), int_dtype.into()],
+    );
+    output
+}
+
+/// Most clusters the counting sort of [`sparse_scatter`] handles in shared memory (16 KiB);
+/// beyond, the default body runs.
+const SORT_CLUSTERS: usize = 4095;
+
+/// Sorts the queries by cluster and sums each cluster's products per top-k slot, then gathers
+/// the slots of every key (see [`crate::kernels::sparse`]).
+fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    weights: CubeTensor<R>,
+    x: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+    keys_len: usize,
+) -> CubeTensor<R> {
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let [batch, heads, len, _] = weights.shape().dims();
+    let [_, _, _, features] = x.shape().dims();
+    let [clusters, k] = check_indices(&topk, &assignments, [batch, heads], len);
+    if clusters > SORT_CLUSTERS {
+        return crate::ops::reference::sparse_scatter::<B<R, F, I, BT>>(
+            weights,
+            x,
+            topk,
+            assignments,
+            keys_len,
+        );
+    }
+    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
+    let (client, device) = (weights.client.clone(), weights.device.clone());
+    let bh = batch * heads;
+    let u32_tensor = |dims: Vec<usize>| {
+        empty_device_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::from(dims),
+            DType::U32,
+        )
+    };
+
+    // Counting sort of the queries by cluster.
+    let assignments = flat(into_contiguous(assignments), [bh, len]);
+    let chunks = len.div_ceil(SPARSE_THREADS);
+    let offsets = u32_tensor(vec![bh, chunks, clusters]);
+    let starts = u32_tensor(vec![bh, clusters + 1]);
+    let order = u32_tensor(vec![bh, len]);
+    cluster_histogram_kernel::launch::<R>(
+        &client,
+        cube_count(chunks, bh),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        assignments.clone().into_tensor_arg(),
+        offsets.clone().into_tensor_arg(),
+        clusters,
+        int_dtype.into(),
+    );
+    cluster_offsets_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(bh as u32, 1, 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        offsets.clone().into_tensor_arg(),
+        starts.clone().into_tensor_arg(),
+        clusters,
+    );
+    cluster_order_kernel::launch::<R>(
+        &client,
+        cube_count(chunks, bh),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        assignments.into_tensor_arg(),
+        offsets.into_tensor_arg(),
+        order.clone().into_tensor_arg(),
+        SPARSE_THREADS,
+        int_dtype.into(),
+    );
+
+    // Per cluster and slot, the sum of its queries' products.
+    let slot_sums = empty_device_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([bh, clusters, k, features]),
+        float_dtype,
+    );
+    let units = bh * clusters * k * features;
+    cluster_slot_sums_kernel::launch::<R>(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        into_contiguous(weights).into_tensor_arg(),
+        into_contiguous(x).into_tensor_arg(),
+        order.into_tensor_arg(),
+        starts.into_tensor_arg(),
+        slot_sums.clone().into_tensor_arg(),
+        float_dtype.into(),
+    );
+
+    // For every key, the slots that hold it, then the sum of their slot sums.
+    let slots =
+        Tensor::<B<R, F, I, BT>, 3, Int>::full([bh, clusters, keys_len], -1, (&device, DType::I32))
+            .into_primitive();
+    let topk = into_contiguous(topk);
+    invert_topk_kernel::launch::<R>(
+        &client,
+        cube_count((bh * clusters * k).div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        topk.into_tensor_arg(),
+        slots.clone().into_tensor_arg(),
+        int_dtype.into(),
+    );
+    let output = empty_device_dtype(
+        client.clone(),
+        device,
+        Shape::new([batch, heads, keys_len, features]),
+        float_dtype,
+    );
+    gather_slot_sums_kernel::launch::<R>(
+        &client,
+        cube_count((bh * keys_len).div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        slots.into_tensor_arg(),
+        slot_sums.into_tensor_arg(),
+        output.clone().into_tensor_arg(),
+        float_dtype.into(),
+    );
+    output
 }

@@ -11,7 +11,7 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
 use crate::ClusteringBackend;
-use crate::ops::reference::check_planes;
+use crate::ops::reference::{check_planes, check_topk};
 
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
@@ -56,6 +56,91 @@ impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for Hammi
         handles.register_int_tensor::<B>(&assignments_ir.id, assignments);
         handles.register_int_tensor::<B>(&counts_ir.id, counts);
     }
+}
+
+#[derive(Clone, Debug)]
+struct TopkIndices<B> {
+    desc: CustomOpIr,
+    k: usize,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for TopkIndices<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([scores], [indices]) = self.desc.as_fixed();
+        let output = B::topk_indices(handles.get_float_tensor::<B>(scores), self.k);
+        handles.register_int_tensor::<B>(&indices.id, output);
+    }
+}
+
+/// Which sparse product a [`SparseProduct`] runs.
+#[derive(Clone, Copy, Debug)]
+enum Sparse {
+    Dot,
+    WeightedSum,
+    Scatter { keys_len: usize },
+}
+
+/// A sparse product: inputs `[float, float, topk, assignments]`, one float output.
+#[derive(Clone, Debug)]
+struct SparseProduct<B> {
+    desc: CustomOpIr,
+    op: Sparse,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for SparseProduct<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([first, second, topk, assignments], [output]) = self.desc.as_fixed();
+        let first = handles.get_float_tensor::<B>(first);
+        let second = handles.get_float_tensor::<B>(second);
+        let topk = handles.get_int_tensor::<B>(topk);
+        let assignments = handles.get_int_tensor::<B>(assignments);
+        let result = match self.op {
+            Sparse::Dot => B::sparse_dot(first, second, topk, assignments),
+            Sparse::WeightedSum => B::sparse_weighted_sum(first, second, topk, assignments),
+            Sparse::Scatter { keys_len } => {
+                B::sparse_scatter(first, second, topk, assignments, keys_len)
+            }
+        };
+        handles.register_float_tensor::<B>(&output.id, result);
+    }
+}
+
+/// Registers a sparse product whose output has shape `shape` and the dtype of `first`.
+fn sparse_product<B: FusionBackend + ClusteringBackend>(
+    name: &'static str,
+    op: Sparse,
+    inputs: [FloatTensor<Fusion<B>>; 2],
+    topk: IntTensor<Fusion<B>>,
+    assignments: IntTensor<Fusion<B>>,
+    shape: Shape,
+) -> FloatTensor<Fusion<B>> {
+    let [first, second] = inputs;
+    let client = first.client.clone();
+    let streams = OperationStreams::with_inputs([&first, &second, &topk, &assignments]);
+    let output = TensorIr::uninit(client.create_empty_handle(), shape, first.dtype);
+    let desc = CustomOpIr::new(
+        name,
+        &[
+            first.into_ir(),
+            second.into_ir(),
+            topk.into_ir(),
+            assignments.into_ir(),
+        ],
+        &[output],
+    );
+    client
+        .register(
+            streams,
+            OperationIr::Custom(desc.clone()),
+            SparseProduct::<B> {
+                desc,
+                op,
+                _backend: PhantomData,
+            },
+        )
+        .output()
 }
 
 impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
@@ -127,5 +212,86 @@ impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
             .try_into()
             .expect("two outputs");
         (assignments, counts)
+    }
+
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        let [batch, heads, rows, len] = scores.shape().dims();
+        check_topk(k, len);
+        let client = scores.client.clone();
+        let streams = OperationStreams::with_inputs([&scores]);
+        let indices = TensorIr::uninit(
+            client.create_empty_handle(),
+            Shape::new([batch, heads, rows, k]),
+            <B::IntElem as burn::tensor::Element>::dtype(),
+        );
+        let desc = CustomOpIr::new("topk_indices", &[scores.into_ir()], &[indices]);
+        client
+            .register(
+                streams,
+                OperationIr::Custom(desc.clone()),
+                TopkIndices::<B> {
+                    desc,
+                    k,
+                    _backend: PhantomData,
+                },
+            )
+            .output()
+    }
+
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [batch, heads, len, _] = queries.shape().dims();
+        let k = topk.shape()[3];
+        let shape = Shape::new([batch, heads, len, k]);
+        sparse_product::<B>(
+            "sparse_dot",
+            Sparse::Dot,
+            [queries, keys],
+            topk,
+            assignments,
+            shape,
+        )
+    }
+
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [batch, heads, len, _] = weights.shape().dims();
+        let dim = values.shape()[3];
+        let shape = Shape::new([batch, heads, len, dim]);
+        sparse_product::<B>(
+            "sparse_weighted_sum",
+            Sparse::WeightedSum,
+            [weights, values],
+            topk,
+            assignments,
+            shape,
+        )
+    }
+
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        let [batch, heads, _, features] = x.shape().dims();
+        let shape = Shape::new([batch, heads, keys_len, features]);
+        sparse_product::<B>(
+            "sparse_scatter",
+            Sparse::Scatter { keys_len },
+            [weights, x],
+            topk,
+            assignments,
+            shape,
+        )
     }
 }

@@ -1,14 +1,22 @@
 //! Lloyd's algorithm in Hamming space (paper §3.2.2), one launch per step.
 //!
 //! The definition is [`ClusteringBackend::hamming_kmeans`](crate::ClusteringBackend); all
-//! arithmetic is on integers, so every backend agrees bit for bit. No step uses atomics: the
-//! assignment step gives each query its own thread, the update step each `(row, cluster)`.
+//! arithmetic is on integers, so every backend agrees bit for bit. The assignment step gives
+//! each query its own thread; the update step tallies the members' bits with integer atomics,
+//! one thread per query, then gives each `(row, cluster)` a thread to take the majority.
 
 use cubecl::prelude::*;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
 /// (16 KiB, the smallest limit among the runtimes); beyond, it reads them from global memory.
 pub(crate) const SHARED_CENTROIDS: usize = 4096;
+
+/// Votes per cluster: one per bit, then the member count.
+pub(crate) const VOTES: usize = 33;
+
+/// Largest number of clusters whose votes one cube tallies in shared memory (16 KiB of
+/// `u32`, the smallest limit among the runtimes); beyond, the votes go to global memory.
+pub(crate) const SHARED_VOTES: usize = 4096 / VOTES;
 
 /// Assignment step: `assignments[row, i]` = the nearest centroid of query `i` in Hamming
 /// distance, ties to the lowest index; `-1` for padded queries (`i ≥ lengths[row]`); `i`
@@ -74,27 +82,102 @@ pub(crate) fn kmeans_assign_kernel<I: Int>(
     }
 }
 
-/// Update step and counts: one thread per `(row, cluster)` scans the row's valid queries
-/// (all threads of a warp read the same query: broadcast loads), counts its members and, per
-/// bit, the members that set it. When `update`, the centroid becomes the bitwise majority,
-/// an exact tie (an empty cluster included) keeping the previous bit.
+/// Per cluster, the votes of its members: `votes[row, c, b]` for `b < 32` counts the members
+/// whose code sets bit `b`, `votes[row, c, 32]` counts the members. Each cube tallies its
+/// chunk of queries in shared memory with integer atomics (when `shared`; otherwise straight
+/// into global memory), then adds its tallies to `votes` with global atomics: `O(L)` work and
+/// L-way parallelism per row. Integer sums do not depend on the order of the additions.
+/// `votes` must be zero on entry (see [`kmeans_update_kernel`], which clears it).
+///
+/// Grid: X over chunks of `L` (one thread per query), Z over rows.
+///
+/// - `codes`, `assignments`: `[rows, L]`
+/// - `votes`: `[rows, clusters * 33]`
+#[cube(launch)]
+pub(crate) fn kmeans_votes_kernel<I: Int>(
+    codes: &Tensor<I>,
+    assignments: &Tensor<I>,
+    votes: &mut Tensor<Atomic<u32>>,
+    #[comptime] clusters: usize,
+    #[comptime] shared: bool,
+    #[comptime] bits: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let len = codes.shape(1);
+    let row = CUBE_POS_Z as usize;
+    let cube = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let unit = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let i = cube * threads + unit;
+    let size = comptime!(clusters * VOTES);
+    let base = row * size;
+
+    let tally = SharedMemory::<Atomic<u32>>::new(comptime!(if shared { size } else { 1 }));
+    if shared {
+        let mut at = unit;
+        while at < size {
+            tally[at].store(0u32);
+            at += threads;
+        }
+        sync_cube();
+    }
+
+    if i < len {
+        let cluster = i32::cast_from(assignments[row * len + i]);
+        if cluster >= 0 {
+            let first = (u32::cast_from(cluster) as usize) * VOTES;
+            let code = u32::cast_from(codes[row * len + i]);
+            if shared {
+                tally[first + 32].fetch_add(1u32);
+            } else {
+                votes[base + first + 32].fetch_add(1u32);
+            }
+            if bits {
+                for b in 0..32usize {
+                    if (code >> u32::cast_from(b)) & 1u32 == 1u32 {
+                        if shared {
+                            tally[first + b].fetch_add(1u32);
+                        } else {
+                            votes[base + first + b].fetch_add(1u32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    if shared {
+        sync_cube();
+        let mut at = unit;
+        while at < size {
+            let count = tally[at].load();
+            if count > 0u32 {
+                votes[base + at].fetch_add(count);
+            }
+            at += threads;
+        }
+    }
+}
+
+/// Update step and counts, one thread per `(row, cluster)`: reads the cluster's votes
+/// ([`kmeans_votes_kernel`]), writes its member count and, when `update`, sets each centroid
+/// bit to the majority of its members' bits, an exact tie (an empty cluster included) keeping
+/// the previous bit. Clears the votes for the next round.
 ///
 /// Grid: X over chunks of clusters, Z over rows.
 ///
-/// - `codes`, `assignments`: `[rows, L]`
+/// - `votes`: `[rows, clusters * 33]`
 /// - `lengths`: `[rows]`
 /// - `centroids`, `counts`: `[rows, clusters]`
 #[cube(launch)]
 pub(crate) fn kmeans_update_kernel<I: Int>(
-    codes: &Tensor<I>,
-    assignments: &Tensor<I>,
+    votes: &mut Tensor<u32>,
     lengths: &Tensor<I>,
     centroids: &mut Tensor<I>,
     counts: &mut Tensor<I>,
     #[comptime] update: bool,
     #[define(I)] _dtype: StorageType,
 ) {
-    let len = codes.shape(1);
     let clusters = centroids.shape(1);
     let row = CUBE_POS_Z as usize;
     let cube = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
@@ -103,30 +186,18 @@ pub(crate) fn kmeans_update_kernel<I: Int>(
         terminate!();
     }
     let n = u32::cast_from(lengths[row]) as usize;
-
-    let mut ones = Array::<u32>::new(32usize);
-    for b in 0..32usize {
-        ones[b] = 0u32;
-    }
-    let mut count = 0u32;
-    let target = i32::cast_from(c);
-    for i in 0..n {
-        if i32::cast_from(assignments[row * len + i]) == target {
-            count += 1u32;
-            if update {
-                let code = u32::cast_from(codes[row * len + i]);
-                for b in 0..32usize {
-                    ones[b] += (code >> u32::cast_from(b)) & 1u32;
-                }
-            }
-        }
-    }
+    let first = (row * clusters + c) * VOTES;
+    let count = votes[first + 32];
     counts[row * clusters + c] = I::cast_from(count);
+    votes[first + 32] = 0u32;
 
-    if update && n > clusters {
+    if update {
+        // Rows with no more valid queries than clusters keep their (identity) clustering.
+        let majority = n > clusters;
         let mut centroid = u32::cast_from(centroids[row * clusters + c]);
         for b in 0..32usize {
-            let twice = 2u32 * ones[b];
+            let twice = 2u32 * votes[first + b];
+            votes[first + b] = 0u32;
             let bit = 1u32 << u32::cast_from(b);
             if twice > count {
                 centroid |= bit;
@@ -134,6 +205,8 @@ pub(crate) fn kmeans_update_kernel<I: Int>(
                 centroid &= !bit;
             }
         }
-        centroids[row * clusters + c] = I::cast_from(i32::reinterpret(centroid));
+        if majority {
+            centroids[row * clusters + c] = I::cast_from(i32::reinterpret(centroid));
+        }
     }
 }

@@ -6,6 +6,8 @@
 
 pub(crate) mod hash;
 pub(crate) mod kmeans;
+pub(crate) mod sparse;
+pub(crate) mod topk;
 
 use cubecl::prelude::CubeCount;
 

@@ -239,3 +239,16 @@ fn ndarray_gradients_reach_inputs_and_match_full() {
 fn flex_gradients_reach_inputs_and_match_full() {
     gradients_reach_inputs_and_match_full::<Autodiff<FlexBackend>>();
 }
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_gradients_reach_inputs_and_match_full() {
+    gradients_reach_inputs_and_match_full::<Autodiff<burn::backend::Wgpu>>();
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored"]
+fn cuda_gradients_reach_inputs_and_match_full() {
+    gradients_reach_inputs_and_match_full::<Autodiff<burn::backend::Cuda>>();
+}

@@ -1,7 +1,8 @@
 //! The CubeCL kernels against the default bodies on NdArray, bit for bit: codes, assignments
-//! and counts for bits ∈ {1, 8, 31, 32}, L ∈ {1, 7, 1000, 4099}, C ∈ {1, 2, 100}, with and
-//! without padding; on `Wgpu` (fused), on the unfused `CubeBackend` and under `Autodiff<Wgpu>`
-//! (and on CUDA, `#[ignore]`d: run with `--ignored` where an NVIDIA GPU is present).
+//! and counts for bits ∈ {1, 8, 31, 32}, L ∈ {1, 7, 1000, 4099}, C ∈ {1, 2, 100, 200} (at 200
+//! the K-means votes go to global memory), with and without padding; on `Wgpu` (fused), on the
+//! unfused `CubeBackend` and under `Autodiff<Wgpu>` (and on CUDA, `#[ignore]`d: run with
+//! `--ignored` where an NVIDIA GPU is present).
 //!
 //! Queries and planes are dyadic rationals with few significant bits, so every projection is
 //! exact in `f32` whatever the summation order: a matrix product (the default body) and the
@@ -18,7 +19,7 @@ use crate::common::*;
 
 const BITS: [usize; 4] = [1, 8, 31, 32];
 const LENGTHS: [usize; 4] = [1, 7, 1000, 4099];
-const CLUSTERS: [usize; 3] = [1, 2, 100];
+const CLUSTERS: [usize; 4] = [1, 2, 100, 200];
 const ITERATIONS: usize = 10;
 const DIM: usize = 16;
 const SEED: u64 = 17;
@@ -175,8 +176,107 @@ pub fn kernels_match_reference<B: ClusteringBackend>() {
 
 #[cfg(feature = "wgpu")]
 mod wgpu {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
     use burn::backend::{Autodiff, Wgpu};
+    use burn::tensor::Tensor;
+    use burn::tensor::backend::Backend;
+    use clustered_attention::ops::reference;
+    use clustered_attention::{AttentionOptions, ClusteringOptions, improved_clustered_attention};
+
+    use crate::common::{Host4, normal};
+
+    /// Device-to-host reads seen so far: wgpu-core logs every buffer mapping
+    /// (`Buffer::map_async … op: … Read`) at trace level, and every read of a WGPU tensor maps
+    /// a staging buffer for reading.
+    static READS: AtomicUsize = AtomicUsize::new(0);
+
+    struct ReadCounter;
+
+    impl log::Log for ReadCounter {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.target().starts_with("wgpu_core")
+        }
+
+        fn log(&self, record: &log::Record) {
+            if record.target().starts_with("wgpu_core") {
+                let message = record.args().to_string();
+                if message.contains("map_async") && message.contains("Read") {
+                    READS.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    /// Set in the child process of [`improved_forward_reads_nothing_back`].
+    const CHILD: &str = "CLUSTERED_ATTENTION_READ_GUARD_CHILD";
+
+    /// The forward of improved clustered attention on `Wgpu` (fusion on), without lengths, reads
+    /// nothing back from the device: hashing, K-means, top-k and the sparse products all stay
+    /// there. Runs alone in a child process of the test binary, since the read counter is
+    /// process-wide and other tests read.
+    #[test]
+    fn improved_forward_reads_nothing_back() {
+        if std::env::var_os(CHILD).is_none() {
+            let name = "gpu::wgpu::improved_forward_reads_nothing_back";
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1", "--nocapture"])
+                .env(CHILD, "1")
+                .status()
+                .expect("the test binary runs");
+            assert!(status.success(), "the read-guard child failed: {status}");
+            return;
+        }
+        log::set_logger(&ReadCounter).expect("no other logger");
+        log::set_max_level(log::LevelFilter::Trace);
+
+        type B = Wgpu;
+        let device = Default::default();
+        let dims = [2, 2, 600, 16];
+        let (q, k, v) = (normal(dims, 1), normal(dims, 2), normal(dims, 3));
+        let clustering = ClusteringOptions::new(12).with_seed(5);
+        let forward = || {
+            improved_clustered_attention(
+                q.to_tensor::<B>(&device),
+                k.to_tensor::<B>(&device),
+                v.to_tensor::<B>(&device),
+                None,
+                None,
+                &clustering,
+                8,
+                &AttentionOptions::new(),
+            )
+        };
+        // The first run compiles the kernels (and may autotune, which reads timings back).
+        let warm = forward();
+        B::sync(&device).unwrap();
+        drop(warm);
+
+        let before = READS.load(Ordering::SeqCst);
+        let out = forward();
+        B::sync(&device).unwrap();
+        let during = READS.load(Ordering::SeqCst) - before;
+        assert_eq!(
+            during, 0,
+            "the forward read {during} buffers back to the host"
+        );
+
+        // The counter does see reads: of the output, and of Burn's host sort.
+        let _ = Host4::from_tensor(out.clone());
+        let after_output = READS.load(Ordering::SeqCst);
+        assert!(after_output > before, "reading the output was not counted");
+        let scores: Tensor<B, 4> = normal([1, 1, 4, 50], 4).to_tensor(&device);
+        let sorted = reference::topk_indices::<B>(scores.into_primitive().tensor(), 5);
+        B::sync(&device).unwrap();
+        drop(sorted);
+        assert!(
+            READS.load(Ordering::SeqCst) > after_output,
+            "the host sort's read was not counted"
+        );
+    }
 
     #[test]
     fn fused_kernels_match_reference() {

@@ -82,10 +82,25 @@ fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
 }
 
-/// The backend's sparse products equal the default bodies, and `sparse_dot` equals plain loops.
+/// The backend's sparse products equal the default bodies, and `sparse_dot` equals plain loops:
+/// a small case, and one whose queries span several cubes of the GPU kernels (256 queries).
 fn sparse_products_match_reference<B: ClusteringBackend>() {
+    check_sparse_products::<B>((2, 3, 37, 29, 10, 5, 6));
+    check_sparse_products::<B>((1, 2, 700, 300, 8, 7, 5));
+}
+
+fn check_sparse_products<B: ClusteringBackend>(
+    (batch, heads, len, keys_len, dim, clusters, k): (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+    ),
+) {
     let device = Default::default();
-    let (batch, heads, len, keys_len, dim, clusters, k) = (2, 3, 37, 29, 10, 5, 6);
     let ix = indices(batch, heads, len, keys_len, clusters, k, 61);
     let queries = normal([batch, heads, len, dim], 62);
     let keys = normal([batch, heads, keys_len, dim], 63);
@@ -294,17 +309,20 @@ fn sparse_gradients_match_reference<B: ClusteringBackend>() {
 }
 
 macro_rules! sparse_tests {
-    ($module:ident, $backend:ty) => {
+    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
         mod $module {
             #[test]
+            $(#[$ignore])?
             fn sparse_products_match_reference() {
                 super::sparse_products_match_reference::<$backend>();
             }
             #[test]
+            $(#[$ignore])?
             fn topk_matches_sort() {
                 super::topk_matches_sort::<$backend>();
             }
             #[test]
+            $(#[$ignore])?
             fn sparse_gradients_match_reference() {
                 super::sparse_gradients_match_reference::<$backend>();
             }
@@ -314,3 +332,31 @@ macro_rules! sparse_tests {
 
 sparse_tests!(ndarray, crate::common::NdArrayBackend);
 sparse_tests!(flex, crate::common::FlexBackend);
+
+// The CubeCL kernels: fused (`Wgpu`), unfused (`CubeBackend`) and, forward, under `Autodiff`
+// (the gradient tests wrap each backend in `Autodiff` themselves).
+#[cfg(feature = "wgpu")]
+sparse_tests!(wgpu, burn::backend::Wgpu);
+#[cfg(feature = "wgpu")]
+sparse_tests!(
+    wgpu_unfused,
+    burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>
+);
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_autodiff_sparse_products_match_reference() {
+    sparse_products_match_reference::<Autodiff<burn::backend::Wgpu>>();
+    topk_matches_sort::<Autodiff<burn::backend::Wgpu>>();
+}
+#[cfg(feature = "cuda")]
+sparse_tests!(
+    cuda,
+    burn::backend::Cuda,
+    ignore = "needs an NVIDIA GPU: run with --ignored"
+);
+#[cfg(feature = "cuda")]
+sparse_tests!(
+    cuda_unfused,
+    burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+    ignore = "needs an NVIDIA GPU: run with --ignored"
+);

@@ -1,0 +1,328 @@
+//! The sparse top-k products of improved clustered attention (paper eqs. 10–11) and their
+//! transpose; see [`ClusteringBackend`](crate::ClusteringBackend) for the definitions.
+//!
+//! `sparse_dot` and `sparse_weighted_sum` give one unit per output element. The transpose,
+//! `sparse_scatter`, is a sum over the queries of each cluster: it first sorts the queries by
+//! cluster (a stable counting sort: per-chunk histograms with shared-memory integer atomics,
+//! one scan, then each query's rank within its chunk), sums each cluster's products
+//! `weights[i, r] · x[i]` per top-k slot `r`, and finally gathers, for every key, the slots
+//! that hold it through an inverted top-k table. No float atomics: the result is
+//! deterministic. Products and sums accumulate in `f32`.
+//!
+//! All tensors are contiguous; `bh` below is the flattened `(batch, head)` index.
+
+use cubecl::prelude::*;
+
+/// Flat index of this unit in a grid laid out by [`super::cube_count`] (Z ignored).
+#[cube]
+fn unit_index() -> usize {
+    let cube = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    cube * CUBE_DIM_X as usize + UNIT_POS_X as usize
+}
+
+/// `output[bh, i, r] = queries[bh, i] · keys[bh, topk[bh, a_i, r]]`, zero when `a_i < 0`.
+///
+/// - `queries`: `[B, H, L, E]`, `keys`: `[B, H, S, E]`
+/// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
+/// - `output`: `[B, H, L, k]`
+#[cube(launch)]
+pub(crate) fn sparse_dot_kernel<F: Float, I: Int>(
+    queries: &Tensor<F>,
+    keys: &Tensor<F>,
+    topk: &Tensor<I>,
+    assignments: &Tensor<I>,
+    output: &mut Tensor<F>,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let id = unit_index();
+    if id >= output.len() {
+        terminate!();
+    }
+    let (len, dim) = (queries.shape(2), queries.shape(3));
+    let keys_len = keys.shape(2);
+    let (clusters, k) = (topk.shape(2), topk.shape(3));
+    let r = id % k;
+    let row = id / k;
+    let bh = row / len;
+    let cluster = i32::cast_from(assignments[row]);
+    let mut sum = 0.0f32;
+    if cluster >= 0 {
+        let slot = (bh * clusters + u32::cast_from(cluster) as usize) * k + r;
+        let key = u32::cast_from(topk[slot]) as usize;
+        let query_base = row * dim;
+        let key_base = (bh * keys_len + key) * dim;
+        for e in 0..dim {
+            sum += f32::cast_from(queries[query_base + e]) * f32::cast_from(keys[key_base + e]);
+        }
+    }
+    output[id] = F::cast_from(sum);
+}
+
+/// `output[bh, i] = Σ_r weights[bh, i, r] · values[bh, topk[bh, a_i, r]]`, zero when `a_i < 0`.
+///
+/// - `weights`: `[B, H, L, k]`, `values`: `[B, H, S, D]`
+/// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
+/// - `output`: `[B, H, L, D]`
+#[cube(launch)]
+pub(crate) fn sparse_weighted_sum_kernel<F: Float, I: Int>(
+    weights: &Tensor<F>,
+    values: &Tensor<F>,
+    topk: &Tensor<I>,
+    assignments: &Tensor<I>,
+    output: &mut Tensor<F>,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let id = unit_index();
+    if id >= output.len() {
+        terminate!();
+    }
+    let len = weights.shape(2);
+    let (keys_len, dim) = (values.shape(2), values.shape(3));
+    let (clusters, k) = (topk.shape(2), topk.shape(3));
+    let d = id % dim;
+    let row = id / dim;
+    let bh = row / len;
+    let cluster = i32::cast_from(assignments[row]);
+    let mut sum = 0.0f32;
+    if cluster >= 0 {
+        let slots = (bh * clusters + u32::cast_from(cluster) as usize) * k;
+        for r in 0..k {
+            let key = u32::cast_from(topk[slots + r]) as usize;
+            sum += f32::cast_from(weights[row * k + r])
+                * f32::cast_from(values[(bh * keys_len + key) * dim + d]);
+        }
+    }
+    output[id] = F::cast_from(sum);
+}
+
+/// Counting sort, step 1: `chunk_counts[bh, chunk, c]` = the queries of chunk `chunk` (of
+/// `CUBE_DIM_X` queries) in cluster `c`, counted with shared-memory atomics.
+///
+/// Grid: X (folded into Y) over chunks, Z over `bh`.
+/// - `assignments`: `[bh, L]`; `chunk_counts`: `[bh, chunks, clusters]`
+#[cube(launch)]
+pub(crate) fn cluster_histogram_kernel<I: Int>(
+    assignments: &Tensor<I>,
+    chunk_counts: &mut Tensor<u32>,
+    #[comptime] clusters: usize,
+    #[define(I)] _dtype: StorageType,
+) {
+    let len = assignments.shape(1);
+    let chunks = chunk_counts.shape(1);
+    let bh = CUBE_POS_Z as usize;
+    let chunk = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let unit = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    if chunk >= chunks {
+        terminate!();
+    }
+    let counts = SharedMemory::<Atomic<u32>>::new(clusters);
+    let mut c = unit;
+    while c < clusters {
+        counts[c].store(0u32);
+        c += threads;
+    }
+    sync_cube();
+    let i = chunk * threads + unit;
+    if i < len {
+        let cluster = i32::cast_from(assignments[bh * len + i]);
+        if cluster >= 0 {
+            counts[u32::cast_from(cluster) as usize].fetch_add(1u32);
+        }
+    }
+    sync_cube();
+    let mut c = unit;
+    while c < clusters {
+        chunk_counts[(bh * chunks + chunk) * clusters + c] = counts[c].load();
+        c += threads;
+    }
+}
+
+/// Counting sort, step 2, one cube per `bh`: turns `chunk_counts` into the position where each
+/// chunk's members of each cluster start (`chunk_counts` is overwritten), and writes the
+/// cluster boundaries `starts[bh, c] .. starts[bh, c + 1]` of the sorted order.
+///
+/// - `chunk_counts`: `[bh, chunks, clusters]`; `starts`: `[bh, clusters + 1]`
+#[cube(launch)]
+pub(crate) fn cluster_offsets_kernel(
+    chunk_counts: &mut Tensor<u32>,
+    starts: &mut Tensor<u32>,
+    #[comptime] clusters: usize,
+) {
+    let chunks = chunk_counts.shape(1);
+    let bh = CUBE_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let base = bh * chunks * clusters;
+    let mut totals = SharedMemory::<u32>::new(clusters + 1);
+    // Exclusive scan over the chunks, one cluster per unit.
+    let mut c = unit;
+    while c < clusters {
+        let mut running = 0u32;
+        for chunk in 0..chunks {
+            let at = base + chunk * clusters + c;
+            let count = chunk_counts[at];
+            chunk_counts[at] = running;
+            running += count;
+        }
+        totals[c] = running;
+        c += threads;
+    }
+    sync_cube();
+    // Exclusive scan over the clusters (few: one unit).
+    if unit == 0 {
+        let mut running = 0u32;
+        for c in 0..clusters {
+            let count = totals[c];
+            totals[c] = running;
+            starts[bh * (clusters + 1) + c] = running;
+            running += count;
+        }
+        totals[clusters] = running;
+        starts[bh * (clusters + 1) + clusters] = running;
+    }
+    sync_cube();
+    let mut c = unit;
+    while c < clusters {
+        for chunk in 0..chunks {
+            let at = base + chunk * clusters + c;
+            chunk_counts[at] += totals[c];
+        }
+        c += threads;
+    }
+}
+
+/// Counting sort, step 3: `order[bh, p]` = the query at position `p` of the order sorted by
+/// cluster, then by position (stable). A query's place is its chunk's start for its cluster
+/// plus the number of earlier queries of the chunk in the same cluster.
+///
+/// Grid as [`cluster_histogram_kernel`], with the same cube size.
+/// - `assignments`, `order`: `[bh, L]`; `chunk_offsets`: `[bh, chunks, clusters]`
+#[cube(launch)]
+pub(crate) fn cluster_order_kernel<I: Int>(
+    assignments: &Tensor<I>,
+    chunk_offsets: &Tensor<u32>,
+    order: &mut Tensor<u32>,
+    #[comptime] cube_size: usize,
+    #[define(I)] _dtype: StorageType,
+) {
+    let len = assignments.shape(1);
+    let (chunks, clusters) = (chunk_offsets.shape(1), chunk_offsets.shape(2));
+    let bh = CUBE_POS_Z as usize;
+    let chunk = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let unit = UNIT_POS_X as usize;
+    if chunk >= chunks {
+        terminate!();
+    }
+    let mut local = SharedMemory::<i32>::new(cube_size);
+    let i = chunk * cube_size + unit;
+    let mut cluster = i32::new(-1);
+    if i < len {
+        cluster = i32::cast_from(assignments[bh * len + i]);
+    }
+    local[unit] = cluster;
+    sync_cube();
+    if cluster >= 0 {
+        let mut rank = 0u32;
+        for t in 0..unit {
+            if local[t] == cluster {
+                rank += 1u32;
+            }
+        }
+        let c = u32::cast_from(cluster) as usize;
+        let place = chunk_offsets[(bh * chunks + chunk) * clusters + c] + rank;
+        order[bh * len + place as usize] = i as u32;
+    }
+}
+
+/// `slot_sums[bh, c, r, f] = Σ_{i in cluster c} weights[bh, i, r] · x[bh, i, f]`, summing the
+/// cluster's queries in the sorted order.
+///
+/// - `weights`: `[B, H, L, k]`, `x`: `[B, H, L, F]`
+/// - `order`: `[bh, L]`, `starts`: `[bh, clusters + 1]`
+/// - `slot_sums`: `[bh, clusters, k, F]`
+#[cube(launch)]
+pub(crate) fn cluster_slot_sums_kernel<F: Float>(
+    weights: &Tensor<F>,
+    x: &Tensor<F>,
+    order: &Tensor<u32>,
+    starts: &Tensor<u32>,
+    slot_sums: &mut Tensor<F>,
+    #[define(F)] _dtype: StorageType,
+) {
+    let id = unit_index();
+    if id >= slot_sums.len() {
+        terminate!();
+    }
+    let (clusters, k, features) = (slot_sums.shape(1), slot_sums.shape(2), slot_sums.shape(3));
+    let len = weights.shape(2);
+    let f = id % features;
+    let r = (id / features) % k;
+    let c = (id / (features * k)) % clusters;
+    let bh = id / (features * k * clusters);
+    let bounds = bh * (clusters + 1) + c;
+    let (start, end) = (starts[bounds] as usize, starts[bounds + 1] as usize);
+    let mut sum = 0.0f32;
+    for p in start..end {
+        let row = bh * len + order[bh * len + p] as usize;
+        sum += f32::cast_from(weights[row * k + r]) * f32::cast_from(x[row * features + f]);
+    }
+    slot_sums[id] = F::cast_from(sum);
+}
+
+/// Inverts the top-k table: `slots[bh, c, topk[bh, c, r]] = r` (the other entries must hold
+/// `-1`). The keys of a cluster's top-k are distinct.
+///
+/// - `topk`: `[B, H, C, k]`; `slots`: `[bh, C, keys_len]`
+#[cube(launch)]
+pub(crate) fn invert_topk_kernel<I: Int>(
+    topk: &Tensor<I>,
+    slots: &mut Tensor<i32>,
+    #[define(I)] _dtype: StorageType,
+) {
+    let id = unit_index();
+    if id >= topk.len() {
+        terminate!();
+    }
+    let keys_len = slots.shape(2);
+    let k = topk.shape(3);
+    let r = id % k;
+    let cluster_row = id / k;
+    let key = u32::cast_from(topk[id]) as usize;
+    slots[cluster_row * keys_len + key] = r as i32;
+}
+
+/// `output[bh, l, f] = Σ_{c : slots[bh, c, l] = r ≥ 0} slot_sums[bh, c, r, f]`: one unit per
+/// key, clusters in increasing order.
+///
+/// - `slots`: `[bh, C, keys_len]`; `slot_sums`: `[bh, C, k, F]`
+/// - `output`: `[B, H, keys_len, F]`
+#[cube(launch)]
+pub(crate) fn gather_slot_sums_kernel<F: Float>(
+    slots: &Tensor<i32>,
+    slot_sums: &Tensor<F>,
+    output: &mut Tensor<F>,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (clusters, keys_len) = (slots.shape(1), slots.shape(2));
+    let (k, features) = (slot_sums.shape(2), slot_sums.shape(3));
+    let id = unit_index();
+    if id >= slots.shape(0) * keys_len {
+        terminate!();
+    }
+    let l = id % keys_len;
+    let bh = id / keys_len;
+    let out_base = id * features;
+    for f in 0..features {
+        output[out_base + f] = F::new(0.0);
+    }
+    for c in 0..clusters {
+        let r = slots[(bh * clusters + c) * keys_len + l];
+        if r >= 0 {
+            let base = ((bh * clusters + c) * k + r as usize) * features;
+            for f in 0..features {
+                output[out_base + f] += slot_sums[base + f];
+            }
+        }
+    }
+}
