@@ -2,7 +2,8 @@
 //! bottleneck of a backend (the bench CLI times whole attentions).
 //!
 //! `cargo run --release -p bench --example stages -- [L] [backend]` with `backend` one of
-//! `flex` (default) or `ndarray`; batch 1, 4 heads, E = D = 64, C = 100, topk = 32.
+//! `flex` (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads,
+//! E = D = 64, C = 100, topk = 32.
 
 use std::time::Instant;
 
@@ -83,6 +84,9 @@ fn run<B: ClusteringBackend>(len: usize) {
         )
     });
     let top = stage::<B, _>("topk", &device, || topk_indices(scores.clone(), topk));
+    stage::<B, _>("gather top weights", &device, || {
+        weights.clone().gather(3, top.clone()).sum_dim(3)
+    });
     let dots = stage::<B, _>("sparse_dot", &device, || {
         sparse_dot(q.clone(), k.clone(), top.clone(), assignments.clone())
     });
@@ -121,8 +125,14 @@ fn main() {
         .next()
         .map_or(16384, |l| l.parse().expect("L must be a number"));
     match args.next().as_deref().unwrap_or("flex") {
+        #[cfg(feature = "flex")]
         "flex" => run::<burn::backend::Flex>(len),
+        #[cfg(feature = "ndarray")]
         "ndarray" => run::<burn::backend::NdArray>(len),
-        other => panic!("unknown backend {other:?} (flex or ndarray)"),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => run::<burn::backend::Wgpu>(len),
+        #[cfg(feature = "cuda")]
+        "cuda" => run::<burn::backend::Cuda>(len),
+        other => panic!("unknown or uncompiled backend {other:?} (flex, ndarray, wgpu, cuda)"),
     }
 }

@@ -51,6 +51,10 @@ pub struct Record {
     /// Estimated floating-point (or, for the clustering ops, bit) operations of one run.
     pub flops: f64,
     pub gflops_per_s: Option<f64>,
+    /// Device memory the backend's pools held at the end of the measurement, in MiB, after
+    /// unused pages were released before it (GPU backends): the pools keep their high-water
+    /// mark, so this bounds the peak from above (inputs included).
+    pub peak_device_mib: Option<f64>,
     /// Why the measurement was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -89,8 +93,20 @@ fn flops(op: &str, args: &Args, len: usize) -> f64 {
     }
 }
 
+/// Whether Burn's fused attention materialises the `[L, S]` scores: always under autodiff
+/// (its backward is the decomposed fallback), always on CPU backends, and on CubeCL backends
+/// when `L ≤ 4096`, where its autotune also tries the fallback; beyond, it runs the flash
+/// kernel, which keeps `O(L)` memory.
+fn fused_materialises(args: &Args, gpu: bool, len: usize) -> bool {
+    args.mode == Mode::Train || !gpu || len <= FUSED_FALLBACK_MAX_LEN
+}
+
+/// Longest sequence at which Burn 0.21's attention autotune tries its materialising fallback
+/// on CubeCL backends (`burn-cubecl` `kernel/attention/tune.rs`).
+const FUSED_FALLBACK_MAX_LEN: usize = 4096;
+
 /// Rough peak memory of one run in bytes (f32), to skip what would not fit.
-fn memory_bytes(op: &str, args: &Args, len: usize) -> f64 {
+fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let (b, h, l, e) = (
         args.batch as f64,
         args.heads as f64,
@@ -106,6 +122,7 @@ fn memory_bytes(op: &str, args: &Args, len: usize) -> f64 {
     inputs
         + train
             * match op {
+                "fused" if !fused_materialises(args, gpu, len) => 2.0 * b * h * l * e * 4.0,
                 "full" | "fused" => 3.0 * b * h * l * l * 4.0,
                 "clustered" => kmeans + centroid,
                 "improved" => kmeans + centroid + 4.0 * b * h * l * k * e * 4.0,
@@ -184,20 +201,30 @@ fn inputs<B: Backend>(args: &Args, len: usize, device: &B::Device) -> [Tensor<B,
     [0, 1, 2].map(|_| Tensor::random(shape, Distribution::Normal(0.0, 1.0), device))
 }
 
-/// What one measurement may use on a backend.
-#[derive(Debug, Clone, Copy)]
+/// What one measurement may use on a backend, and how to read its device memory.
 pub struct Limits {
     gpu: bool,
     /// Largest buffer a kernel may bind, in bytes (WebGPU on lavapipe: 128 MiB).
     max_tensor_bytes: Option<f64>,
+    memory: Option<DeviceMemory>,
+}
+
+/// The memory pools of a CubeCL device.
+struct DeviceMemory {
+    /// Releases the pages no tensor uses.
+    release: Box<dyn Fn()>,
+    /// Bytes the pools hold.
+    reserved: Box<dyn Fn() -> u64>,
 }
 
 impl Limits {
     /// A CPU backend: the budget is the host's memory.
+    #[cfg(any(feature = "ndarray", feature = "flex"))]
     pub fn host() -> Self {
         Self {
             gpu: false,
             max_tensor_bytes: None,
+            memory: None,
         }
     }
 
@@ -205,19 +232,29 @@ impl Limits {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn device<R: cubecl::Runtime>(device: &R::Device) -> Self {
         let client = R::client(device);
+        let (release, reserved) = (client.clone(), client.clone());
         Self {
             gpu: true,
             max_tensor_bytes: Some(client.properties().memory.max_page_size as f64),
+            memory: Some(DeviceMemory {
+                release: Box::new(move || release.memory_cleanup()),
+                reserved: Box::new(move || {
+                    reserved
+                        .memory_usage()
+                        .map_or(0, |usage| usage.bytes_reserved)
+                }),
+            }),
         }
     }
 }
 
 /// The largest single tensor of one run in bytes (f32): the attention matrix of full
 /// attention, the `[C, S]` centroid attention of the clustered ones.
-fn largest_tensor_bytes(op: &str, args: &Args, len: usize) -> f64 {
+fn largest_tensor_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let (b, h, l) = (args.batch as f64, args.heads as f64, len as f64);
     let c = args.clusters.min(len) as f64;
     match op {
+        "fused" if !fused_materialises(args, gpu, len) => b * h * l * args.dim as f64 * 4.0,
         "full" | "fused" => b * h * l * l * 4.0,
         "clustered" | "improved" => (b * h * c * l * 4.0).max(b * h * l * args.dim as f64 * 4.0),
         _ => b * h * l * args.dim as f64 * 4.0,
@@ -250,7 +287,7 @@ fn run_all(
     for &len in &args.lengths {
         for op in selected(args) {
             let flops = flops(op, args, len) * if args.mode == Mode::Train { 3.0 } else { 1.0 };
-            let needed = memory_bytes(op, args, len);
+            let needed = memory_bytes(op, args, limits.gpu, len);
             let mut record = Record {
                 backend: backend.to_string(),
                 dtype: "f32",
@@ -270,9 +307,10 @@ fn run_all(
                 max_s: None,
                 flops,
                 gflops_per_s: None,
+                peak_device_mib: None,
                 skipped: None,
             };
-            let largest = largest_tensor_bytes(op, args, len);
+            let largest = largest_tensor_bytes(op, args, limits.gpu, len);
             let skip = if needed > budget {
                 Some(format!(
                     "needs ~{:.1} GiB, over the {:.1} GiB budget (--memory-gib)",
@@ -294,10 +332,23 @@ fn run_all(
                 eprintln!("{backend:>8} L={len:<6} {op:<15} skipped: {note}");
                 record.skipped = Some(note);
             } else {
+                if let Some(memory) = &limits.memory {
+                    (memory.release)();
+                }
                 let stats = measure(op, len);
+                record.peak_device_mib = limits
+                    .memory
+                    .as_ref()
+                    .map(|memory| (memory.reserved)() as f64 / 1024f64.powi(2));
                 eprintln!(
-                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4})",
-                    stats.median, stats.min, stats.max
+                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}",
+                    stats.median,
+                    stats.min,
+                    stats.max,
+                    record
+                        .peak_device_mib
+                        .map(|mib| format!(", device memory {mib:.0} MiB"))
+                        .unwrap_or_default()
                 );
                 record.median_s = Some(stats.median);
                 record.min_s = Some(stats.min);

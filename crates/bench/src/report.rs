@@ -56,8 +56,18 @@ fn cell(record: Option<&Record>) -> String {
     match record {
         None => String::new(),
         Some(r) => match (r.median_s, &r.skipped) {
-            (Some(t), _) if t < 1.0 => format!("{:.1} ms", t * 1e3),
-            (Some(t), _) => format!("{t:.2} s"),
+            (Some(t), _) => {
+                let time = if t < 1.0 {
+                    format!("{:.1} ms", t * 1e3)
+                } else {
+                    format!("{t:.2} s")
+                };
+                match r.peak_device_mib {
+                    Some(mib) if mib >= 1024.0 => format!("{time} ({:.1} GiB)", mib / 1024.0),
+                    Some(mib) => format!("{time} ({mib:.0} MiB)"),
+                    None => time,
+                }
+            }
             (None, Some(_)) => "skipped".into(),
             (None, None) => String::new(),
         },
@@ -74,7 +84,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
     let mut out = String::new();
     if let Some(r) = records.first() {
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -85,6 +95,11 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             r.iterations,
             r.dtype,
             r.runs,
+            if records.iter().any(|r| r.peak_device_mib.is_some()) {
+                "; in parentheses, the device memory held by the backend's pools (a bound on the peak, inputs included)"
+            } else {
+                ""
+            },
             machine.describe()
         );
     }

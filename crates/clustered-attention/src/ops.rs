@@ -18,9 +18,11 @@
 //!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
 //! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
-//! (NdArray, Flex) override them with multi-threaded host loops ([`host`](mod@host)); the
-//! default bodies are the specification: codes, assignments and counts must be reproduced
-//! bit for bit, top-k sets up to ties, the sparse products up to rounding.
+//! (NdArray, Flex) override them with multi-threaded host loops ([`host`](mod@host)), the
+//! CubeCL backends (WGPU, Vulkan, CUDA, fused or not) with CubeCL kernels that keep every
+//! step on the device; the default bodies are the specification: codes, assignments and
+//! counts must be reproduced bit for bit, top-k sets up to ties, the sparse products up to
+//! rounding.
 
 pub mod host;
 pub mod reference;
@@ -112,7 +114,8 @@ pub trait ClusteringBackend: Backend {
 
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
     /// §3.3), in descending order of score. Which of several equal scores is taken is up to
-    /// the backend (the host implementation takes the lowest index). Carries no gradient.
+    /// the backend (the host loops and the CubeCL kernel take the lowest index; the default
+    /// body sorts). Carries no gradient.
     ///
     /// # Shapes
     /// - `scores`: `[batch, heads, C, S]`
@@ -171,6 +174,9 @@ pub trait ClusteringBackend: Backend {
     ///
     /// Its gradient is `sparse_dot(x, grad)` for the weights and
     /// `sparse_weighted_sum(weights, grad)` for `x`.
+    ///
+    /// Each row of `topk` must hold distinct keys, as [`Self::topk_indices`] gives them (the
+    /// CubeCL kernel inverts the rows).
     ///
     /// # Shapes
     /// - `weights`: `[batch, heads, L, k]`, `x`: `[batch, heads, L, F]`

@@ -2,6 +2,7 @@
 //! ([`crate::ops::host`]); hashing stays a Burn matrix product.
 
 /// Implements [`ClusteringBackend`](crate::ClusteringBackend) with the host ops.
+#[cfg(any(feature = "ndarray", feature = "flex"))]
 macro_rules! host_ops {
     () => {
         fn hamming_kmeans(

@@ -1,6 +1,6 @@
-//! [`CubeBackend`] (WGPU, Vulkan, CUDA without fusion): hashing and K-means as CubeCL kernels
-//! ([`crate::kernels`]); the top-k and the sparse products keep their default bodies (Burn
-//! tensor ops, which run as CubeCL kernels too).
+//! [`CubeBackend`] (WGPU, Vulkan, CUDA without fusion): hashing, K-means, the top-k and the
+//! sparse products as CubeCL kernels ([`crate::kernels`]). Nothing is read back to the host
+//! but the query lengths, when given (the initial centroids are drawn on the host).
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Shape, Tensor, TensorData, TensorMetadata};
@@ -49,6 +49,11 @@ where
     }
 
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        if k > TOPK_SHARED {
+            // One sorted list of k would not fit in the merge's shared memory: the default
+            // body, which sorts on the host.
+            return crate::ops::reference::topk_indices::<Self>(scores, k);
+        }
         topk_indices::<R>(scores, k, I::dtype())
     }
 
@@ -232,8 +237,17 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     (reshape(assignments, len), reshape(counts, clusters))
 }
 
-/// Largest cube of the top-k kernel.
-const TOPK_THREADS: usize = 256;
+/// Most units per row of the top-k kernel.
+const TOPK_UNITS: usize = 64;
+
+/// Scores and indices the top-k kernel's merge may keep in shared memory (8 KiB).
+const TOPK_SHARED: usize = 1024;
+
+/// Outputs per unit of the sparse products along a dimension of size `n`: 4 when it divides
+/// `n` (each loaded index and weight then serves four products), else 1.
+fn width(n: usize) -> usize {
+    if n % 4 == 0 { 4 } else { 1 }
+}
 
 /// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
 /// of dtype `int_dtype`, descending by score, ties to the lower index.
@@ -253,16 +267,20 @@ fn topk_indices<R: CubeRuntime>(
         int_dtype,
     );
     let all_rows = batch * heads * rows;
-    let threads = TOPK_THREADS.min(len.next_power_of_two()).max(32);
+    // A power of two: one list of k per unit in shared memory, and no more units than scores.
+    let units = (TOPK_SHARED / k)
+        .min(TOPK_UNITS)
+        .min(len.next_power_of_two());
+    let units = 1usize << units.max(1).ilog2();
     let float_dtype = scores.dtype;
     topk_kernel::launch::<R>(
         &client,
         cube_count(all_rows, 1),
-        CubeDim::new_1d(threads as u32),
+        CubeDim::new_1d(units as u32),
         flat(scores, [all_rows, len]).into_tensor_arg(),
         flat(indices.clone(), [all_rows, k]).into_tensor_arg(),
         k,
-        threads,
+        units,
         [float_dtype.into(), int_dtype.into()],
     );
     indices
@@ -323,7 +341,8 @@ fn sparse_dot<R: CubeRuntime>(
         Shape::new([batch, heads, len, k]),
         float_dtype,
     );
-    let units = batch * heads * len * k;
+    let width = width(k);
+    let units = batch * heads * len * k / width;
     sparse_dot_kernel::launch::<R>(
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
@@ -333,6 +352,7 @@ fn sparse_dot<R: CubeRuntime>(
         into_contiguous(topk).into_tensor_arg(),
         into_contiguous(assignments).into_tensor_arg(),
         output.clone().into_tensor_arg(),
+        width,
         [float_dtype.into(), int_dtype.into()],
     );
     output
@@ -356,7 +376,8 @@ fn sparse_weighted_sum<R: CubeRuntime>(
         Shape::new([batch, heads, len, dim]),
         float_dtype,
     );
-    let units = batch * heads * len * dim;
+    let width = width(dim);
+    let units = batch * heads * len * dim / width;
     sparse_weighted_sum_kernel::launch::<R>(
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
@@ -366,6 +387,7 @@ fn sparse_weighted_sum<R: CubeRuntime>(
         into_contiguous(topk).into_tensor_arg(),
         into_contiguous(assignments).into_tensor_arg(),
         output.clone().into_tensor_arg(),
+        width,
         [float_dtype.into(), int_dtype.into()],
     );
     output

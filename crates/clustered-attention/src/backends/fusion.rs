@@ -1,6 +1,7 @@
-//! [`Fusion`] (`burn::backend::Wgpu`, `Cuda`): the clustering ops are registered as custom
-//! operations that run the inner backend's kernels when the fusion stream executes, as
-//! burn-vision does for its ops. The other ops keep their default bodies, which fuse.
+//! [`Fusion`] (`burn::backend::Wgpu`, `Cuda`): hashing, K-means, the top-k and the sparse
+//! products are registered as custom operations that run the inner backend's kernels when the
+//! fusion stream executes, as burn-vision does for its ops. The softmax keeps its default
+//! body, which fuses.
 
 use core::marker::PhantomData;
 

@@ -1,7 +1,9 @@
 //! Per-backend implementations of [`ClusteringBackend`](crate::ClusteringBackend).
 //!
-//! CPU backends use the default bodies ([`crate::ops::reference`]); [`Autodiff`] passes the
-//! inner primitives through, since the clustering ops carry no gradient.
+//! CPU backends (NdArray, Flex) run host loops ([`crate::ops::host`]); `CubeBackend` runs
+//! CubeCL kernels ([`crate::kernels`]) and `Fusion` registers them as custom operations;
+//! [`Autodiff`] passes the clustering ops and the top-k through (no gradient) and
+//! differentiates the sparse products with the inner backend's own.
 //!
 //! [`Autodiff`]: burn::backend::Autodiff
 

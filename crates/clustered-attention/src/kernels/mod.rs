@@ -1,8 +1,11 @@
-//! CubeCL kernels of the clustering ops, for the CubeCL backends (WGPU, Vulkan, CUDA).
+//! CubeCL kernels of the clustering ops, the top-k and the sparse products, for the CubeCL
+//! backends (WGPU, Vulkan, CUDA).
 //!
-//! They reproduce the default bodies ([`crate::ops::reference`]) bit for bit: the codes
-//! whenever the projections are computed exactly (the summation order differs from a matrix
-//! product), the K-means always (integer arithmetic only).
+//! They reproduce the default bodies ([`crate::ops::reference`]) bit for bit where the result
+//! is integer: the codes whenever the projections are computed exactly (the summation order
+//! differs from a matrix product), the K-means always (integer arithmetic only), the top-k
+//! given the same scores (same order, ties to the lower index); the sparse products up
+//! to rounding (they accumulate in `f32`, in another order).
 
 pub(crate) mod hash;
 pub(crate) mod kmeans;

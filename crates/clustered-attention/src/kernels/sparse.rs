@@ -21,6 +21,8 @@ fn unit_index() -> usize {
 }
 
 /// `output[bh, i, r] = queries[bh, i] · keys[bh, topk[bh, a_i, r]]`, zero when `a_i < 0`.
+/// Each unit computes `width` consecutive slots `r` (`width` divides `k`), reading each query
+/// entry once for all of them.
 ///
 /// - `queries`: `[B, H, L, E]`, `keys`: `[B, H, S, E]`
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
@@ -32,33 +34,49 @@ pub(crate) fn sparse_dot_kernel<F: Float, I: Int>(
     topk: &Tensor<I>,
     assignments: &Tensor<I>,
     output: &mut Tensor<F>,
+    #[comptime] width: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let id = unit_index();
-    if id >= output.len() {
+    if id * width >= output.len() {
         terminate!();
     }
     let (len, dim) = (queries.shape(2), queries.shape(3));
     let keys_len = keys.shape(2);
     let (clusters, k) = (topk.shape(2), topk.shape(3));
-    let r = id % k;
-    let row = id / k;
+    let first = (id * width) % k;
+    let row = (id * width) / k;
     let bh = row / len;
     let cluster = i32::cast_from(assignments[row]);
-    let mut sum = 0.0f32;
+    let mut sums = Array::<f32>::new(width);
+    #[unroll]
+    for w in 0..width {
+        sums[w] = 0.0f32;
+    }
     if cluster >= 0 {
-        let slot = (bh * clusters + u32::cast_from(cluster) as usize) * k + r;
-        let key = u32::cast_from(topk[slot]) as usize;
+        let slots = (bh * clusters + u32::cast_from(cluster) as usize) * k + first;
+        let mut key_bases = Array::<usize>::new(width);
+        #[unroll]
+        for w in 0..width {
+            key_bases[w] = (bh * keys_len + u32::cast_from(topk[slots + w]) as usize) * dim;
+        }
         let query_base = row * dim;
-        let key_base = (bh * keys_len + key) * dim;
         for e in 0..dim {
-            sum += f32::cast_from(queries[query_base + e]) * f32::cast_from(keys[key_base + e]);
+            let query = f32::cast_from(queries[query_base + e]);
+            #[unroll]
+            for w in 0..width {
+                sums[w] += query * f32::cast_from(keys[key_bases[w] + e]);
+            }
         }
     }
-    output[id] = F::cast_from(sum);
+    #[unroll]
+    for w in 0..width {
+        output[id * width + w] = F::cast_from(sums[w]);
+    }
 }
 
 /// `output[bh, i] = Σ_r weights[bh, i, r] · values[bh, topk[bh, a_i, r]]`, zero when `a_i < 0`.
+/// Each unit computes `width` consecutive features (`width` divides `D`).
 ///
 /// - `weights`: `[B, H, L, k]`, `values`: `[B, H, S, D]`
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
@@ -70,29 +88,41 @@ pub(crate) fn sparse_weighted_sum_kernel<F: Float, I: Int>(
     topk: &Tensor<I>,
     assignments: &Tensor<I>,
     output: &mut Tensor<F>,
+    #[comptime] width: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let id = unit_index();
-    if id >= output.len() {
+    if id * width >= output.len() {
         terminate!();
     }
     let len = weights.shape(2);
     let (keys_len, dim) = (values.shape(2), values.shape(3));
     let (clusters, k) = (topk.shape(2), topk.shape(3));
-    let d = id % dim;
-    let row = id / dim;
+    let first = (id * width) % dim;
+    let row = (id * width) / dim;
     let bh = row / len;
     let cluster = i32::cast_from(assignments[row]);
-    let mut sum = 0.0f32;
+    let mut sums = Array::<f32>::new(width);
+    #[unroll]
+    for w in 0..width {
+        sums[w] = 0.0f32;
+    }
     if cluster >= 0 {
         let slots = (bh * clusters + u32::cast_from(cluster) as usize) * k;
         for r in 0..k {
             let key = u32::cast_from(topk[slots + r]) as usize;
-            sum += f32::cast_from(weights[row * k + r])
-                * f32::cast_from(values[(bh * keys_len + key) * dim + d]);
+            let weight = f32::cast_from(weights[row * k + r]);
+            let base = (bh * keys_len + key) * dim + first;
+            #[unroll]
+            for w in 0..width {
+                sums[w] += weight * f32::cast_from(values[base + w]);
+            }
         }
     }
-    output[id] = F::cast_from(sum);
+    #[unroll]
+    for w in 0..width {
+        output[id * width + w] = F::cast_from(sums[w]);
+    }
 }
 
 /// Counting sort, step 1: `chunk_counts[bh, chunk, c]` = the queries of chunk `chunk` (of

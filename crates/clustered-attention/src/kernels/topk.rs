@@ -23,18 +23,19 @@ fn ranks_before<F: Float>(value: F, index: u32, other_value: F, other_index: u32
     before
 }
 
-/// One cube per row. Unit `u` scans the scores `u, u + cube_size, …` of its row and keeps its
-/// own `k` best, sorted, in registers; then `k` rounds of a shared-memory tree reduction pick
-/// the best remaining head among the units, whose owner (`index % cube_size`) pops it.
+/// One cube of `units` units per row. Unit `u` scans the scores `u, u + units, …` of its row
+/// and keeps its own `k` best, sorted, in registers; the sorted lists then go to shared memory
+/// and are merged pairwise in `log2(units)` rounds, each keeping the best `k`.
 ///
 /// - `scores`: `[rows, S]`, contiguous
 /// - `indices`: `[rows, k]`, in `0..S`
+/// - shared memory: `units · k` scores and indices
 #[cube(launch)]
 pub(crate) fn topk_kernel<F: Float, I: Int>(
     scores: &Tensor<F>,
     indices: &mut Tensor<I>,
     #[comptime] k: usize,
-    #[comptime] cube_size: usize,
+    #[comptime] units: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let len = scores.shape(1);
@@ -80,52 +81,65 @@ pub(crate) fn topk_kernel<F: Float, I: Int>(
                 filled += 1;
             }
         }
-        s += cube_size;
+        s += units;
     }
 
-    let mut best_values = SharedMemory::<F>::new(cube_size);
-    let mut best_indices = SharedMemory::<u32>::new(cube_size);
-    let mut head = 0usize;
-    for r in 0..k {
-        if head < filled {
-            best_values[unit] = values[head];
-            best_indices[unit] = positions[head];
+    let mut shared_values = SharedMemory::<F>::new(comptime!(units * k));
+    let mut shared_positions = SharedMemory::<u32>::new(comptime!(units * k));
+    let own = unit * k;
+    for j in 0..k {
+        if j < filled {
+            shared_values[own + j] = values[j];
+            shared_positions[own + j] = positions[j];
         } else {
-            best_values[unit] = F::new(0.0);
-            best_indices[unit] = EMPTY;
+            shared_values[own + j] = F::new(0.0);
+            shared_positions[own + j] = EMPTY;
         }
-        sync_cube();
-        // A runtime value (a comptime one would be folded at expansion).
-        let mut stride = CUBE_DIM_X as usize / 2;
-        while stride > 0 {
-            if unit < stride {
-                let other_value = best_values[unit + stride];
-                let other_index = best_indices[unit + stride];
+    }
+    sync_cube();
+
+    // A runtime value (a comptime one would be folded at expansion).
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if unit < stride {
+            let other = (unit + stride) * k;
+            let mut i = 0usize;
+            let mut j = 0usize;
+            // i + j < k: neither list runs out.
+            for out in 0..k {
                 if ranks_before::<F>(
-                    other_value,
-                    other_index,
-                    best_values[unit],
-                    best_indices[unit],
+                    shared_values[own + i],
+                    shared_positions[own + i],
+                    shared_values[other + j],
+                    shared_positions[other + j],
                 ) {
-                    best_values[unit] = other_value;
-                    best_indices[unit] = other_index;
+                    values[out] = shared_values[own + i];
+                    positions[out] = shared_positions[own + i];
+                    i += 1;
+                } else {
+                    values[out] = shared_values[other + j];
+                    positions[out] = shared_positions[other + j];
+                    j += 1;
                 }
             }
-            sync_cube();
-            stride /= 2;
-        }
-        let winner = best_indices[0];
-        if unit == 0 {
-            // Only a row of NaN can run out of candidates; stay in range.
-            let mut index = winner as usize;
-            if winner == EMPTY {
-                index = len - 1;
+            for out in 0..k {
+                shared_values[own + out] = values[out];
+                shared_positions[own + out] = positions[out];
             }
-            indices[row * k + r] = I::cast_from(index as u32);
-        }
-        if winner != EMPTY && (winner as usize) % cube_size == unit {
-            head += 1;
         }
         sync_cube();
+        stride /= 2;
+    }
+
+    let mut j = unit;
+    while j < k {
+        let position = shared_positions[j];
+        // Only a row of NaN can run out of candidates; stay in range.
+        let mut index = position as usize;
+        if position == EMPTY {
+            index = len - 1;
+        }
+        indices[row * k + j] = I::cast_from(index as u32);
+        j += units;
     }
 }

@@ -174,7 +174,7 @@ fn check_sparse_products<B: ClusteringBackend>(
 }
 
 /// The backend's top-k equals a sort (no ties in random data); among ties it takes the
-/// lowest index (host loops), and k = S returns every index.
+/// lowest index (host loops, CubeCL kernel), and k = S returns every index.
 fn topk_matches_sort<B: ClusteringBackend>() {
     let device = Default::default();
     let scores = normal([2, 2, 7, 40], 71);
@@ -205,6 +205,25 @@ fn topk_matches_sort<B: ClusteringBackend>() {
         &device,
     );
     assert_eq!(host_ints(topk_indices(ties, 3)), vec![1, 2, 4]);
+    // Long rows with many ties (scores rounded to 16 levels), across the units of a GPU
+    // kernel: by score, descending, then by index.
+    let long = normal([1, 1, 3, 5000], 72);
+    let rounded: Vec<f32> = long.data.iter().map(|x| (x * 4.0).round() / 4.0).collect();
+    let t = Tensor::<B, 4>::from_data(TensorData::new(rounded.clone(), [1, 1, 3, 5000]), &device);
+    for k in [1, 32, 100] {
+        let ours = host_ints(topk_indices(t.clone(), k));
+        for row in 0..3 {
+            let values = &rounded[row * 5000..(row + 1) * 5000];
+            let mut order: Vec<usize> = (0..5000).collect();
+            order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+            let expected: Vec<i64> = order[..k].iter().map(|&i| i as i64).collect();
+            assert_eq!(
+                ours[row * k..(row + 1) * k],
+                expected[..],
+                "ties: k {k}, row {row}"
+            );
+        }
+    }
     // A tie at the boundary of the top-k keeps the earliest index.
     let boundary = Tensor::<B, 4>::from_data(
         TensorData::new(vec![3.0f32, 1.0, 1.0, 1.0], [1, 1, 1, 4]),

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the CUDA kit on a machine without a GPU: stripped release binaries of the benchmark CLI
+# (`bench`, CUDA backend only) and of the test suite that holds the CUDA tests (`suite`), and
+# `run.sh`, the one command to run on the GPU machine. Everything lands in `gpu-kit/`
+# (git-ignored), under 64 MiB.
+#
+# Use: `bash scripts/gpu-bundle.sh`, copy `gpu-kit/` to a Linux x86-64 machine with an NVIDIA
+# GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel), and
+# run `bash gpu-kit/run.sh RESULTS_DIR` there (RESULTS_DIR defaults to `$OUT`, else
+# `gpu-results`). CUDA is loaded at run time, so no toolkit is needed to build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# cudarc's bindings: CUDA 13.0, the version of the drivers this kit is meant for.
+export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+kit=gpu-kit
+target=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+
+cargo build --release --locked -p bench --no-default-features --features cuda
+# The test binary that holds the CUDA tests (the `suite` integration test).
+suite=$(cargo test --release --locked -p clustered-attention --features cuda --test suite \
+    --no-run --message-format=json |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["target"]["name"] == "suite":
+        print(message["executable"])
+')
+
+rm -rf "$kit"
+mkdir -p "$kit"
+cp "$target/release/bench" "$kit/bench"
+cp "$suite" "$kit/suite"
+strip "$kit/bench" "$kit/suite"
+cp scripts/gpu-run.sh "$kit/run.sh"
+
+size=$(du -cb "$kit" | tail -1 | cut -f1)
+if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
+    echo "gpu-kit is $((size / 1024 / 1024)) MiB, over 64 MiB" >&2
+    exit 1
+fi
+ls -l "$kit"
+echo "gpu-kit: $((size / 1024 / 1024)) MiB; on the GPU machine: bash gpu-kit/run.sh RESULTS_DIR"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
+# there as gpu-kit/run.sh beside `bench` and `suite`): the CUDA tests, then the CUDA benchmark
+# (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours).
+#
+# Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
+# Writes to RESULTS_DIR: summary.md (device, test summary, the benchmark tables), tests.log,
+# bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG).
+set -uo pipefail
+kit=$(cd "$(dirname "$0")" && pwd)
+out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
+work=$(mktemp -d)
+
+# Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
+if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
+    nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /usr/lib /opt /usr/local/lib \
+        -name 'libnvrtc.so*' 2>/dev/null | head -1)
+    if [ -n "$nvrtc" ]; then
+        export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+fi
+
+{
+    echo "# CUDA run"
+    echo
+    echo '```'
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+    echo '```'
+} >"$out/summary.md"
+
+# Every CUDA test of the suite (they are #[ignore]d where no GPU is).
+"$kit/suite" --ignored cuda --test-threads=1 2>&1 | tee "$out/tests.log"
+tests_status=${PIPESTATUS[0]}
+{
+    echo
+    echo "## CUDA tests (exit status $tests_status)"
+    echo
+    echo '```'
+    grep -E '^test result|FAILED|panicked' "$out/tests.log"
+    echo '```'
+} >>"$out/summary.md"
+
+bench_status=0
+: >"$out/bench.log"
+for mode in forward train; do
+    for heads in 4 8; do
+        name="cuda-$mode-h$heads"
+        "$kit/bench" --backends cuda --mode "$mode" --heads "$heads" \
+            --lengths 1024,4096,16384,65536 --runs 5 --memory-gib 70 \
+            --out-dir "$work" --name "$name" 2>&1 | tee -a "$out/bench.log"
+        status=${PIPESTATUS[0]}
+        [ "$status" -eq 0 ] || bench_status=$status
+        {
+            echo
+            echo "## $mode, $heads heads (exit status $status)"
+            echo
+            cat "$work/$name.md" 2>/dev/null
+        } >>"$out/summary.md"
+    done
+done
+tar czf "$out/results.tar.gz" -C "$work" .
+rm -rf "$work"
+echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz"
+[ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
