@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the CUDA kit on a machine without a GPU: stripped release binaries of the benchmark CLI
-# (`bench`, CUDA backend only) and of the test suite that holds the CUDA tests (`suite`), and
-# `run.sh`, the one command to run on the GPU machine. Everything lands in `gpu-kit/`
+# Builds the CUDA kit on a machine without a GPU: stripped, gzipped release binaries of the
+# benchmark CLI (`bench`, CUDA backend only) and of the test suite that holds the CUDA tests
+# (`suite`), and `run.sh`, the one command to run on the GPU machine. Everything lands in `gpu-kit/`
 # (git-ignored), under 64 MiB.
 #
 # Use: `bash scripts/gpu-bundle.sh`, copy `gpu-kit/` to a Linux x86-64 machine with an NVIDIA
@@ -35,6 +35,8 @@ mkdir -p "$kit"
 cp "$target/release/bench" "$kit/bench"
 cp "$suite" "$kit/suite"
 strip "$kit/bench" "$kit/suite"
+# Stripped, the two are ~80 MiB; gzip brings them to ~20 (run.sh unpacks them).
+gzip -9 "$kit/bench" "$kit/suite"
 cp scripts/gpu-run.sh "$kit/run.sh"
 
 size=$(du -cb "$kit" | tail -1 | cut -f1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bench` and `suite`): the CUDA tests, then the CUDA benchmark
+# there as gpu-kit/run.sh beside `bench.gz` and `suite.gz`): the CUDA tests, then the CUDA benchmark
 # (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
@@ -10,6 +10,10 @@ set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
 work=$(mktemp -d)
+bin=$(mktemp -d)
+for name in bench suite; do
+    gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1
+done
 
 # Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
 if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
@@ -29,7 +33,7 @@ fi
 } >"$out/summary.md"
 
 # Every CUDA test of the suite (they are #[ignore]d where no GPU is).
-"$kit/suite" --ignored cuda --test-threads=1 2>&1 | tee "$out/tests.log"
+"$bin/suite" --ignored cuda --test-threads=1 2>&1 | tee "$out/tests.log"
 tests_status=${PIPESTATUS[0]}
 {
     echo
@@ -45,7 +49,7 @@ bench_status=0
 for mode in forward train; do
     for heads in 4 8; do
         name="cuda-$mode-h$heads"
-        "$kit/bench" --backends cuda --mode "$mode" --heads "$heads" \
+        "$bin/bench" --backends cuda --mode "$mode" --heads "$heads" \
             --lengths 1024,4096,16384,65536 --runs 5 --memory-gib 70 \
             --out-dir "$work" --name "$name" 2>&1 | tee -a "$out/bench.log"
         status=${PIPESTATUS[0]}
@@ -59,6 +63,6 @@ for mode in forward train; do
     done
 done
 tar czf "$out/results.tar.gz" -C "$work" .
-rm -rf "$work"
+rm -rf "$work" "$bin"
 echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz"
 [ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
