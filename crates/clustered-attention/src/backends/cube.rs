@@ -246,7 +246,7 @@ const TOPK_SHARED: usize = 1024;
 /// Outputs per unit of the sparse products along a dimension of size `n`: 4 when it divides
 /// `n` (each loaded index and weight then serves four products), else 1.
 fn width(n: usize) -> usize {
-    if n % 4 == 0 { 4 } else { 1 }
+    if n.is_multiple_of(4) { 4 } else { 1 }
 }
 
 /// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
