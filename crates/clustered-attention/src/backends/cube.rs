@@ -277,18 +277,13 @@ fn topk_indices<R: CubeRuntime>(
         &client,
         cube_count(all_rows, 1),
         CubeDim::new_1d(units as u32),
-        flat(scores, [all_rows, len]).into_tensor_arg(),
-        flat(indices.clone(), [all_rows, k]).into_tensor_arg(),
+        reshape(scores, Shape::new([all_rows, len])).into_tensor_arg(),
+        reshape(indices.clone(), Shape::new([all_rows, k])).into_tensor_arg(),
         k,
         units,
         [float_dtype.into(), int_dtype.into()],
     );
     indices
-}
-
-/// `tensor` (contiguous) seen with another shape.
-fn flat<R: CubeRuntime, const D: usize>(tensor: CubeTensor<R>, dims: [usize; D]) -> CubeTensor<R> {
-    reshape(tensor, Shape::new(dims))
 }
 
 /// Threads per cube of the element-wise sparse kernels.
@@ -324,6 +319,52 @@ fn check_indices<R: CubeRuntime>(
     [clusters, k]
 }
 
+/// The launch of [`sparse_dot_kernel`] or [`sparse_weighted_sum_kernel`]: the two operands,
+/// `topk`, `assignments` and the output, then the outputs per unit and the dtypes.
+type SparseLaunch<R> =
+    fn(&ComputeClient<R>, CubeCount, CubeDim, [TensorArg<R>; 5], usize, [StorageType; 2]);
+
+/// Launches one of the two sparse products whose output is `[batch, heads, L, last]`, `last`
+/// being `k` for `sparse_dot` and `D` for `sparse_weighted_sum`.
+fn sparse_product<R: CubeRuntime>(
+    launch: SparseLaunch<R>,
+    first: CubeTensor<R>,
+    second: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+    last: usize,
+) -> CubeTensor<R> {
+    let [batch, heads, len, _] = first.shape().dims();
+    check_indices(&topk, &assignments, [batch, heads], len);
+    let (float_dtype, int_dtype) = (first.dtype, topk.dtype);
+    let client = first.client.clone();
+    let output = empty_device_dtype(
+        client.clone(),
+        first.device.clone(),
+        Shape::new([batch, heads, len, last]),
+        float_dtype,
+    );
+    let width = width(last);
+    let units = batch * heads * len * last / width;
+    let [first, second, topk, assignments] =
+        [first, second, topk, assignments].map(|x| into_contiguous(x).into_tensor_arg());
+    launch(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        [
+            first,
+            second,
+            topk,
+            assignments,
+            output.clone().into_tensor_arg(),
+        ],
+        width,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    output
+}
+
 /// Launches [`sparse_dot_kernel`].
 fn sparse_dot<R: CubeRuntime>(
     queries: CubeTensor<R>,
@@ -331,31 +372,11 @@ fn sparse_dot<R: CubeRuntime>(
     topk: CubeTensor<R>,
     assignments: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let [batch, heads, len, _] = queries.shape().dims();
-    let [_, k] = check_indices(&topk, &assignments, [batch, heads], len);
-    let (float_dtype, int_dtype) = (queries.dtype, topk.dtype);
-    let client = queries.client.clone();
-    let output = empty_device_dtype(
-        client.clone(),
-        queries.device.clone(),
-        Shape::new([batch, heads, len, k]),
-        float_dtype,
-    );
-    let width = width(k);
-    let units = batch * heads * len * k / width;
-    sparse_dot_kernel::launch::<R>(
-        &client,
-        cube_count(units.div_ceil(SPARSE_THREADS), 1),
-        CubeDim::new_1d(SPARSE_THREADS as u32),
-        into_contiguous(queries).into_tensor_arg(),
-        into_contiguous(keys).into_tensor_arg(),
-        into_contiguous(topk).into_tensor_arg(),
-        into_contiguous(assignments).into_tensor_arg(),
-        output.clone().into_tensor_arg(),
-        width,
-        [float_dtype.into(), int_dtype.into()],
-    );
-    output
+    let k = topk.shape()[3];
+    let launch: SparseLaunch<R> = |client, count, dim, [q, k, t, a, o], width, dtypes| {
+        sparse_dot_kernel::launch::<R>(client, count, dim, q, k, t, a, o, width, dtypes)
+    };
+    sparse_product(launch, queries, keys, topk, assignments, k)
 }
 
 /// Launches [`sparse_weighted_sum_kernel`].
@@ -365,32 +386,11 @@ fn sparse_weighted_sum<R: CubeRuntime>(
     topk: CubeTensor<R>,
     assignments: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let [batch, heads, len, _] = weights.shape().dims();
-    let [_, _, _, dim] = values.shape().dims();
-    check_indices(&topk, &assignments, [batch, heads], len);
-    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
-    let client = weights.client.clone();
-    let output = empty_device_dtype(
-        client.clone(),
-        weights.device.clone(),
-        Shape::new([batch, heads, len, dim]),
-        float_dtype,
-    );
-    let width = width(dim);
-    let units = batch * heads * len * dim / width;
-    sparse_weighted_sum_kernel::launch::<R>(
-        &client,
-        cube_count(units.div_ceil(SPARSE_THREADS), 1),
-        CubeDim::new_1d(SPARSE_THREADS as u32),
-        into_contiguous(weights).into_tensor_arg(),
-        into_contiguous(values).into_tensor_arg(),
-        into_contiguous(topk).into_tensor_arg(),
-        into_contiguous(assignments).into_tensor_arg(),
-        output.clone().into_tensor_arg(),
-        width,
-        [float_dtype.into(), int_dtype.into()],
-    );
-    output
+    let dim = values.shape()[3];
+    let launch: SparseLaunch<R> = |client, count, dim, [w, v, t, a, o], width, dtypes| {
+        sparse_weighted_sum_kernel::launch::<R>(client, count, dim, w, v, t, a, o, width, dtypes)
+    };
+    sparse_product(launch, weights, values, topk, assignments, dim)
 }
 
 /// Most clusters the counting sort of [`sparse_scatter`] handles in shared memory (16 KiB);
@@ -432,7 +432,7 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     };
 
     // Counting sort of the queries by cluster.
-    let assignments = flat(into_contiguous(assignments), [bh, len]);
+    let assignments = reshape(into_contiguous(assignments), Shape::new([bh, len]));
     let chunks = len.div_ceil(SPARSE_THREADS);
     let offsets = u32_tensor(vec![bh, chunks, clusters]);
     let starts = u32_tensor(vec![bh, clusters + 1]);

@@ -82,6 +82,17 @@ enum Sparse {
     Scatter { keys_len: usize },
 }
 
+impl Sparse {
+    /// The name of the custom operation.
+    fn name(self) -> &'static str {
+        match self {
+            Sparse::Dot => "sparse_dot",
+            Sparse::WeightedSum => "sparse_weighted_sum",
+            Sparse::Scatter { .. } => "sparse_scatter",
+        }
+    }
+}
+
 /// A sparse product: inputs `[float, float, topk, assignments]`, one float output.
 #[derive(Clone, Debug)]
 struct SparseProduct<B> {
@@ -110,7 +121,6 @@ impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for Spars
 
 /// Registers a sparse product whose output has shape `shape` and the dtype of `first`.
 fn sparse_product<B: FusionBackend + ClusteringBackend>(
-    name: &'static str,
     op: Sparse,
     inputs: [FloatTensor<Fusion<B>>; 2],
     topk: IntTensor<Fusion<B>>,
@@ -122,7 +132,7 @@ fn sparse_product<B: FusionBackend + ClusteringBackend>(
     let streams = OperationStreams::with_inputs([&first, &second, &topk, &assignments]);
     let output = TensorIr::uninit(client.create_empty_handle(), shape, first.dtype);
     let desc = CustomOpIr::new(
-        name,
+        op.name(),
         &[
             first.into_ir(),
             second.into_ir(),
@@ -248,14 +258,7 @@ impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
         let [batch, heads, len, _] = queries.shape().dims();
         let k = topk.shape()[3];
         let shape = Shape::new([batch, heads, len, k]);
-        sparse_product::<B>(
-            "sparse_dot",
-            Sparse::Dot,
-            [queries, keys],
-            topk,
-            assignments,
-            shape,
-        )
+        sparse_product::<B>(Sparse::Dot, [queries, keys], topk, assignments, shape)
     }
 
     fn sparse_weighted_sum(
@@ -268,7 +271,6 @@ impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
         let dim = values.shape()[3];
         let shape = Shape::new([batch, heads, len, dim]);
         sparse_product::<B>(
-            "sparse_weighted_sum",
             Sparse::WeightedSum,
             [weights, values],
             topk,
@@ -287,7 +289,6 @@ impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
         let [batch, heads, _, features] = x.shape().dims();
         let shape = Shape::new([batch, heads, keys_len, features]);
         sparse_product::<B>(
-            "sparse_scatter",
             Sparse::Scatter { keys_len },
             [weights, x],
             topk,
