@@ -35,7 +35,7 @@ mkdir -p "$kit"
 cp "$target/release/bench" "$kit/bench"
 cp "$suite" "$kit/suite"
 strip "$kit/bench" "$kit/suite"
-# Stripped, the two are ~80 MiB; gzip brings them to ~20 (run.sh unpacks them).
+# Stripped, the two are ~77 MiB; gzip brings them to ~19 (run.sh unpacks them).
 gzip -9 "$kit/bench" "$kit/suite"
 cp scripts/gpu-run.sh "$kit/run.sh"
 
