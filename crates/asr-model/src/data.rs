@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
@@ -10,6 +11,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::audio::load_audio;
+use crate::augment::{AugmentSet, rng_for};
 use crate::features::{Features, LogMel};
 use crate::manifest::{ManifestError, Utterance, read_manifest};
 use crate::phones::PhoneInventory;
@@ -23,6 +25,9 @@ pub struct Example {
     pub features: Arc<Features>,
     /// Labels as model outputs (1-based; 0 is the blank).
     pub targets: Vec<usize>,
+    /// The 16 kHz samples, kept for training-time waveform augmentation ([`featurize`] with
+    /// `keep_audio`); `None` otherwise.
+    pub audio: Option<Arc<Vec<f32>>>,
 }
 
 /// Reads, validates and featurizes a split: the manifest is validated as a whole (every audio
@@ -36,11 +41,11 @@ pub fn load_split(
     log_mel: &LogMel,
 ) -> Result<Vec<Example>, ManifestError> {
     let utterances = read_manifest(manifest, inventory, true)?;
-    Ok(featurize(&utterances, log_mel))
+    Ok(featurize(&utterances, log_mel, false))
 }
 
 /// Computes the features of utterances on all cores (the audio was validated).
-pub fn featurize(utterances: &[Utterance], log_mel: &LogMel) -> Vec<Example> {
+pub fn featurize(utterances: &[Utterance], log_mel: &LogMel, keep_audio: bool) -> Vec<Example> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = utterances.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {
@@ -56,6 +61,7 @@ pub fn featurize(utterances: &[Utterance], log_mel: &LogMel) -> Vec<Example> {
                                 id: u.entry.id.clone(),
                                 features: Arc::new(log_mel.features(&samples)),
                                 targets: u.targets.clone(),
+                                audio: keep_audio.then(|| Arc::new(samples)),
                             }
                         })
                         .collect::<Vec<_>>()
@@ -178,5 +184,80 @@ impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for CtcBatcher {
     fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
         let examples: Vec<Example> = items.into_iter().flatten().collect();
         self.make(&examples, device)
+    }
+}
+
+/// Whether CTC can align `targets` with `frames` feature frames at time subsampling
+/// `subsampling`: it needs one encoder step per label plus one per repeated label.
+pub fn ctc_feasible(frames: usize, targets: &[usize], subsampling: usize) -> bool {
+    let repeats = targets.windows(2).filter(|w| w[0] == w[1]).count();
+    frames.div_ceil(subsampling.max(1)) >= targets.len() + repeats
+}
+
+/// The training batcher: every utterance is augmented afresh ([`crate::augment`]) from its
+/// kept audio (waveform steps, then the log-mel front end, then SpecAugment), then batched as
+/// by [`CtcBatcher`]. An utterance without kept audio only gets SpecAugment; one whose altered
+/// features would be too short for its labels ([`ctc_feasible`]) keeps its original features.
+///
+/// The random choices depend on the seed, the number of batches made so far and the position
+/// in the batch: a run is reproducible, a resumed run draws new ones.
+#[derive(Debug, Clone)]
+pub struct AugmentingBatcher {
+    augment: Arc<AugmentSet>,
+    log_mel: Arc<LogMel>,
+    subsampling: usize,
+    seed: u64,
+    calls: Arc<AtomicU64>,
+}
+
+impl AugmentingBatcher {
+    /// A batcher applying `augment`, featurizing with `log_mel`, for a model with time
+    /// subsampling `subsampling`.
+    pub fn new(augment: AugmentSet, log_mel: Arc<LogMel>, subsampling: usize, seed: u64) -> Self {
+        Self {
+            augment: Arc::new(augment),
+            log_mel,
+            subsampling,
+            seed,
+            calls: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The augmented copies of `examples` (one call's random choices).
+    pub fn augment(&self, examples: &[Example]) -> Vec<Example> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        examples
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let mut rng = rng_for(self.seed, call, i);
+                let mut features = match &e.audio {
+                    Some(audio) if self.augment.alters_waveform() => {
+                        let altered = self.augment.waveform(audio, &mut rng);
+                        let features = self.log_mel.features(&altered);
+                        if ctc_feasible(features.frames, &e.targets, self.subsampling) {
+                            features
+                        } else {
+                            (*e.features).clone()
+                        }
+                    }
+                    _ => (*e.features).clone(),
+                };
+                self.augment.spec_augment(&mut features, &mut rng);
+                Example {
+                    id: e.id.clone(),
+                    features: Arc::new(features),
+                    targets: e.targets.clone(),
+                    audio: None,
+                }
+            })
+            .collect()
+    }
+}
+
+impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for AugmentingBatcher {
+    fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
+        let examples: Vec<Example> = items.into_iter().flatten().collect();
+        CtcBatcher.make(&self.augment(&examples), device)
     }
 }

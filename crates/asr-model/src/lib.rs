@@ -5,16 +5,22 @@
 //! - [`corpus`]: a multi-speaker English corpus synthesized with `espeak-ng` (and `flite`);
 //! - [`manifest`], [`audio`], [`features`]: JSONL manifests validated up front, WAV/FLAC at any
 //!   sample rate, log-mel filterbank features;
+//! - [`augment`]: training-time augmentation (speed, reverberation, band-limiting, noise,
+//!   8-bit quantization, SpecAugment);
+//! - [`import`]: `asr manifest`, a corpus split from one's own recordings (LibriSpeech,
+//!   Kaldi or TSV layout);
 //! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
 //! - [`train`]: training with burn-train, evaluation, saving and loading.
 #![warn(missing_docs)]
 
 pub mod audio;
+pub mod augment;
 pub mod corpus;
 pub mod data;
 pub mod decode;
 pub mod features;
+pub mod import;
 pub mod manifest;
 pub mod model;
 pub mod phones;

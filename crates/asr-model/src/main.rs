@@ -10,9 +10,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use clustered_attention::{AttentionKind, ClusteringBackend};
 
 use asr_model::audio::load_audio;
+use asr_model::augment::{AugmentSet, Augmentation};
 use asr_model::corpus::{CorpusOptions, generate};
 use asr_model::data::{CtcBatcher, Example, load_split};
 use asr_model::features::{LogMel, LogMelConfig};
+use asr_model::import::{ImportOptions, Source, import};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, load_model, train};
@@ -31,6 +33,9 @@ struct Cli {
 enum Command {
     /// Synthesize a corpus with espeak-ng (and flite, when installed).
     Corpus(CorpusArgs),
+    /// Build a corpus split (JSONL manifest + phones.txt) from recordings and transcripts:
+    /// a LibriSpeech tree, a Kaldi data directory or a TSV.
+    Manifest(ManifestArgs),
     /// Train a model on a corpus; prints the test phone error rate.
     Train(TrainArgs),
     /// Evaluate trained models, with their own or another attention (paper Table 1).
@@ -114,6 +119,32 @@ struct CorpusArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(false)))]
+struct ManifestArgs {
+    /// LibriSpeech-style tree: `*.trans.txt` beside the audio files.
+    #[arg(long, group = "source")]
+    librispeech: Option<PathBuf>,
+    /// Kaldi-style data directory with `wav.scp`, `text` and optionally `utt2spk`.
+    #[arg(long, group = "source")]
+    kaldi: Option<PathBuf>,
+    /// TSV file: `path<TAB>transcript[<TAB>speaker]` per line.
+    #[arg(long, group = "source")]
+    tsv: Option<PathBuf>,
+    /// Corpus directory to write `<split>.jsonl` and `phones.txt` into.
+    #[arg(long)]
+    out: PathBuf,
+    /// Split name.
+    #[arg(long)]
+    split: String,
+    /// espeak-ng voice whose phonemizer labels the transcripts.
+    #[arg(long, default_value = "en-us")]
+    accent: String,
+    /// Write the usable utterances and report the others instead of failing.
+    #[arg(long)]
+    skip_bad: bool,
+}
+
+#[derive(Args, Debug)]
 struct TrainArgs {
     /// Corpus directory (phones.txt, train/dev/test.jsonl).
     #[arg(long, default_value = "data/corpus")]
@@ -172,6 +203,30 @@ struct TrainArgs {
     /// Interrupt after this many training steps (to try --resume).
     #[arg(long)]
     stop_after_steps: Option<usize>,
+    /// Training-time augmentation: `all`, `none`, or a comma-separated list of speed, reverb,
+    /// band, noise, quantize, specaugment.
+    #[arg(long, default_value = "all", value_parser = parse_augment)]
+    augment: AugmentSet,
+    /// Upper edge of the mel filterbank in Hz (default: 8000, the Nyquist frequency).
+    #[arg(long)]
+    f_max_hz: Option<f64>,
+    /// Further test manifests (e.g. real recordings) evaluated after training, beside the
+    /// corpus's test split; their phones must be in the corpus's inventory.
+    #[arg(long = "also-test")]
+    also_test: Vec<PathBuf>,
+}
+
+fn parse_augment(s: &str) -> Result<AugmentSet, String> {
+    match s {
+        "all" => Ok(AugmentSet::new(&Augmentation::ALL)),
+        "none" => Ok(AugmentSet::default()),
+        list => Ok(AugmentSet::new(
+            &list
+                .split(',')
+                .map(|a| a.trim().parse())
+                .collect::<Result<Vec<Augmentation>, _>>()?,
+        )),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -274,6 +329,36 @@ fn main() -> anyhow::Result<()> {
             bits_per_sample: args.bits_per_sample,
             max_words: args.max_words,
         }),
+        Command::Manifest(args) => {
+            let source = match (args.librispeech, args.kaldi, args.tsv) {
+                (Some(dir), None, None) => Source::LibriSpeech(dir),
+                (None, Some(dir), None) => Source::Kaldi(dir),
+                (None, None, Some(file)) => Source::Tsv(file),
+                _ => unreachable!("clap requires exactly one source"),
+            };
+            let report = import(&ImportOptions {
+                source,
+                out: args.out,
+                split: args.split,
+                accent: args.accent,
+                skip_bad: args.skip_bad,
+            })?;
+            for problem in &report.skipped {
+                eprintln!("skipped: {problem}");
+            }
+            println!(
+                "{}: {} utterances, {:.1} min{}",
+                report.manifest.display(),
+                report.utterances,
+                report.seconds / 60.0,
+                if report.skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} skipped", report.skipped.len())
+                }
+            );
+            Ok(())
+        }
         Command::Train(args) => {
             with_backend!(args.backend, B, device, run_train::<B>(&args, &device))
         }
@@ -301,6 +386,7 @@ fn load_corpus(
     corpus: &Path,
     log_mel: &LogMel,
     splits: &[&str],
+    keep_train_audio: bool,
 ) -> anyhow::Result<(PhoneInventory, Vec<Vec<Example>>)> {
     let inventory = PhoneInventory::load(&corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
     let mut problems = Vec::new();
@@ -315,9 +401,12 @@ fn load_corpus(
     if !problems.is_empty() {
         bail!("the corpus is not usable:\n{}", problems.join("\n"));
     }
-    let examples = manifests
+    let examples = splits
         .iter()
-        .map(|u| asr_model::data::featurize(u, log_mel))
+        .zip(&manifests)
+        .map(|(split, u)| {
+            asr_model::data::featurize(u, log_mel, keep_train_audio && *split == "train")
+        })
         .collect();
     Ok((inventory, examples))
 }
@@ -330,9 +419,20 @@ where
     B::InnerBackend: ClusteringBackend,
 {
     let start = Instant::now();
-    let features = LogMelConfig::new().with_n_mels(args.n_mels);
+    let features = LogMelConfig::new()
+        .with_n_mels(args.n_mels)
+        .with_f_max_hz(args.f_max_hz);
     let log_mel = LogMel::new(features.clone());
-    let (inventory, mut splits) = load_corpus(&args.corpus, &log_mel, &["train", "dev", "test"])?;
+    let (inventory, mut splits) = load_corpus(
+        &args.corpus,
+        &log_mel,
+        &["train", "dev", "test"],
+        args.augment.alters_waveform(),
+    )?;
+    let mut also_test = Vec::new();
+    for manifest in &args.also_test {
+        also_test.push(load_split(manifest, &inventory, &log_mel)?);
+    }
     let test = splits.pop().expect("three splits");
     let dev = splits.pop().expect("three splits");
     let train_split = splits.pop().expect("three splits");
@@ -377,6 +477,7 @@ where
         resume: args.resume,
         stop_after_steps: args.stop_after_steps,
         application_log: true,
+        augment: args.augment.clone(),
     };
     let model = train::<B>(&saved, train_split, dev, &options, device)?;
     let per = evaluate(&model, &test, None, args.batch_frames, device);
@@ -390,6 +491,17 @@ where
         args.out.display(),
         start.elapsed().as_secs_f64()
     );
+    for (manifest, examples) in args.also_test.iter().zip(&also_test) {
+        let per = evaluate(&model, examples, None, args.batch_frames, device);
+        println!(
+            "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances)",
+            manifest.display(),
+            per.percent(),
+            per.errors,
+            per.reference_phones,
+            examples.len()
+        );
+    }
     Ok(())
 }
 
@@ -480,6 +592,7 @@ fn run_transcribe<B: ClusteringBackend>(
         id: args.file.display().to_string(),
         features: std::sync::Arc::new(log_mel.features(&samples)),
         targets: Vec::new(),
+        audio: None,
     };
     let batch = CtcBatcher.make::<B>(std::slice::from_ref(&example), device);
     let log_probs = model.forward(batch.features, &batch.frame_lengths);

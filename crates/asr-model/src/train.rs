@@ -25,9 +25,10 @@ use burn::train::{
 use clustered_attention::{AttentionKind, ClusteringBackend};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
+use crate::augment::AugmentSet;
+use crate::data::{AugmentingBatcher, BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
 use crate::decode::{PhoneErrorRate, greedy_ctc_decode};
-use crate::features::LogMelConfig;
+use crate::features::{LogMel, LogMelConfig};
 use crate::model::{AsrModel, AsrModelConfig};
 
 /// What a training or evaluation step reports.
@@ -234,6 +235,9 @@ pub struct TrainOptions {
     /// Install burn-train's application logger (`dir/experiment.log`; a process-wide
     /// logger, so at most once per process).
     pub application_log: bool,
+    /// Training-time augmentation ([`crate::augment`]); waveform steps need the examples'
+    /// kept audio ([`crate::data::featurize`] with `keep_audio`).
+    pub augment: AugmentSet,
 }
 
 /// The last epoch with a model checkpoint in `dir/checkpoint`.
@@ -309,8 +313,19 @@ where
         .batch_size(1)
         .build(BucketDataset::new(bucket(valid, options.batch_frames)));
     let interrupter = Interrupter::new();
+    let batcher = AugmentingBatcher::new(
+        options.augment.clone(),
+        Arc::new(LogMel::new(saved.features.clone())),
+        saved.model.subsampling,
+        options.seed,
+    );
     let builder = || {
-        let builder = DataLoaderBuilder::<B, _, _>::new(CtcBatcher).batch_size(1);
+        let mut builder = DataLoaderBuilder::<B, _, _>::new(batcher.clone()).batch_size(1);
+        // Batches (and their augmentation) are made by one worker thread, beside the training
+        // step; not under --stop-after-steps, whose count must not include prefetched batches.
+        if options.stop_after_steps.is_none() {
+            builder = builder.num_workers(1);
+        }
         if options.shuffle {
             builder.shuffle(options.seed)
         } else {
@@ -426,10 +441,7 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
     let before = examples.len();
     let kept: Vec<Example> = examples
         .into_iter()
-        .filter(|e| {
-            let repeats = e.targets.windows(2).filter(|w| w[0] == w[1]).count();
-            e.features.frames.div_ceil(subsampling) >= e.targets.len() + repeats
-        })
+        .filter(|e| crate::data::ctc_feasible(e.features.frames, &e.targets, subsampling))
         .collect();
     let dropped = before - kept.len();
     (kept, dropped)

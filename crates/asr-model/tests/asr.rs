@@ -1,17 +1,21 @@
 //! Tests of the ASR example: front end against librosa, decoding, PER, manifests, over-fitting
-//! one batch, and resuming an interrupted training run.
+//! one batch, resuming an interrupted training run, augmentation, and `asr manifest` on the
+//! LibriSpeech, Kaldi and TSV layouts (fixtures synthesized with espeak-ng).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use asr_model::audio::{load_audio, write_flac};
-use asr_model::data::{CtcBatcher, Example};
+use asr_model::augment::{self, AugmentSet, Augmentation};
+use asr_model::corpus::phonemize;
+use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
 use asr_model::decode::{PhoneErrorRate, edit_distance, greedy_ctc_decode};
 use asr_model::features::{Features, LogMel, LogMelConfig};
+use asr_model::import::{ImportOptions, Source, import, normalize_text};
 use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, last_checkpoint, train};
+use asr_model::train::{SavedModel, TrainOptions, evaluate, last_checkpoint, train};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
@@ -240,6 +244,7 @@ fn toy_example(id: usize, targets: Vec<usize>, frames: usize, n_mels: usize) -> 
             data,
         }),
         targets,
+        audio: None,
     }
 }
 
@@ -324,6 +329,7 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
         resume,
         stop_after_steps,
         application_log: false,
+        augment: AugmentSet::default(),
     };
     let device = Default::default();
     let run = |o: TrainOptions| {
@@ -356,4 +362,496 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
         diff <= 1e-5,
         "resumed weights differ from the uninterrupted run: max |Δ log p| = {diff}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Augmentation
+
+fn sine(hz: f64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (2.0 * std::f64::consts::PI * hz * i as f64 / 16000.0).sin() as f32)
+        .collect()
+}
+
+/// Amplitude of the `hz` component of `x` (projection on sine and cosine), in f64.
+fn amplitude(x: &[f32], hz: f64) -> f64 {
+    let (mut s, mut c) = (0.0, 0.0);
+    for (i, v) in x.iter().enumerate() {
+        let phase = 2.0 * std::f64::consts::PI * hz * i as f64 / 16000.0;
+        s += *v as f64 * phase.sin();
+        c += *v as f64 * phase.cos();
+    }
+    2.0 * (s * s + c * c).sqrt() / x.len() as f64
+}
+
+/// Speed perturbation by `f` turns a 200 Hz sine into a 200·f Hz sine of `len / f` samples:
+/// equal to the analytic signal to 1e-3 (the linear interpolation error bound at 200 Hz is
+/// (2π·200/16000)²/8 ≈ 6e-4).
+#[test]
+fn speed_perturbation_scales_frequency_and_length() {
+    let x = sine(200.0, 16000);
+    for factor in [0.9, 1.0, 1.1] {
+        let y = augment::speed(&x, factor);
+        assert_eq!(y.len(), (16000.0 / factor).round() as usize);
+        let expected = sine(200.0 * factor, y.len() - 2);
+        for (i, (a, b)) in y.iter().zip(&expected).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-3,
+                "factor {factor}, sample {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// The FFT filter convolves like the direct sum Σ h[j]·x[i−j] (then rescales to the input's
+/// peak), and its low-pass removes a 6 kHz tone while keeping a 1 kHz tone.
+#[test]
+fn reverb_is_a_convolution_and_band_limit_removes_high_frequencies() {
+    let x: Vec<f32> = (0..3000)
+        .map(|i| ((i * 7919) % 101) as f32 / 100.0 - 0.5)
+        .collect();
+    let h = [1.0f32, 0.0, -0.3, 0.0, 0.0, 0.25, 0.1];
+    let direct: Vec<f64> = (0..x.len())
+        .map(|i| {
+            (0..h.len())
+                .filter(|j| *j <= i)
+                .map(|j| h[j] as f64 * x[i - j] as f64)
+                .sum()
+        })
+        .collect();
+    let peak_in = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let peak_direct = direct.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let ours = augment::filter(&x, Some(&h), None);
+    assert_eq!(ours.len(), x.len());
+    for (i, (a, b)) in ours.iter().zip(&direct).enumerate() {
+        let b = b * peak_in / peak_direct;
+        assert!((*a as f64 - b).abs() < 1e-4, "sample {i}: {a} vs {b}");
+    }
+
+    let two: Vec<f32> = sine(1000.0, 8000)
+        .iter()
+        .zip(sine(6000.0, 8000))
+        .map(|(a, b)| 0.5 * a + 0.5 * b)
+        .collect();
+    let low = augment::filter(&two, None, Some(4000.0));
+    // Away from the edges (the FFT filter is circular over a zero-padded block).
+    let middle = &low[1000..7000];
+    let (kept, removed) = (amplitude(middle, 1000.0), amplitude(middle, 6000.0));
+    assert!(
+        removed < 1e-3 * kept,
+        "6 kHz left: {removed} vs 1 kHz {kept}"
+    );
+}
+
+/// Additive noise lands at the requested SNR (±0.01 dB), white or brown; 8-bit quantization
+/// leaves at most 255 levels, with the error bound of each law.
+#[test]
+fn noise_snr_and_8bit_quantization() {
+    use rand::SeedableRng;
+    let x = sine(440.0, 16000);
+    for brown in [false, true] {
+        let mut y = x.clone();
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(1);
+        augment::add_noise(&mut y, 10.0, brown, &mut rng);
+        let signal: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
+        let noise: f64 = y
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let snr = 10.0 * (signal / noise).log10();
+        assert!((snr - 10.0).abs() < 0.01, "brown {brown}: SNR {snr} dB");
+    }
+    for mu_law in [false, true] {
+        let mut y = x.clone();
+        augment::quantize_8bit(&mut y, 0.5, mu_law);
+        let mut levels: Vec<i64> = y.iter().map(|v| (*v as f64 * 1e6).round() as i64).collect();
+        levels.sort();
+        levels.dedup();
+        assert!(levels.len() <= 255, "{} levels", levels.len());
+        for (a, b) in y.iter().zip(&x) {
+            let b = 0.5 * b;
+            // Linear: half a step of 1/127. μ-law: half a step of the compressed value, whose
+            // slope is at most ln(256)·(1 + 255·|x|)/255 per unit.
+            let bound = if mu_law {
+                0.5 / 127.0 * 256f32.ln() * (1.0 + 255.0 * b.abs()) / 255.0 * 1.05
+            } else {
+                0.5 / 127.0 + 1e-6
+            };
+            assert!((a - b).abs() <= bound, "mu_law {mu_law}: {a} vs {b}");
+        }
+    }
+}
+
+/// SpecAugment zeroes at most two bands of width ≤ n_mels/5 and one span of ≤ 25 frames per
+/// second (≤ 20 % of the frames), and leaves every other value as it was.
+#[test]
+fn spec_augment_masks_bands_and_frames_only() {
+    use rand::SeedableRng;
+    let (frames, n_mels) = (300, 40);
+    let data: Vec<f32> = (0..frames * n_mels).map(|i| 1.0 + (i % 7) as f32).collect();
+    let set = AugmentSet::new(&[Augmentation::SpecAugment]);
+    for seed in 0..20 {
+        let mut features = Features {
+            frames,
+            n_mels,
+            data: data.clone(),
+        };
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed);
+        set.spec_augment(&mut features, &mut rng);
+        let zero = |t: usize, m: usize| features.data[t * n_mels + m] == 0.0;
+        let masked_bands = (0..n_mels)
+            .filter(|&m| (0..frames).all(|t| zero(t, m)))
+            .count();
+        let masked_frames = (0..frames)
+            .filter(|&t| (0..n_mels).all(|m| zero(t, m)))
+            .count();
+        assert!(masked_bands <= 16, "seed {seed}: {masked_bands} bands");
+        assert!(
+            masked_frames <= 3 * 20,
+            "seed {seed}: {masked_frames} frames"
+        );
+        for t in 0..frames {
+            for m in 0..n_mels {
+                let v = features.data[t * n_mels + m];
+                assert!(
+                    v == data[t * n_mels + m]
+                        || (v == 0.0 && (masked_bands > 0 || masked_frames > 0)),
+                    "seed {seed}: value at ({t}, {m}) changed to {v}"
+                );
+                if v == 0.0 {
+                    let band = (0..frames).all(|t| zero(t, m));
+                    let frame = (0..n_mels).all(|m| zero(t, m));
+                    assert!(band || frame, "seed {seed}: stray zero at ({t}, {m})");
+                }
+            }
+        }
+    }
+}
+
+/// The augmenting batcher is reproducible from its seed, draws anew on every call, and keeps
+/// the original features of an utterance that the augmentation would make too short for CTC.
+#[test]
+fn augmenting_batcher_is_seeded_and_keeps_ctc_feasible() {
+    let log_mel = Arc::new(LogMel::new(LogMelConfig::new()));
+    let audio = sine(300.0, 8000);
+    let example = |targets: Vec<usize>| Example {
+        id: "x".into(),
+        features: Arc::new(log_mel.features(&audio)),
+        targets,
+        audio: Some(Arc::new(audio.clone())),
+    };
+    let all = AugmentSet::new(&Augmentation::ALL);
+    let a = AugmentingBatcher::new(all.clone(), log_mel.clone(), 1, 7);
+    let b = AugmentingBatcher::new(all.clone(), log_mel.clone(), 1, 7);
+    let batch = vec![example(vec![1, 2, 3]); 4];
+    let (first_a, first_b) = (a.augment(&batch), b.augment(&batch));
+    for (x, y) in first_a.iter().zip(&first_b) {
+        assert_eq!(
+            x.features, y.features,
+            "same seed, same call: same features"
+        );
+    }
+    let second = a.augment(&batch);
+    assert!(
+        first_a
+            .iter()
+            .zip(&second)
+            .any(|(x, y)| x.features != y.features),
+        "a second call draws new augmentations"
+    );
+    // 49 frames; 48 distinct labels fit only without speed-up (1.1× leaves 44 frames).
+    let frames = log_mel.n_frames(audio.len());
+    let tight = example((1..frames).map(|i| 1 + i % 39).collect());
+    let speed_only = AugmentingBatcher::new(
+        AugmentSet::new(&[Augmentation::Speed]),
+        log_mel.clone(),
+        1,
+        3,
+    );
+    for _ in 0..10 {
+        for out in speed_only.augment(std::slice::from_ref(&tight)) {
+            assert!(ctc_feasible(out.features.frames, &out.targets, 1));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// asr manifest
+
+/// The normaliser spells numbers, ordinals, decimals, years and symbols, drops punctuation
+/// and reports what it cannot speak.
+#[test]
+fn transcripts_are_normalized_for_labelling() {
+    for (text, expected) in [
+        ("Hello, World!", "hello world"),
+        (
+            "He paid 25 pounds & left.",
+            "he paid twenty five pounds and left",
+        ),
+        (
+            "the 3rd of May, 1999",
+            "the third of may nineteen ninety nine",
+        ),
+        (
+            "3.5 percent, or 7%",
+            "three point five percent or seven percent",
+        ),
+        (
+            "1,200 men — well-armed",
+            "one thousand two hundred men well armed",
+        ),
+        ("don't “quote” me", "don't quote me"),
+        ("'tis rock 'n' roll", "tis rock n roll"),
+    ] {
+        assert_eq!(normalize_text(text).unwrap(), expected, "{text:?}");
+    }
+    assert_eq!(
+        normalize_text("a #tag costs 5€ or ½").unwrap_err(),
+        vec!["5€".to_string(), "½".to_string()]
+    );
+    assert_eq!(normalize_text(" .. ").unwrap(), "");
+}
+
+fn synthesize_wav(text: &str, path: &Path) {
+    let status = std::process::Command::new("espeak-ng")
+        .args(["-v", "en-us", "-w"])
+        .arg(path)
+        .arg(text)
+        .status()
+        .expect("espeak-ng is installed (scripts/system-packages.txt)");
+    assert!(status.success());
+}
+
+/// Writes `samples` (mono, 16 kHz) as a WAV file with `channels` identical channels at
+/// `rate` Hz (nearest-sample rate change) and 16-bit or 8-bit unsigned PCM: the layouts of
+/// phone and archive recordings.
+fn write_wav(path: &Path, samples: &[f32], rate: u32, channels: u16, bits: u16) {
+    let n = (samples.len() as u64 * rate as u64 / 16000) as usize;
+    let mut data = Vec::new();
+    for i in 0..n {
+        let x = samples[(i as u64 * 16000 / rate as u64) as usize].clamp(-1.0, 1.0);
+        for _ in 0..channels {
+            if bits == 8 {
+                data.push((x * 127.0 + 128.0).round() as u8);
+            } else {
+                data.extend_from_slice(&((x * 32767.0).round() as i16).to_le_bytes());
+            }
+        }
+    }
+    let block = channels as u32 * bits as u32 / 8;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&channels.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&(rate * block).to_le_bytes());
+    out.extend_from_slice(&(block as u16).to_le_bytes());
+    out.extend_from_slice(&bits.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&data);
+    std::fs::write(path, out).unwrap();
+}
+
+const SENTENCES: [&str; 3] = [
+    "The 2 boats left at dawn.",
+    "She sells sea shells!",
+    "Go forward ten meters",
+];
+
+/// The three layouts, made from synthesized speech: a LibriSpeech tree (FLAC), a Kaldi data
+/// directory (stereo 22.05 kHz WAV and 8-bit 11.025 kHz WAV, with utt2spk) and a TSV. Each
+/// gives a manifest that `eval` reads and `train` trains on, with the labels of
+/// `corpus::phonemize` of the normalised text.
+#[test]
+fn manifests_from_librispeech_kaldi_and_tsv_layouts() {
+    let dir = tempdir("import");
+    let scratch = dir.join("scratch.wav");
+    let speech: Vec<Vec<f32>> = SENTENCES
+        .iter()
+        .map(|s| {
+            synthesize_wav(s, &scratch);
+            load_audio(&scratch).unwrap()
+        })
+        .collect();
+    // LibriSpeech: 19/198/19-198-000{0,1,2}.flac + 19-198.trans.txt.
+    let chapter = dir.join("libri/19/198");
+    std::fs::create_dir_all(&chapter).unwrap();
+    let mut trans = String::new();
+    for (i, (s, x)) in SENTENCES.iter().zip(&speech).enumerate() {
+        write_flac(&chapter.join(format!("19-198-000{i}.flac")), x, 16000, 16).unwrap();
+        trans.push_str(&format!("19-198-000{i} {}\n", s.to_uppercase()));
+    }
+    std::fs::write(chapter.join("19-198.trans.txt"), trans).unwrap();
+    // Kaldi.
+    let kaldi = dir.join("kaldi");
+    std::fs::create_dir_all(kaldi.join("wav")).unwrap();
+    let (mut scp, mut text, mut spk) = (String::new(), String::new(), String::new());
+    for (i, (s, x)) in SENTENCES.iter().zip(&speech).enumerate() {
+        let (rate, channels, bits) = if i % 2 == 0 {
+            (22050, 2, 16)
+        } else {
+            (11025, 1, 8)
+        };
+        write_wav(
+            &kaldi.join(format!("wav/u{i}.wav")),
+            x,
+            rate,
+            channels,
+            bits,
+        );
+        scp.push_str(&format!("u{i} wav/u{i}.wav\n"));
+        text.push_str(&format!("u{i} {s}\n"));
+        spk.push_str(&format!("u{i} speaker{}\n", i % 2));
+    }
+    std::fs::write(kaldi.join("wav.scp"), scp).unwrap();
+    std::fs::write(kaldi.join("text"), text).unwrap();
+    std::fs::write(kaldi.join("utt2spk"), spk).unwrap();
+    // TSV.
+    let tsv = dir.join("tsv");
+    std::fs::create_dir_all(&tsv).unwrap();
+    let mut lines = String::from("path\ttranscript\tspeaker\n");
+    for (i, (s, x)) in SENTENCES.iter().zip(&speech).enumerate() {
+        write_flac(&tsv.join(format!("t{i}.flac")), x, 16000, 16).unwrap();
+        lines.push_str(&format!("t{i}.flac\t{s}\tme\n"));
+    }
+    std::fs::write(tsv.join("list.tsv"), lines).unwrap();
+
+    let inventory = PhoneInventory::standard();
+    let log_mel = LogMel::new(LogMelConfig::new());
+    for (name, source) in [
+        ("libri", Source::LibriSpeech(dir.join("libri"))),
+        ("kaldi", Source::Kaldi(kaldi.clone())),
+        ("tsv", Source::Tsv(tsv.join("list.tsv"))),
+    ] {
+        let out = dir.join(format!("corpus-{name}"));
+        let report = import(&ImportOptions {
+            source,
+            out: out.clone(),
+            split: "train".into(),
+            accent: "en-us".into(),
+            skip_bad: false,
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.utterances, 3, "{name}");
+        let utterances = read_manifest(&out.join("train.jsonl"), &inventory, true).unwrap();
+        for u in &utterances {
+            let expected = normalize_text(
+                SENTENCES[u.entry.id.chars().last().unwrap().to_digit(10).unwrap() as usize],
+            )
+            .unwrap();
+            assert_eq!(u.entry.text, expected, "{name}");
+            let phones = phonemize(&expected, "en-us").unwrap().join(" ");
+            assert_eq!(u.entry.phones, phones, "{name}: {}", u.entry.id);
+            let seconds = u.entry.duration_s;
+            let i = SENTENCES
+                .iter()
+                .position(|s| normalize_text(s).unwrap() == expected)
+                .unwrap();
+            let synthesized = speech[i].len() as f64 / 16000.0;
+            assert!(
+                (seconds - synthesized).abs() < 0.01,
+                "{name}: {seconds} vs {synthesized} s"
+            );
+        }
+        if name == "kaldi" {
+            let voices: Vec<&str> = utterances.iter().map(|u| u.entry.voice.as_str()).collect();
+            assert_eq!(voices, ["speaker0", "speaker1", "speaker0"]);
+        }
+        // What `eval` does, then one training epoch on it.
+        let examples = load_split(&out.join("train.jsonl"), &inventory, &log_mel).unwrap();
+        assert_eq!(examples.len(), 3);
+        let saved = SavedModel {
+            model: AsrModelConfig {
+                n_outputs: inventory.n_outputs(),
+                ..toy_config(AttentionKind::Full).with_n_mels(40)
+            },
+            features: LogMelConfig::new(),
+            phones: inventory.phones().to_vec(),
+        };
+        let model = train::<Train>(
+            &saved,
+            examples.clone(),
+            examples.clone(),
+            &TrainOptions {
+                dir: out.join("run"),
+                epochs: 1,
+                learning_rate: 1e-3,
+                warmup_steps: 1,
+                grad_clip: 1.0,
+                batch_frames: 2000,
+                seed: 0,
+                shuffle: false,
+                resume: false,
+                stop_after_steps: None,
+                application_log: false,
+                augment: AugmentSet::default(),
+            },
+            &Default::default(),
+        )
+        .unwrap();
+        let per = evaluate(&model, &examples, None, 2000, &Default::default());
+        assert_eq!(
+            per.reference_phones,
+            examples.iter().map(|e| e.targets.len()).sum::<usize>()
+        );
+    }
+}
+
+/// Unreadable audio, a missing file, an empty transcript, a currency sign and a word in another
+/// script (which espeak-ng would read as "Chinese letter") are all reported, each with its file and line, in one
+/// error; with `skip_bad` the good utterance is written and the others are listed.
+#[test]
+fn manifest_problems_are_reported_with_file_and_line_all_at_once() {
+    let dir = tempdir("import-bad");
+    let chapter = dir.join("libri/7/1");
+    std::fs::create_dir_all(&chapter).unwrap();
+    synthesize_wav("good morning", &chapter.join("7-1-0.wav"));
+    std::fs::write(chapter.join("7-1-1.flac"), b"fLaC garbage").unwrap();
+    synthesize_wav("x", &chapter.join("7-1-3.wav"));
+    synthesize_wav("x", &chapter.join("7-1-4.wav"));
+    synthesize_wav("x", &chapter.join("7-1-5.wav"));
+    std::fs::write(
+        chapter.join("7-1.trans.txt"),
+        "7-1-0 GOOD MORNING\n7-1-1 BROKEN AUDIO\n7-1-2 NO FILE\n7-1-3 ...\n7-1-4 PAY 5€ NOW\n7-1-5 SAY 你好\n",
+    )
+    .unwrap();
+    let options = |skip_bad| ImportOptions {
+        source: Source::LibriSpeech(dir.join("libri")),
+        out: dir.join("corpus"),
+        split: "test".into(),
+        accent: "en-us".into(),
+        skip_bad,
+    };
+    let message = import(&options(false)).unwrap_err().to_string();
+    assert!(message.starts_with("5 problem(s)"), "{message}");
+    let trans = chapter.join("7-1.trans.txt").display().to_string();
+    for (line, needle) in [
+        (2, "corrupt"),
+        (3, "no audio file 7-1-2"),
+        (4, "empty transcript"),
+        (5, "\"5€\""),
+        (6, "unspeakable word(s) [\"你好\"]"),
+    ] {
+        let at = format!("{trans}:{line}:");
+        assert!(
+            message
+                .lines()
+                .any(|l| l.starts_with(&at) && l.contains(needle)),
+            "no `{needle}` at {at} in:\n{message}"
+        );
+    }
+    assert!(
+        !dir.join("corpus/test.jsonl").exists(),
+        "nothing is written"
+    );
+    let report = import(&options(true)).unwrap();
+    assert_eq!(report.utterances, 1);
+    assert_eq!(report.skipped.len(), 5);
+    let written = read_manifest(&report.manifest, &PhoneInventory::standard(), true).unwrap();
+    assert_eq!(written[0].entry.text, "good morning");
 }
