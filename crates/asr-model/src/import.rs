@@ -231,6 +231,8 @@ pub fn scan(source: &Source) -> anyhow::Result<(Vec<Found>, Vec<String>)> {
     Ok((found, problems))
 }
 
+/// English words of a num2words request (cardinal, ordinal or year), hyphens and commas as
+/// spaces.
 fn number_words(n: Num2Words) -> Option<String> {
     n.lang(Lang::English)
         .to_words()
@@ -305,24 +307,18 @@ pub fn normalize_text(text: &str) -> Result<String, Vec<String>> {
                 }
             };
             let year = token.len() == 4 && ((1100..2000).contains(&n) || (2010..2100).contains(&n));
-            let words = if year {
-                Num2Words::new(n).lang(Lang::English).year().to_words().ok()
+            number_words(if year {
+                Num2Words::new(n).year()
             } else {
-                number_words(Num2Words::new(n))
-            };
-            words.map(|w| w.replace('-', " "))
+                Num2Words::new(n)
+            })
         } else if let Some(n) = ["st", "nd", "rd", "th"]
             .iter()
             .find_map(|s| digits.strip_suffix(s))
             .filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
             .and_then(|d| d.parse::<i64>().ok())
         {
-            Num2Words::new(n)
-                .lang(Lang::English)
-                .ordinal()
-                .to_words()
-                .ok()
-                .map(|w| w.replace('-', " "))
+            number_words(Num2Words::new(n).ordinal())
         } else if let Some((whole, fraction)) = digits.split_once('.').filter(|(w, f)| {
             !w.is_empty() && !f.is_empty() && w.chars().chain(f.chars()).all(|c| c.is_ascii_digit())
         }) {
