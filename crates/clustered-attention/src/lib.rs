@@ -8,7 +8,9 @@
 //! recomputes the `topk` keys with the highest centroid attention exactly for every query.
 //!
 //! - Functional forms on `[batch, heads, seq, dim]`: [`full_attention`],
-//!   [`clustered_attention`], [`improved_clustered_attention`].
+//!   [`clustered_attention`], [`improved_clustered_attention`], and the paper's baselines
+//!   [`lsh_attention`] (Reformer's lsh-X), [`shared_full_attention`] and
+//!   [`oracle_top_attention`].
 //! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`].
 //! - The two clustering ops behind a backend extension trait, [`ClusteringBackend`], whose
@@ -38,7 +40,8 @@ pub mod ops;
 pub mod sparse;
 
 pub use attention::{
-    AttentionOptions, clustered_attention, full_attention, improved_clustered_attention,
+    AttentionOptions, LshOptions, clustered_attention, full_attention,
+    improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
 };
 pub use clustering::{
     ClusteringOptions, Clusters, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ClusteringBackend;
 use crate::attention::{
-    AttentionOptions, clustered_attention, full_attention, improved_clustered_attention,
+    AttentionOptions, LshOptions, clustered_attention, full_attention,
+    improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
 };
 use crate::clustering::ClusteringOptions;
 
@@ -20,7 +21,11 @@ use crate::clustering::ClusteringOptions;
 ///
 /// The kind holds no weights, so a trained layer can switch kind for evaluation
 /// ([`MultiHeadClusteredAttention::with_attention`]), as the paper's Table 1 does.
-/// Parses from and prints as `full`, `clustered:C` or `improved:C:K`.
+/// Parses from and prints as `full`, `clustered:C`, `improved:C:K`, `shared-full`,
+/// `lsh:X` (or `lsh:X:M` for chunks of `M`) and `oracle:K`.
+///
+/// `shared-full` and `lsh:X` are shared-QK attentions: a layer created with one of them
+/// computes its keys with the query projection ([`MultiHeadClusteredAttention::shared_qk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AttentionKind {
     /// Full softmax attention (paper eq. 1–2).
@@ -37,6 +42,32 @@ pub enum AttentionKind {
         /// Number of keys `k` recomputed exactly per cluster.
         topk: usize,
     },
+    /// Full attention with shared queries and keys, the paper's shared-full
+    /// ([`shared_full_attention`]).
+    SharedFull,
+    /// Reformer's LSH attention, the paper's lsh-X ([`lsh_attention`]).
+    Lsh {
+        /// Hashing rounds `X`.
+        rounds: usize,
+        /// Queries per chunk of the sorted sequence.
+        chunk_size: usize,
+    },
+    /// Each query's `topk` highest-scoring keys only, the paper's oracle-top
+    /// ([`oracle_top_attention`]).
+    OracleTop {
+        /// Keys kept per query.
+        topk: usize,
+    },
+}
+
+/// Reformer's chunk size, the default of `lsh:X`.
+const DEFAULT_CHUNK_SIZE: usize = 32;
+
+impl AttentionKind {
+    /// Whether the attention needs keys computed with the query projection (shared-QK).
+    pub fn is_shared_qk(&self) -> bool {
+        matches!(self, Self::SharedFull | Self::Lsh { .. })
+    }
 }
 
 impl fmt::Display for AttentionKind {
@@ -45,6 +76,13 @@ impl fmt::Display for AttentionKind {
             Self::Full => "full".to_string(),
             Self::Clustered { clusters } => format!("clustered:{clusters}"),
             Self::Improved { clusters, topk } => format!("improved:{clusters}:{topk}"),
+            Self::SharedFull => "shared-full".to_string(),
+            Self::Lsh {
+                rounds,
+                chunk_size: DEFAULT_CHUNK_SIZE,
+            } => format!("lsh:{rounds}"),
+            Self::Lsh { rounds, chunk_size } => format!("lsh:{rounds}:{chunk_size}"),
+            Self::OracleTop { topk } => format!("oracle:{topk}"),
         };
         f.pad(&text)
     }
@@ -58,7 +96,7 @@ impl fmt::Display for ParseAttentionKindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid attention kind {:?}: expected full, clustered:C or improved:C:K with C, K ≥ 1",
+            "invalid attention kind {:?}: expected full, clustered:C, improved:C:K, shared-full, lsh:X, lsh:X:M or oracle:K with C, K, X, M ≥ 1",
             self.0
         )
     }
@@ -85,6 +123,16 @@ impl FromStr for AttentionKind {
                 clusters: number(c)?,
                 topk: number(k)?,
             }),
+            ["shared-full"] => Ok(Self::SharedFull),
+            ["lsh", x] => Ok(Self::Lsh {
+                rounds: number(x)?,
+                chunk_size: DEFAULT_CHUNK_SIZE,
+            }),
+            ["lsh", x, m] => Ok(Self::Lsh {
+                rounds: number(x)?,
+                chunk_size: number(m)?,
+            }),
+            ["oracle", k] => Ok(Self::OracleTop { topk: number(k)? }),
             _ => Err(error()),
         }
     }
@@ -111,7 +159,9 @@ pub struct ClusteredAttentionConfig {
     /// Softmax temperature; `None` means `1 / sqrt(d_model / n_heads)`.
     #[config(default = "None")]
     pub scale: Option<f64>,
-    /// Dropout on the attention weights (training only).
+    /// Dropout on the attention weights (training only), burn-nn's `MultiHeadAttention`
+    /// default. What a weight is for each attention, and why the expected output is unchanged,
+    /// is told at [`AttentionOptions::dropout`].
     #[config(default = 0.1)]
     pub dropout: f64,
     /// Seed of the hash planes and initial centroids.
@@ -132,6 +182,10 @@ pub struct ClusteredAttentionConfig {
 /// [`Linear`] projections named `query`, `key`, `value` and `output`, so a record saved from one
 /// loads into the other. With [`AttentionKind::Full`] it computes what `MultiHeadAttention`
 /// computes (dropout aside: here it applies to the attention weights).
+///
+/// A layer created with a shared-QK kind (`shared-full`, `lsh:X`) computes its keys with the
+/// `query` projection, normalised to unit length (Reformer), whatever kind it later switches
+/// to; its `key` projection is unused.
 ///
 /// # Example
 /// ```
@@ -161,6 +215,9 @@ pub struct MultiHeadClusteredAttention<B: Backend> {
     pub output: Linear<B>,
     /// The attention computed.
     pub attention: AttentionKind,
+    /// Keys come from the `query` projection, normalised (set when the layer is created with
+    /// a shared-QK kind, [`AttentionKind::is_shared_qk`]).
+    pub shared_qk: bool,
     /// Size of the input and output features.
     pub d_model: usize,
     /// Number of heads.
@@ -212,6 +269,7 @@ impl ClusteredAttentionConfig {
             value: linear(),
             output: linear(),
             attention: self.attention,
+            shared_qk: self.attention.is_shared_qk(),
             d_model: self.d_model,
             n_heads: self.n_heads,
             d_k: self.d_model / self.n_heads,
@@ -227,7 +285,12 @@ impl ClusteredAttentionConfig {
 
 fn check_kind(kind: AttentionKind) {
     match kind {
-        AttentionKind::Full => {}
+        AttentionKind::Full | AttentionKind::SharedFull => {}
+        AttentionKind::Lsh { rounds, chunk_size } => {
+            assert!(rounds > 0, "rounds must be at least 1, got 0");
+            assert!(chunk_size > 0, "chunk_size must be at least 1, got 0");
+        }
+        AttentionKind::OracleTop { topk } => assert!(topk > 0, "topk must be at least 1, got 0"),
         AttentionKind::Clustered { clusters } => {
             assert!(clusters > 0, "clusters must be at least 1, got 0")
         }
@@ -279,13 +342,14 @@ impl<B: Backend> ClusteredAttentionInput<B> {
     }
 
     /// Key padding mask `[batch, S]`, `true` = masked, as in burn-nn. It must mark a suffix of
-    /// each sequence (padding); `forward` panics otherwise.
+    /// each sequence (padding); `forward` panics otherwise, and when key lengths are given too.
     pub fn mask_pad(mut self, mask_pad: Tensor<B, 2, Bool>) -> Self {
         self.mask_pad = Some(mask_pad);
         self
     }
 
-    /// Key lengths `[batch]`: keys at positions `≥ key_lengths[b]` are padding.
+    /// Key lengths `[batch]`: keys at positions `≥ key_lengths[b]` are padding. Give this or
+    /// [`Self::mask_pad`], not both.
     pub fn key_lengths(mut self, lengths: Tensor<B, 1, Int>) -> Self {
         self.key_lengths = Some(lengths);
         self
@@ -327,9 +391,16 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
     /// The same layer (same weights) computing another attention.
     ///
     /// # Panics
-    /// If a cluster count or `topk` of `attention` is 0.
+    /// If a count of `attention` is 0, or `attention` is shared-QK (`shared-full`, `lsh:X`)
+    /// and the layer was not created with a shared-QK kind: its keys come from its own `key`
+    /// projection, which a shared-QK attention cannot use.
     pub fn with_attention(mut self, attention: AttentionKind) -> Self {
         check_kind(attention);
+        assert!(
+            !attention.is_shared_qk() || self.shared_qk,
+            "{attention} needs a layer trained with shared queries and keys; this one was created with {}",
+            self.attention
+        );
         self.attention = attention;
         self
     }
@@ -344,8 +415,9 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
     ///
     /// # Panics
     /// If the last dimension of an input is not `d_model`, the inputs disagree on batch or on
-    /// `S`, `mask_pad` is not a padding mask, or a length is out of range (see
-    /// [`full_attention`]).
+    /// `S`, `mask_pad` is not a padding mask, both `mask_pad` and key lengths are given, a
+    /// length is out of range (see [`full_attention`]), or the attention is shared-QK and
+    /// `S ≠ L`.
     pub fn forward(&self, input: ClusteredAttentionInput<B>) -> Tensor<B, 3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
@@ -361,7 +433,12 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
             );
         }
         let key_lengths = match (input.key_lengths, input.mask_pad) {
-            (Some(lengths), _) => Some(lengths),
+            (Some(lengths), Some(mask)) => panic!(
+                "give either mask_pad {:?} or key_lengths {:?}, not both",
+                mask.dims(),
+                lengths.dims()
+            ),
+            (Some(lengths), None) => Some(lengths),
             (None, Some(mask)) => Some(mask_to_lengths(mask)),
             (None, None) => None,
         };
@@ -372,7 +449,11 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
         };
 
         let queries = self.heads(input.query, &self.query);
-        let keys = self.heads(input.key, &self.key);
+        let keys = if self.shared_qk {
+            crate::attention::unit_keys(self.heads(input.key, &self.query))
+        } else {
+            self.heads(input.key, &self.key)
+        };
         let values = self.heads(input.value, &self.value);
         let options = AttentionOptions::new()
             .with_scale(self.scale)
@@ -404,6 +485,30 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
                 query_lengths,
                 key_lengths,
                 &clustering(clusters),
+                topk,
+                &options,
+            ),
+            AttentionKind::SharedFull => {
+                shared_full_attention(queries, keys, values, query_lengths, key_lengths, &options)
+            }
+            AttentionKind::Lsh { rounds, chunk_size } => lsh_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
+                &LshOptions::new()
+                    .with_rounds(rounds)
+                    .with_chunk_size(chunk_size)
+                    .with_seed(self.seed),
+                &options,
+            ),
+            AttentionKind::OracleTop { topk } => oracle_top_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
                 topk,
                 &options,
             ),

@@ -1,7 +1,8 @@
-//! The functional forms: full, clustered and improved clustered attention on
-//! `[batch, heads, seq, dim]` tensors.
+//! The functional forms on `[batch, heads, seq, dim]` tensors: full, clustered and improved
+//! clustered attention, and the paper's baselines (Reformer's lsh-X, shared-full,
+//! oracle-top).
 //!
-//! All three take the same inputs:
+//! All take the same inputs:
 //! - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
 //!   `values`: `[batch, heads, S, D]` (S may differ from L);
 //! - `query_lengths`, `key_lengths`: optional `[batch]` Int tensors. Positions at or past a
@@ -14,10 +15,17 @@
 mod clustered;
 mod full;
 mod improved;
+mod lsh;
+mod oracle;
+mod shared;
 
 pub use clustered::clustered_attention;
 pub use full::full_attention;
 pub use improved::improved_clustered_attention;
+pub(crate) use lsh::unit_keys;
+pub use lsh::{LshOptions, angular_buckets, lsh_attention, lsh_rotations, sort_by_bucket};
+pub use oracle::oracle_top_attention;
+pub use shared::shared_full_attention;
 
 use burn::config::Config;
 use burn::nn::DropoutConfig;
@@ -35,8 +43,21 @@ pub struct AttentionOptions {
     /// Softmax temperature applied to `q · k`; `None` means `1 / sqrt(E)` (paper eq. 1).
     #[config(default = "None")]
     pub scale: Option<f64>,
-    /// Dropout probability on the attention weights, active only on autodiff backends
-    /// (training), as in [`burn::nn::Dropout`].
+    /// Dropout probability `p` on the attention weights, active only on autodiff backends
+    /// (training), as in [`burn::nn::Dropout`]: each weight is zeroed with probability `p` and
+    /// the others are scaled by `1 / (1 − p)`, so the expected output of every attention is
+    /// its output without dropout.
+    ///
+    /// What one weight is follows what each attention computes:
+    /// - full, shared-full, lsh-X, oracle-top: one per (query, key);
+    /// - clustered: one per (cluster, key). A cluster's attention row is computed once
+    ///   (eq. 5) and all its members receive it (eq. 6), so they share its dropout mask;
+    ///   per-query masks would need the `L × S` matrix clustering avoids;
+    /// - improved clustered: one per (query, key) on the cluster's top-k keys (computed per
+    ///   query, eq. 10) and one per (cluster, key) on the other keys (kept from `Aᶜ`).
+    ///
+    /// Proposition 2 bounds the attention without dropout, hence the expected attention, not
+    /// the attention of one draw.
     #[config(default = 0.0)]
     pub dropout: f64,
 }

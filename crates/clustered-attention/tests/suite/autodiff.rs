@@ -5,8 +5,9 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, clustered_attention, full_attention,
-    improved_clustered_attention,
+    AttentionOptions, ClusteringBackend, ClusteringOptions, LshOptions, clustered_attention,
+    full_attention, improved_clustered_attention, lsh_attention, oracle_top_attention,
+    shared_full_attention,
 };
 
 use crate::common::*;
@@ -16,6 +17,10 @@ enum Kind {
     Full,
     Clustered(usize),
     Improved(usize, usize),
+    SharedFull,
+    /// Rounds, chunk size.
+    Lsh(usize, usize),
+    OracleTop(usize),
 }
 
 struct Grads {
@@ -95,6 +100,19 @@ fn run<B: ClusteringBackend>(
             topk,
             &options,
         ),
+        Kind::SharedFull => shared_full_attention(queries, keys, values, ql, kl, &options),
+        Kind::Lsh(rounds, chunk) => lsh_attention(
+            queries,
+            keys,
+            values,
+            ql,
+            kl,
+            &LshOptions::new().with_rounds(rounds).with_chunk_size(chunk),
+            &options,
+        ),
+        Kind::OracleTop(topk) => {
+            oracle_top_attention(queries, keys, values, ql, kl, topk, &options)
+        }
     }
 }
 
@@ -170,18 +188,37 @@ fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<F64Backend, 4> {
 }
 
 /// In the approximate regime the gradients equal central finite differences (f64, step 1e-6,
-/// tolerance 1e-6 times the largest gradient): the clusters and the top-k sets are piecewise
-/// constant, and a step this small does not move them.
+/// tolerance 1e-6 times the largest gradient): the clusters, top-k sets and LSH buckets are
+/// piecewise constant, and a step this small does not move them. Shared-QK attentions (lsh-X,
+/// shared-full) are checked on self-attention inputs, keys distinct from queries.
 #[test]
 fn gradients_match_finite_differences() {
-    let hosts = [
+    let cross = [
         clustered_queries([1, 2, 20, 6], 3, 1.0, 41),
         normal([1, 2, 15, 6], 42),
         normal([1, 2, 15, 3], 43),
     ];
-    let weights = normal([1, 2, 20, 3], 44);
+    check_finite_differences(
+        &[Kind::Clustered(3), Kind::Improved(3, 4), Kind::OracleTop(4)],
+        cross,
+        ([18], [13]),
+    );
+    let shared = [
+        clustered_queries([1, 2, 20, 6], 3, 1.0, 45),
+        normal([1, 2, 20, 6], 46),
+        normal([1, 2, 20, 3], 47),
+    ];
+    check_finite_differences(
+        &[Kind::SharedFull, Kind::Lsh(1, 4), Kind::Lsh(3, 5)],
+        shared,
+        ([17], [17]),
+    );
+}
+
+fn check_finite_differences(kinds: &[Kind], hosts: [Host4; 3], (ql, kl): ([usize; 1], [usize; 1])) {
+    let out_dims = [1, 2, hosts[0].dims[2], hosts[2].dims[3]];
+    let weights = normal(out_dims, 44);
     let weights: Vec<f64> = weights.data.iter().map(|&x| x as f64).collect();
-    let (ql, kl) = ([18], [13]);
     let dims = [hosts[0].dims, hosts[1].dims, hosts[2].dims];
     let loss = |kind: Kind, inputs: &[Vec<f64>; 3], track: bool| {
         let [q, k, v] = [0, 1, 2].map(|i| {
@@ -189,13 +226,11 @@ fn gradients_match_finite_differences() {
             if track { t.require_grad() } else { t }
         });
         let out = run::<F64Backend>(kind, q.clone(), k.clone(), v.clone(), &ql, &kl);
-        let loss = (out * tensor_f64([1, 2, 20, 3], &weights)).sum();
+        let loss = (out * tensor_f64(out_dims, &weights)).sum();
         (loss, [q, k, v])
     };
-    let inputs: [Vec<f64>; 3] = hosts
-        .clone()
-        .map(|h| h.data.iter().map(|&x| x as f64).collect());
-    for kind in [Kind::Clustered(3), Kind::Improved(3, 4)] {
+    let inputs: [Vec<f64>; 3] = hosts.map(|h| h.data.iter().map(|&x| x as f64).collect());
+    for &kind in kinds {
         let (value, tracked) = loss(kind, &inputs, true);
         let grads = value.backward();
         for (which, name) in ["queries", "keys", "values"].into_iter().enumerate() {
@@ -205,6 +240,10 @@ fn gradients_match_finite_differences() {
                 .into_data()
                 .iter::<f64>()
                 .collect();
+            assert!(
+                norm(&grad) > 1e-3,
+                "{kind:?}: no gradient reaches the {name}"
+            );
             let scale = grad.iter().fold(1.0f64, |m, g| m.max(g.abs()));
             for index in (0..grad.len()).step_by(5) {
                 let step = 1e-6;

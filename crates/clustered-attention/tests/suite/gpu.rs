@@ -183,7 +183,10 @@ mod wgpu {
     use burn::tensor::Tensor;
     use burn::tensor::backend::Backend;
     use clustered_attention::ops::reference;
-    use clustered_attention::{AttentionOptions, ClusteringOptions, improved_clustered_attention};
+    use clustered_attention::{
+        AttentionOptions, ClusteringOptions, LshOptions, improved_clustered_attention,
+        lsh_attention,
+    };
 
     use crate::common::{Host4, normal};
 
@@ -211,17 +214,17 @@ mod wgpu {
         fn flush(&self) {}
     }
 
-    /// Set in the child process of [`improved_forward_reads_nothing_back`].
+    /// Set in the child process of [`forwards_read_nothing_back`].
     const CHILD: &str = "CLUSTERED_ATTENTION_READ_GUARD_CHILD";
 
-    /// The forward of improved clustered attention on `Wgpu` (fusion on), without lengths, reads
-    /// nothing back from the device: hashing, K-means, top-k and the sparse products all stay
-    /// there. Runs alone in a child process of the test binary, since the read counter is
+    /// The forwards of improved clustered attention and of lsh-X on `Wgpu` (fusion on), without
+    /// lengths, read nothing back from the device: hashing, K-means, top-k and the sparse
+    /// products stay there, and so do the angular hashing and the bucket sort of lsh-X. Runs alone in a child process of the test binary, since the read counter is
     /// process-wide and other tests read.
     #[test]
-    fn improved_forward_reads_nothing_back() {
+    fn forwards_read_nothing_back() {
         if std::env::var_os(CHILD).is_none() {
-            let name = "gpu::wgpu::improved_forward_reads_nothing_back";
+            let name = "gpu::wgpu::forwards_read_nothing_back";
             let status = std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", name, "--test-threads=1", "--nocapture"])
                 .env(CHILD, "1")
@@ -263,6 +266,28 @@ mod wgpu {
             during, 0,
             "the forward read {during} buffers back to the host"
         );
+
+        let lsh = LshOptions::new().with_rounds(2);
+        let lsh_forward = || {
+            lsh_attention(
+                q.to_tensor::<B>(&device),
+                q.to_tensor::<B>(&device),
+                v.to_tensor::<B>(&device),
+                None,
+                None,
+                &lsh,
+                &AttentionOptions::new(),
+            )
+        };
+        let warm = lsh_forward();
+        B::sync(&device).unwrap();
+        drop(warm);
+        let before_lsh = READS.load(Ordering::SeqCst);
+        let lsh_out = lsh_forward();
+        B::sync(&device).unwrap();
+        let during = READS.load(Ordering::SeqCst) - before_lsh;
+        assert_eq!(during, 0, "lsh-2 read {during} buffers back to the host");
+        drop(lsh_out);
 
         // The counter does see reads: of the output, and of Burn's host sort.
         let _ = Host4::from_tensor(out.clone());

@@ -124,7 +124,15 @@ fn swap_attention_kind_keeps_weights() {
 
 #[test]
 fn attention_kind_parses_and_prints() {
-    for text in ["full", "clustered:100", "improved:100:32"] {
+    for text in [
+        "full",
+        "clustered:100",
+        "improved:100:32",
+        "shared-full",
+        "lsh:4",
+        "lsh:1:64",
+        "oracle:32",
+    ] {
         let kind: AttentionKind = text.parse().unwrap();
         assert_eq!(kind.to_string(), text);
     }
@@ -142,6 +150,11 @@ fn attention_kind_parses_and_prints() {
         "improved:5",
         "improved:5:0",
         "sparse:3",
+        "lsh",
+        "lsh:0",
+        "lsh:2:0",
+        "oracle:0",
+        "shared-full:3",
     ] {
         assert!(
             bad.parse::<AttentionKind>().is_err(),
@@ -163,4 +176,80 @@ fn mask_pad_must_be_padding() {
         &device,
     );
     layer.forward(ClusteredAttentionInput::self_attn(x).mask_pad(mask));
+}
+
+#[test]
+#[should_panic(expected = "give either mask_pad [1, 4] or key_lengths [1], not both")]
+fn mask_pad_and_key_lengths_conflict() {
+    let device = Default::default();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&device);
+    let x = Tensor::<B, 3>::zeros([1, 4, 8], &device);
+    let mask = Tensor::<B, 2, Bool>::from_data(
+        TensorData::new(vec![false, false, true, true], [1, 4]),
+        &device,
+    );
+    let lengths = Tensor::from_data(TensorData::new(vec![2i64], [1]), &device);
+    layer.forward(
+        ClusteredAttentionInput::self_attn(x)
+            .mask_pad(mask)
+            .key_lengths(lengths),
+    );
+}
+
+#[test]
+#[should_panic(
+    expected = "lsh:4 needs a layer trained with shared queries and keys; this one was created with full"
+)]
+fn shared_qk_kind_needs_shared_layer() {
+    let device = Default::default();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&device);
+    let _ = layer.with_attention("lsh:4".parse().unwrap());
+}
+
+/// A shared-QK layer computes its keys with the query projection, normalised, whatever kind
+/// it switches to: its full attention equals the functional full attention on those keys, and
+/// its shared-full the functional shared-full.
+#[test]
+fn shared_qk_layer_uses_query_projection() {
+    use clustered_attention::{AttentionOptions, full_attention, shared_full_attention};
+    let device = Default::default();
+    let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::SharedFull)
+        .with_dropout(0.0)
+        .init::<B>(&device);
+    materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
+    assert!(layer.shared_qk);
+    let x = Tensor::<B, 3>::random([2, 9, 16], Distribution::Default, &device);
+    let heads = |linear: &burn::nn::Linear<B>| {
+        linear
+            .forward(x.clone())
+            .reshape([2, 9, 2, 8])
+            .swap_dims(1, 2)
+    };
+    let queries = heads(&layer.query);
+    let norms = queries.clone().square().sum_dim(3).sqrt();
+    let keys = queries.clone() / norms;
+    let values = heads(&layer.value);
+    let merge = |context: Tensor<B, 4>| {
+        layer
+            .output
+            .forward(context.swap_dims(1, 2).reshape([2, 9, 16]))
+    };
+    let options = AttentionOptions::new();
+    let expected_shared = merge(shared_full_attention(
+        queries.clone(),
+        keys.clone(),
+        values.clone(),
+        None,
+        None,
+        &options,
+    ));
+    let expected_full = merge(full_attention(queries, keys, values, None, None, &options));
+    let shared = layer
+        .clone()
+        .forward(ClusteredAttentionInput::self_attn(x.clone()));
+    let full = layer
+        .with_attention(AttentionKind::Full)
+        .forward(ClusteredAttentionInput::self_attn(x));
+    assert!(max_abs(shared, expected_shared) <= 1e-5);
+    assert!(max_abs(full, expected_full) <= 1e-5);
 }

@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod autodiff;
+mod baselines;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
 mod inputs;

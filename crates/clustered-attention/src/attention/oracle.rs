@@ -1,0 +1,78 @@
+use burn::tensor::{Int, Tensor};
+
+use super::{AttentionOptions, check_input, dropout};
+use crate::ClusteringBackend;
+use crate::sparse::{attention_softmax, sparse_weighted_sum, topk_indices};
+
+/// **oracle-top** (paper Table 1): full attention restricted, for every query, to its `topk`
+/// highest-scoring keys, renormalised over them; the rest of the attention is dropped. An
+/// analysis tool: it computes all `L × S` scores to choose the keys, `O(L · S · E)`.
+///
+/// Improved clustered attention (§3.3) keeps the centroid's attention on the other keys; this
+/// shows what the top keys alone give. With `topk ≥ S` it equals
+/// [`full_attention`](super::full_attention). Gradients flow through the kept scores; the
+/// choice of keys carries none.
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+///   `values`: `[batch, heads, S, D]`
+/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention (a sequence with
+///   fewer than `topk` valid keys uses all of them), padded query rows of the output are zero
+/// - output: `[batch, heads, L, D]`
+///
+/// # Panics
+/// If the shapes disagree (see [`full_attention`](super::full_attention)), a length tensor is
+/// not `[batch]` or out of range, or `topk` is 0.
+///
+/// # Example
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::tensor::{Distribution, Tensor};
+/// use clustered_attention::{AttentionOptions, oracle_top_attention};
+///
+/// let device = Default::default();
+/// let q = Tensor::<NdArray, 4>::random([1, 2, 40, 8], Distribution::Default, &device);
+/// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
+/// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
+/// let out = oracle_top_attention(q, k, v, None, None, 8, &AttentionOptions::new());
+/// assert_eq!(out.dims(), [1, 2, 40, 3]);
+/// ```
+pub fn oracle_top_attention<B: ClusteringBackend>(
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    topk: usize,
+    options: &AttentionOptions,
+) -> Tensor<B, 4> {
+    assert!(topk > 0, "topk must be at least 1, got 0");
+    let input = check_input(
+        &queries,
+        &keys,
+        &values,
+        query_lengths,
+        key_lengths,
+        options,
+    );
+    let [batch, heads, len, _] = queries.dims();
+    let device = queries.device();
+    let scores = input.mask_keys(queries.matmul(keys.swap_dims(2, 3)).mul_scalar(input.scale));
+    let k = topk.min(input.keys_len);
+    let top = if k == input.keys_len {
+        Tensor::<B, 1, Int>::arange(0..k as i64, &device)
+            .reshape([1, 1, 1, k])
+            .expand([batch, heads, len, k])
+    } else {
+        topk_indices(scores.clone().detach(), k)
+    };
+    // Every query is its own "cluster" of the sparse products.
+    let rows = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
+        .reshape([1, 1, len])
+        .expand([batch, heads, len]);
+    let weights = dropout(
+        attention_softmax(scores.gather(3, top.clone())),
+        options.dropout,
+    );
+    input.zero_padded_queries(sparse_weighted_sum(weights, values, top, rows))
+}

@@ -1,0 +1,539 @@
+//! The paper's baselines (Reformer's lsh-X, shared-full, oracle-top) against straightforward
+//! host references in f64, and dropout's expectation for every attention.
+
+use burn::backend::Autodiff;
+use burn::tensor::{Int, Tensor};
+use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
+use clustered_attention::{
+    AttentionOptions, ClusteringBackend, ClusteringOptions, LshOptions, cluster_queries,
+    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
+    oracle_top_attention, shared_full_attention,
+};
+
+use crate::common::*;
+
+/// Tolerance of every f32-versus-f64 comparison of attention outputs.
+const TOLERANCE: f64 = 1e-5;
+
+/// A shared-QK batch: queries are the keys, 3 sequences with padding.
+struct SharedCase {
+    q: Host4,
+    v: Host4,
+    lengths: Vec<usize>,
+}
+
+impl SharedCase {
+    fn new(len: usize, dim: usize, value_dim: usize, seed: u64) -> Self {
+        Self {
+            q: clustered_queries([3, 2, len, dim], 5, 1.5, seed),
+            v: normal([3, 2, len, value_dim], seed + 1),
+            lengths: vec![len, len - 7, len / 3],
+        }
+    }
+
+    fn tensors<B: ClusteringBackend>(
+        &self,
+    ) -> (
+        Tensor<B, 4>,
+        Tensor<B, 4>,
+        Option<Tensor<B, 1, Int>>,
+        Option<Tensor<B, 1, Int>>,
+    ) {
+        let device = Default::default();
+        (
+            self.q.to_tensor(&device),
+            self.v.to_tensor(&device),
+            Some(lengths(&self.lengths, &device)),
+            Some(lengths(&self.lengths, &device)),
+        )
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.q.dims[3] as f64).sqrt()
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn unit(x: &[f64]) -> Vec<f64> {
+    let norm = dot(x, x).sqrt().max(1e-6);
+    x.iter().map(|v| v / norm).collect()
+}
+
+/// Softmax-weighted values over `keys` with `scores`; also returns the log-sum-exp.
+fn attend(scores: &[(usize, f64)], v: &Host4, b: usize, h: usize) -> (Vec<f64>, f64) {
+    let max = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = scores.iter().map(|s| (s.1 - max).exp()).sum();
+    let lse = max + sum.ln();
+    let mut out = vec![0.0; v.dims[3]];
+    for &(j, s) in scores {
+        let w = (s - lse).exp();
+        for (d, o) in out.iter_mut().enumerate() {
+            *o += w * v.at(b, h, j, d);
+        }
+    }
+    (out, lse)
+}
+
+/// A query's score against key `j` in shared-QK attention: own key −10⁴ (Reformer).
+fn shared_score(case: &SharedCase, b: usize, h: usize, i: usize, j: usize) -> f64 {
+    if i == j {
+        -1.0e4
+    } else {
+        case.scale() * dot(&case.q.row(b, h, i), &unit(&case.q.row(b, h, j)))
+    }
+}
+
+/// shared-full: every valid key, own key penalised.
+fn shared_full_reference(case: &SharedCase) -> Rows {
+    let [batch, heads, len, _] = case.q.dims;
+    let mut rows = Vec::new();
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                if i >= case.lengths[b] {
+                    rows.push(vec![0.0; case.v.dims[3]]);
+                    continue;
+                }
+                let scores: Vec<(usize, f64)> = (0..case.lengths[b])
+                    .map(|j| (j, shared_score(case, b, h, i, j)))
+                    .collect();
+                rows.push(attend(&scores, &case.v, b, h).0);
+            }
+        }
+    }
+    rows
+}
+
+/// Angular LSH bucket of a vector, `argmax([xR ; −xR])`, in f64.
+fn bucket(x: &[f64], rotations: &[f64], half: usize) -> usize {
+    let mut best = (f64::NEG_INFINITY, 0);
+    for c in 0..2 * half {
+        let p: f64 = (0..x.len())
+            .map(|e| x[e] * rotations[e * half + c % half])
+            .sum();
+        let p = if c < half { p } else { -p };
+        if p > best.0 {
+            best = (p, c);
+        }
+    }
+    best.1
+}
+
+/// lsh-X as Reformer defines it, one query at a time: hash, sort by (bucket, position), the
+/// keys of the own and previous chunk, rounds weighted by the softmax of their log-sum-exps.
+fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
+    let [batch, heads, len, dim] = case.q.dims;
+    let buckets = options.buckets_for(len);
+    let m = options.chunk_size.min(len);
+    let rotations: Vec<Vec<f64>> = (0..options.rounds)
+        .map(|r| {
+            lsh_rotations::<NdArrayBackend>(
+                dim,
+                buckets,
+                options.seed + r as u64,
+                &Default::default(),
+            )
+            .into_data()
+            .iter::<f32>()
+            .map(f64::from)
+            .collect()
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for b in 0..batch {
+        let n = case.lengths[b];
+        for h in 0..heads {
+            let mut per_round = Vec::new();
+            for rotation in &rotations {
+                let keys: Vec<usize> = (0..len)
+                    .map(|i| {
+                        if i < n {
+                            bucket(&case.q.row(b, h, i), rotation, buckets / 2)
+                        } else {
+                            buckets
+                        }
+                    })
+                    .collect();
+                let mut order: Vec<usize> = (0..len).collect();
+                order.sort_by_key(|&i| (keys[i], i));
+                let mut results = vec![(Vec::new(), 0.0); len];
+                for (slot, &i) in order.iter().enumerate() {
+                    let chunk = slot / m;
+                    let first = chunk.saturating_sub(1) * m;
+                    let last = ((chunk + 1) * m).min(len);
+                    let scores: Vec<(usize, f64)> = order[first..last]
+                        .iter()
+                        .filter(|&&j| j < n)
+                        .map(|&j| (j, shared_score(case, b, h, i, j)))
+                        .collect();
+                    if i < n {
+                        results[i] = attend(&scores, &case.v, b, h);
+                    }
+                }
+                per_round.push(results);
+            }
+            for i in 0..len {
+                if i >= n {
+                    rows.push(vec![0.0; case.v.dims[3]]);
+                    continue;
+                }
+                let lses: Vec<f64> = per_round.iter().map(|r| r[i].1).collect();
+                let max = lses.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let total = max + lses.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+                let mut out = vec![0.0; case.v.dims[3]];
+                for round in &per_round {
+                    let w = (round[i].1 - total).exp();
+                    for (o, x) in out.iter_mut().zip(&round[i].0) {
+                        *o += w * x;
+                    }
+                }
+                rows.push(out);
+            }
+        }
+    }
+    rows
+}
+
+fn run_lsh<B: ClusteringBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
+    let (q, v, ql, kl) = case.tensors::<B>();
+    Host4::from_tensor(lsh_attention(
+        q.clone(),
+        q,
+        v,
+        ql,
+        kl,
+        options,
+        &AttentionOptions::new(),
+    ))
+}
+
+fn run_shared_full<B: ClusteringBackend>(case: &SharedCase) -> Host4 {
+    let (q, v, ql, kl) = case.tensors::<B>();
+    Host4::from_tensor(shared_full_attention(
+        q.clone(),
+        q,
+        v,
+        ql,
+        kl,
+        &AttentionOptions::new(),
+    ))
+}
+
+/// The angular buckets equal the f64 argmax, and the device sort equals a stable host sort by
+/// bucket, with buckets spanning one to three hexadecimal digits.
+pub fn buckets_and_sort_match_reference<B: ClusteringBackend>() {
+    let device = Default::default();
+    let q = normal([2, 3, 300, 8], 11);
+    for buckets in [2, 14, 40, 600] {
+        let rotations = lsh_rotations::<B>(8, buckets, 5, &device);
+        let host_rotations: Vec<f64> = rotations
+            .clone()
+            .into_data()
+            .iter::<f32>()
+            .map(f64::from)
+            .collect();
+        let hashed = angular_buckets(q.to_tensor::<B>(&device), rotations);
+        let hashed_host = host_ints(hashed.clone());
+        let order = host_ints(sort_by_bucket(hashed, buckets - 1));
+        for (row, keys) in hashed_host.chunks(300).enumerate() {
+            let (b, h) = (row / 3, row % 3);
+            for (i, &key) in keys.iter().enumerate() {
+                assert_eq!(
+                    key as usize,
+                    bucket(&q.row(b, h, i), &host_rotations, buckets / 2),
+                    "bucket of [{b}, {h}, {i}] with {buckets} buckets"
+                );
+            }
+            let mut expected: Vec<i64> = (0..300).collect();
+            expected.sort_by_key(|&i| (keys[i as usize], i));
+            assert_eq!(
+                order[row * 300..(row + 1) * 300],
+                expected[..],
+                "sort of row {row} with {buckets} buckets"
+            );
+        }
+    }
+}
+
+/// lsh-X against the reference, for 1 and 4 rounds, chunks dividing L or not, the default and
+/// explicit bucket counts, with padded sequences.
+pub fn lsh_matches_reference<B: ClusteringBackend>() {
+    for (len, rounds, chunk, buckets, seed) in [
+        (64, 1, 8, None, 1),
+        (70, 4, 8, None, 2),
+        (50, 2, 16, Some(4), 3),
+        (33, 4, 5, Some(12), 4),
+    ] {
+        let case = SharedCase::new(len, 8, 3, seed);
+        let options = LshOptions::new()
+            .with_rounds(rounds)
+            .with_chunk_size(chunk)
+            .with_buckets(buckets)
+            .with_seed(seed);
+        let diff = max_abs_diff(
+            &run_lsh::<B>(&case, &options),
+            &lsh_reference(&case, &options),
+        );
+        assert!(
+            diff <= TOLERANCE,
+            "lsh (L {len}, {rounds} rounds, chunk {chunk}, buckets {buckets:?}) differs from the reference by {diff}"
+        );
+    }
+}
+
+/// One chunk covering the sequence: lsh-X attends to every valid key, so it equals
+/// shared-full, which equals its own reference.
+pub fn one_chunk_lsh_equals_shared_full<B: ClusteringBackend>() {
+    let case = SharedCase::new(40, 8, 4, 9);
+    let shared = run_shared_full::<B>(&case);
+    let diff = max_abs_diff(&shared, &shared_full_reference(&case));
+    assert!(
+        diff <= TOLERANCE,
+        "shared-full differs from the reference by {diff}"
+    );
+    for rounds in [1, 3] {
+        let options = LshOptions::new().with_rounds(rounds).with_chunk_size(40);
+        let lsh = run_lsh::<B>(&case, &options);
+        let diff = lsh
+            .data
+            .iter()
+            .zip(&shared.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            f64::from(diff) <= TOLERANCE,
+            "lsh-{rounds} with one chunk differs from shared-full by {diff}"
+        );
+    }
+}
+
+/// A query whose other keys are all padded attends to itself.
+pub fn lone_query_attends_to_itself<B: ClusteringBackend>() {
+    let mut case = SharedCase::new(10, 4, 2, 12);
+    case.lengths = vec![1, 10, 2];
+    let lsh = run_lsh::<B>(&case, &LshOptions::new().with_chunk_size(4));
+    for h in 0..2 {
+        for d in 0..2 {
+            let (actual, expected) = (lsh.at(0, h, 0, d), case.v.at(0, h, 0, d));
+            assert!(
+                (actual - expected).abs() <= TOLERANCE,
+                "head {h}: a lone query's output {actual} is not its own value {expected}"
+            );
+        }
+    }
+}
+
+/// The same seed gives bit-identical outputs; another seed other buckets.
+pub fn lsh_same_seed_bit_identical<B: ClusteringBackend>() {
+    let case = SharedCase::new(96, 8, 4, 13);
+    let options = LshOptions::new()
+        .with_rounds(2)
+        .with_chunk_size(8)
+        .with_seed(1);
+    assert_eq!(
+        run_lsh::<B>(&case, &options).data,
+        run_lsh::<B>(&case, &options).data
+    );
+    assert_ne!(
+        run_lsh::<B>(&case, &options).data,
+        run_lsh::<B>(&case, &options.clone().with_seed(2)).data
+    );
+}
+
+/// oracle-top: each query's top-k valid keys by score, softmax over them; with `k ≥ S` it is
+/// full attention.
+pub fn oracle_top_matches_reference<B: ClusteringBackend>() {
+    let device = Default::default();
+    let q = clustered_queries([3, 2, 30, 8], 4, 1.5, 21);
+    let k = normal([3, 2, 25, 8], 22);
+    let v = normal([3, 2, 25, 3], 23);
+    let (query_lengths, key_lengths) = ([30, 21, 9], [25, 5, 17]);
+    let scale = 1.0 / 8f64.sqrt();
+    for topk in [1, 6, 25, 40] {
+        let out = Host4::from_tensor(oracle_top_attention(
+            q.to_tensor::<B>(&device),
+            k.to_tensor(&device),
+            v.to_tensor(&device),
+            Some(lengths(&query_lengths, &device)),
+            Some(lengths(&key_lengths, &device)),
+            topk,
+            &AttentionOptions::new(),
+        ));
+        let mut reference = Vec::new();
+        for b in 0..3 {
+            for h in 0..2 {
+                for i in 0..30 {
+                    if i >= query_lengths[b] {
+                        reference.push(vec![0.0; 3]);
+                        continue;
+                    }
+                    let mut scores: Vec<(usize, f64)> = (0..key_lengths[b])
+                        .map(|j| (j, scale * dot(&q.row(b, h, i), &k.row(b, h, j))))
+                        .collect();
+                    scores.sort_by(|x, y| y.1.total_cmp(&x.1));
+                    scores.truncate(topk);
+                    reference.push(attend(&scores, &v, b, h).0);
+                }
+            }
+        }
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= TOLERANCE,
+            "oracle-top with k = {topk} differs from the reference by {diff}"
+        );
+    }
+}
+
+macro_rules! baseline_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn buckets_and_sort_match_reference() {
+                super::buckets_and_sort_match_reference::<$backend>();
+            }
+            #[test]
+            fn lsh_matches_reference() {
+                super::lsh_matches_reference::<$backend>();
+            }
+            #[test]
+            fn one_chunk_lsh_equals_shared_full() {
+                super::one_chunk_lsh_equals_shared_full::<$backend>();
+            }
+            #[test]
+            fn lone_query_attends_to_itself() {
+                super::lone_query_attends_to_itself::<$backend>();
+            }
+            #[test]
+            fn lsh_same_seed_bit_identical() {
+                super::lsh_same_seed_bit_identical::<$backend>();
+            }
+            #[test]
+            fn oracle_top_matches_reference() {
+                super::oracle_top_matches_reference::<$backend>();
+            }
+        }
+    };
+}
+
+baseline_tests!(ndarray, crate::common::NdArrayBackend);
+baseline_tests!(flex, crate::common::FlexBackend);
+
+/// lsh-X and shared-full on the GPU backends.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! gpu_baseline_tests {
+    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
+        mod $module {
+            #[test]
+            $(#[$ignore])?
+            fn buckets_and_sort_match_reference() {
+                super::buckets_and_sort_match_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn lsh_matches_reference() {
+                super::lsh_matches_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn one_chunk_lsh_equals_shared_full() {
+                super::one_chunk_lsh_equals_shared_full::<$backend>();
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+gpu_baseline_tests!(wgpu, burn::backend::Wgpu);
+#[cfg(feature = "cuda")]
+gpu_baseline_tests!(
+    cuda,
+    burn::backend::Cuda,
+    ignore = "needs an NVIDIA GPU: run with --ignored"
+);
+
+/// Dropout keeps every attention's output in expectation: the mean of 600 draws (p = 0.3) is
+/// within 5 standard errors (+1e-4) of the output without dropout, element by element. Members
+/// of a cluster share clustered attention's mask, so their outputs stay equal.
+#[test]
+fn dropout_is_unbiased() {
+    type B = Autodiff<NdArrayBackend>;
+    let case = SharedCase::new(24, 4, 2, 31);
+    let (q, v, ql, kl) = case.tensors::<B>();
+    let clustering = ClusteringOptions::new(3).with_seed(2);
+    let lsh = LshOptions::new().with_rounds(2).with_chunk_size(6);
+    let run = |name: &str, p: f64| -> Host4 {
+        let options = AttentionOptions::new().with_dropout(p);
+        let (q, v) = (q.clone(), v.clone());
+        let (ql, kl) = (ql.clone(), kl.clone());
+        Host4::from_tensor(match name {
+            "full" => full_attention(q.clone(), q, v, ql, kl, &options),
+            "clustered" => clustered_attention(q.clone(), q, v, ql, kl, &clustering, &options),
+            "improved" => {
+                improved_clustered_attention(q.clone(), q, v, ql, kl, &clustering, 4, &options)
+            }
+            "shared-full" => shared_full_attention(q.clone(), q, v, ql, kl, &options),
+            "lsh" => lsh_attention(q.clone(), q, v, ql, kl, &lsh, &options),
+            "oracle" => oracle_top_attention(q.clone(), q, v, ql, kl, 5, &options),
+            _ => unreachable!(),
+        })
+    };
+    let draws = 600;
+    for name in [
+        "full",
+        "clustered",
+        "improved",
+        "shared-full",
+        "lsh",
+        "oracle",
+    ] {
+        let exact = run(name, 0.0);
+        let mut sum = vec![0.0f64; exact.data.len()];
+        let mut squares = vec![0.0f64; exact.data.len()];
+        let mut first = None;
+        for _ in 0..draws {
+            let out = run(name, 0.3);
+            for (i, &x) in out.data.iter().enumerate() {
+                sum[i] += f64::from(x);
+                squares[i] += f64::from(x) * f64::from(x);
+            }
+            first.get_or_insert(out);
+        }
+        for i in 0..sum.len() {
+            let mean = sum[i] / draws as f64;
+            let variance = (squares[i] / draws as f64 - mean * mean).max(0.0);
+            let bound = 5.0 * (variance / draws as f64).sqrt() + 1e-4;
+            let error = (mean - f64::from(exact.data[i])).abs();
+            assert!(
+                error <= bound,
+                "{name}: the mean of {draws} dropout draws is {mean} at element {i}, the output without dropout {} (bound {bound})",
+                exact.data[i]
+            );
+        }
+        if name == "clustered" {
+            let out = first.expect("a draw");
+            let assignments =
+                host_ints(cluster_queries(q.clone(), ql.clone(), &clustering).assignments);
+            let [batch, heads, len, width] = out.dims;
+            for bh in 0..batch * heads {
+                for i in 0..len {
+                    for j in 0..len {
+                        let (a, c) = (assignments[bh * len + i], assignments[bh * len + j]);
+                        if a >= 0 && a == c {
+                            let (b, h) = (bh / heads, bh % heads);
+                            for d in 0..width {
+                                assert_eq!(
+                                    out.at(b, h, i, d),
+                                    out.at(b, h, j, d),
+                                    "clustered: queries {i} and {j} of one cluster got different dropout"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
