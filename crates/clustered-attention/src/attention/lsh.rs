@@ -25,11 +25,13 @@ pub struct LshOptions {
     #[config(default = 32)]
     pub chunk_size: usize,
     /// Buckets of the angular hash (even, `≥ 2`); `None` means Reformer's `2 · ⌈L / m⌉`, an
-    /// average bucket of half a chunk.
+    /// average bucket of half a chunk, with `L` the padded length of the batch (so the
+    /// buckets, and the output, may change with the padding).
     #[config(default = "None")]
     pub buckets: Option<usize>,
-    /// Seed of the random rotations: round `r` uses `seed + r`. The same seed gives the same
-    /// buckets, call after call.
+    /// Seed of the random rotations (round `r` uses [`Self::round_seed`]). The rotations are
+    /// drawn once per seed, so the same seed gives the same buckets call after call (Reformer
+    /// draws new rotations at every forward pass).
     #[config(default = 0)]
     pub seed: u64,
 }
@@ -50,6 +52,13 @@ impl LshOptions {
         }
     }
 
+    /// Seed of round `r`'s rotations: `seed + r · 0x9E3779B97F4A7C15` (wrapping), so that
+    /// layers seeded `s` and `s + 1` share no round.
+    pub fn round_seed(&self, round: usize) -> u64 {
+        self.seed
+            .wrapping_add((round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
     /// The number of buckets used for sequences of length `len`.
     pub fn buckets_for(&self, len: usize) -> usize {
         self.buckets
@@ -59,7 +68,8 @@ impl LshOptions {
 }
 
 /// Random rotations of one hashing round: `[E, buckets / 2]` standard normal entries drawn on
-/// the host from a [`Xoshiro256PlusPlus`] seeded by `seed`, so every backend hashes alike.
+/// the host from a [`Xoshiro256PlusPlus`] seeded by `seed`, so every backend hashes with the
+/// same rotations (near ties of the arg-max may still fall differently).
 pub fn lsh_rotations<B: Backend>(
     dim: usize,
     buckets: usize,
@@ -90,7 +100,7 @@ pub fn angular_buckets<B: Backend>(x: Tensor<B, 4>, rotations: Tensor<B, 2>) -> 
 }
 
 /// Stable sort of the positions of every row by bucket: `order[b, h, r]` is the position at
-/// rank `r`. Buckets lie in `0..radix^passes`.
+/// rank `r`. Every bucket must lie in `0..=max_bucket`; others are sorted wrongly.
 ///
 /// An LSD radix sort made of Burn tensor ops (comparisons, `cumsum`, `gather`, `scatter`),
 /// base 16, so that it runs on the device on every backend: Burn 0.21's `sort`/`argsort` read
@@ -137,8 +147,10 @@ pub fn sort_by_bucket<B: Backend>(
         order = zeros
             .clone()
             .scatter(2, destinations.clone(), order, IndexingUpdateOp::Add);
-        keys = zeros.scatter(2, destinations, keys, IndexingUpdateOp::Add);
         place *= RADIX;
+        if place <= max_bucket {
+            keys = zeros.scatter(2, destinations, keys, IndexingUpdateOp::Add);
+        }
     }
     order
 }
@@ -166,8 +178,8 @@ pub fn sort_by_bucket<B: Backend>(
 ///
 /// # Shapes
 /// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention and sort last,
-///   padded query rows of the output are zero
+/// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
+///   padding: its key gets no attention and sorts last, its output row is zero
 /// - output: `[batch, heads, L, D]`
 ///
 /// # Panics
@@ -216,7 +228,7 @@ pub fn lsh_attention<B: ClusteringBackend>(
     let mut outputs = Vec::with_capacity(lsh.rounds);
     let mut lses = Vec::with_capacity(lsh.rounds);
     for round in 0..lsh.rounds {
-        let rotations = lsh_rotations::<B>(dim, buckets, lsh.seed + round as u64, &device);
+        let rotations = lsh_rotations::<B>(dim, buckets, lsh.round_seed(round), &device);
         let mut hashed = angular_buckets(queries.clone(), rotations);
         if let Some(lengths) = &input.key_lengths {
             // Padded positions take an extra, last bucket.
@@ -261,7 +273,27 @@ pub fn lsh_attention<B: ClusteringBackend>(
             .reduce(|a, b| a + b)
             .expect("at least one round")
     };
-    input.zero_padded_queries(output)
+    zero_padded_positions(&input, input.zero_padded_queries(output))
+}
+
+/// Zeroes the output rows of positions past their key length: in shared-QK self-attention a
+/// position whose key is padding is padding. `x`: `[batch, heads, L, D]` with `L = S`.
+pub(crate) fn zero_padded_positions<B: Backend>(
+    input: &Checked<B>,
+    x: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    match &input.key_padding {
+        Some(mask) => {
+            let [batch, heads, len, width] = x.dims();
+            x.mask_fill(
+                mask.clone()
+                    .reshape([batch, 1, len, 1])
+                    .expand([batch, heads, len, width]),
+                0.0,
+            )
+        }
+        None => x,
+    }
 }
 
 /// # Panics
@@ -281,7 +313,8 @@ pub(crate) fn check_self_attention<B: Backend>(
 
 /// Keys scaled to unit L2 norm along the last dimension (Reformer's shared-QK keys).
 pub(crate) fn unit_keys<B: Backend>(keys: Tensor<B, 4>) -> Tensor<B, 4> {
-    let norms = keys.clone().square().sum_dim(3).sqrt().clamp_min(1e-6);
+    // Clamped before the root: a zero key would otherwise give 0 · ∞ in the backward pass.
+    let norms = keys.clone().square().sum_dim(3).clamp_min(1e-12).sqrt();
     keys / norms
 }
 
@@ -314,10 +347,7 @@ fn chunked_attention<B: ClusteringBackend>(
                     .reshape([batch, 1, 1])
                     .expand([batch, heads, len]),
             ),
-            None => Tensor::<B, 3, Bool>::from_data(
-                TensorData::new(vec![true; batch * heads * len], [batch, heads, len]),
-                &device,
-            ),
+            None => order.clone().greater_equal_elem(0),
         };
         if extra == 0 {
             (order.clone(), valid)

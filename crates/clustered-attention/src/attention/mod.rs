@@ -37,7 +37,7 @@ use crate::clustering::Clusters;
 use crate::ops::host_lengths;
 use crate::sparse::{sparse_scatter, sparse_weighted_sum};
 
-/// Options shared by the three attentions.
+/// Options shared by all the attentions.
 #[derive(Config, Debug, PartialEq)]
 pub struct AttentionOptions {
     /// Softmax temperature applied to `q · k`; `None` means `1 / sqrt(E)` (paper eq. 1).

@@ -1,6 +1,6 @@
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 
-use super::lsh::{SELF_SCORE, check_self_attention, unit_keys};
+use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
 use super::{AttentionOptions, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::sparse::attention_softmax;
@@ -15,8 +15,8 @@ use crate::sparse::attention_softmax;
 ///
 /// # Shapes
 /// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded query
-///   rows of the output are zero
+/// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
+///   padding: its key gets no attention, its output row is zero
 /// - output: `[batch, heads, L, D]`
 ///
 /// # Panics
@@ -53,16 +53,16 @@ pub fn shared_full_attention<B: ClusteringBackend>(
         options,
     );
     let [batch, heads, len, _] = queries.dims();
-    let own: Vec<bool> = (0..len)
-        .flat_map(|i| (0..len).map(move |j| i == j))
-        .collect();
-    let own =
-        Tensor::<B, 4, Bool>::from_data(TensorData::new(own, [1, 1, len, len]), &queries.device())
-            .expand([batch, heads, len, len]);
+    let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &queries.device());
+    let own = positions
+        .clone()
+        .reshape([1, 1, len, 1])
+        .equal(positions.reshape([1, 1, 1, len]))
+        .expand([batch, heads, len, len]);
     let scores = queries
         .matmul(unit_keys(keys).swap_dims(2, 3))
         .mul_scalar(input.scale);
     let scores = input.mask_keys(scores).mask_fill(own, SELF_SCORE);
     let weights = dropout(attention_softmax(scores), options.dropout);
-    input.zero_padded_queries(weights.matmul(values))
+    zero_padded_positions(&input, input.zero_padded_queries(weights.matmul(values)))
 }

@@ -15,6 +15,13 @@ use crate::common::*;
 /// Tolerance of every f32-versus-f64 comparison of attention outputs.
 const TOLERANCE: f64 = 1e-5;
 
+type SharedInputs<B> = (
+    Tensor<B, 4>,
+    Tensor<B, 4>,
+    Option<Tensor<B, 1, Int>>,
+    Option<Tensor<B, 1, Int>>,
+);
+
 /// A shared-QK batch: queries are the keys, 3 sequences with padding.
 struct SharedCase {
     q: Host4,
@@ -31,14 +38,8 @@ impl SharedCase {
         }
     }
 
-    fn tensors<B: ClusteringBackend>(
-        &self,
-    ) -> (
-        Tensor<B, 4>,
-        Tensor<B, 4>,
-        Option<Tensor<B, 1, Int>>,
-        Option<Tensor<B, 1, Int>>,
-    ) {
+    /// Queries, values, query lengths, key lengths.
+    fn tensors<B: ClusteringBackend>(&self) -> SharedInputs<B> {
         let device = Default::default();
         (
             self.q.to_tensor(&device),
@@ -133,7 +134,7 @@ fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
             lsh_rotations::<NdArrayBackend>(
                 dim,
                 buckets,
-                options.seed + r as u64,
+                options.round_seed(r),
                 &Default::default(),
             )
             .into_data()
@@ -326,6 +327,81 @@ pub fn lone_query_attends_to_itself<B: ClusteringBackend>() {
     }
 }
 
+/// In shared-QK attention a position past its key length is padding even when its query
+/// length covers it: its row is zero, and the other rows are those of equal lengths.
+pub fn positions_past_key_length_are_padding<B: ClusteringBackend>() {
+    let case = SharedCase::new(30, 8, 3, 14);
+    let device = Default::default();
+    let options = LshOptions::new().with_chunk_size(4).with_rounds(2);
+    let run = |query_lengths: &[usize], shared: bool| {
+        let (q, v) = (
+            case.q.to_tensor::<B>(&device),
+            case.v.to_tensor::<B>(&device),
+        );
+        let (ql, kl) = (
+            Some(lengths::<B>(query_lengths, &device)),
+            Some(lengths::<B>(&case.lengths, &device)),
+        );
+        let attention = AttentionOptions::new();
+        Host4::from_tensor(if shared {
+            shared_full_attention(q.clone(), q, v, ql, kl, &attention)
+        } else {
+            lsh_attention(q.clone(), q, v, ql, kl, &options, &attention)
+        })
+    };
+    for shared in [false, true] {
+        let (longer, equal) = (run(&[30, 30, 30], shared), run(&case.lengths, shared));
+        assert_eq!(longer.data, equal.data, "shared-full: {shared}");
+    }
+}
+
+/// A zero key (its norm is 0) leaves every gradient finite.
+#[test]
+fn zero_key_gives_finite_gradients() {
+    type B = Autodiff<NdArrayBackend>;
+    let device = Default::default();
+    let mut q = normal([1, 2, 12, 4], 15);
+    q.data[3 * 4..4 * 4].fill(0.0);
+    let v = normal([1, 2, 12, 2], 16);
+    for shared in [false, true] {
+        let queries = q.to_tensor::<B>(&device).require_grad();
+        let values = v.to_tensor::<B>(&device);
+        let options = AttentionOptions::new();
+        let out = if shared {
+            shared_full_attention(
+                queries.clone(),
+                queries.clone(),
+                values,
+                None,
+                None,
+                &options,
+            )
+        } else {
+            let lsh = LshOptions::new().with_chunk_size(4);
+            lsh_attention(
+                queries.clone(),
+                queries.clone(),
+                values,
+                None,
+                None,
+                &lsh,
+                &options,
+            )
+        };
+        let grads = out.sum().backward();
+        let grad: Vec<f32> = queries
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        assert!(
+            grad.iter().all(|g| g.is_finite()),
+            "shared-full {shared}: a zero key gives a non-finite gradient"
+        );
+    }
+}
+
 /// The same seed gives bit-identical outputs; another seed other buckets.
 pub fn lsh_same_seed_bit_identical<B: ClusteringBackend>() {
     let case = SharedCase::new(96, 8, 4, 13);
@@ -405,6 +481,10 @@ macro_rules! baseline_tests {
             #[test]
             fn lone_query_attends_to_itself() {
                 super::lone_query_attends_to_itself::<$backend>();
+            }
+            #[test]
+            fn positions_past_key_length_are_padding() {
+                super::positions_past_key_length_are_padding::<$backend>();
             }
             #[test]
             fn lsh_same_seed_bit_identical() {
