@@ -11,11 +11,13 @@
 //!   Kaldi or TSV layout);
 //! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
-//! - [`train`]: training with burn-train, evaluation, saving and loading.
+//! - [`train`]: training with burn-train, evaluation, saving and loading;
+//! - [`compare`]: the paper's Table 2 and Figure 1 for trained models.
 #![warn(missing_docs)]
 
 pub mod audio;
 pub mod augment;
+pub mod compare;
 pub mod corpus;
 pub mod data;
 pub mod decode;

@@ -11,13 +11,16 @@ use clustered_attention::{AttentionKind, ClusteringBackend};
 
 use asr_model::audio::load_audio;
 use asr_model::augment::{AugmentSet, Augmentation};
+use asr_model::compare::{ModelSummary, forward_ms_per_utterance, markdown_table, plot};
 use asr_model::corpus::{CorpusOptions, generate};
 use asr_model::data::{CtcBatcher, Example, load_split};
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::import::{ImportOptions, Source, import};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, load_model, train};
+use asr_model::train::{
+    SavedModel, TRAINING_LOG, TrainOptions, TrainingLog, evaluate, feasible, load_model, train,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,6 +43,9 @@ enum Command {
     Train(TrainArgs),
     /// Evaluate trained models, with their own or another attention (paper Table 1).
     Eval(EvalArgs),
+    /// Compare trained models (paper Table 2 and Figure 1): time per epoch, time to the best
+    /// dev PER, test PER, forward time per utterance; an SVG of dev PER against forward time.
+    Compare(CompareArgs),
     /// Print the phones recognized in one audio file (WAV or FLAC, any sample rate).
     Transcribe(TranscribeArgs),
     /// Time training steps (forward + backward + Adam) of the default model on random
@@ -116,6 +122,10 @@ struct CorpusArgs {
     /// Longest phrase, in words.
     #[arg(long, default_value_t = 12)]
     max_words: usize,
+    /// Shortest utterance, in seconds: consecutive phrases are joined (one voice, 0.25 s
+    /// pauses) until an utterance lasts this long; 0 keeps one phrase per utterance.
+    #[arg(long, default_value_t = 0.0)]
+    min_seconds: f64,
 }
 
 #[derive(Args, Debug)]
@@ -155,7 +165,7 @@ struct TrainArgs {
     /// Backend.
     #[arg(long, value_enum, default_value = "flex")]
     backend: BackendName,
-    /// Attention: full, clustered:C or improved:C:K.
+    /// Attention: full, clustered:C, improved:C:K, shared-full, lsh:X or oracle:K.
     #[arg(long, default_value = "improved:16:16")]
     attention: AttentionKind,
     /// Last epoch.
@@ -246,18 +256,42 @@ struct EvalArgs {
     /// Evaluate with this attention instead of the trained one.
     #[arg(long)]
     attention: Option<AttentionKind>,
-    /// Print the cross table: every model with full, clustered:C and improved:C:K.
+    /// Print the paper's Table 1: every model (columns, trained with) evaluated with full,
+    /// shared-full, lsh:1, lsh:4, clustered:C, clustered:2C, improved:C:K, improved:2C:K and
+    /// oracle:K (rows); shared-QK rows are left empty (–) for models not trained shared-QK.
     #[arg(long)]
     table: bool,
     /// Clusters C of the table (default: the mean number of encoder steps / 8).
     #[arg(long)]
     clusters: Option<usize>,
-    /// Top keys K of the table's improved attention.
-    #[arg(long, default_value_t = 16)]
+    /// Top keys K of the table's improved and oracle-top attention.
+    #[arg(long, default_value_t = 32)]
     topk: usize,
     /// Padded frames per batch.
     #[arg(long, default_value_t = 6000)]
     batch_frames: usize,
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// Trained model directories (each with model.json, model.mpk and training.json).
+    #[arg(long = "model", required = true)]
+    models: Vec<PathBuf>,
+    /// Corpus directory (its dev split is timed, its test split scored).
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Backend of the forward-time measurement and the test PER.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendName,
+    /// Padded frames per batch.
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+    /// Write the plot of best dev PER against forward time here (SVG).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Title of the plot.
+    #[arg(long, default_value = "dev PER against forward time")]
+    caption: String,
 }
 
 #[derive(Args, Debug)]
@@ -328,6 +362,7 @@ fn main() -> anyhow::Result<()> {
             seed: args.seed,
             bits_per_sample: args.bits_per_sample,
             max_words: args.max_words,
+            min_seconds: args.min_seconds,
         }),
         Command::Manifest(args) => {
             let source = match (args.librispeech, args.kaldi, args.tsv) {
@@ -371,6 +406,12 @@ fn main() -> anyhow::Result<()> {
         Command::StepTime(args) => {
             with_backend!(args.backend, B, device, run_step_time::<B>(&args, &device))
         }
+        Command::Compare(args) => with_backend!(
+            args.backend,
+            B,
+            device,
+            run_compare::<<B as AutodiffBackend>::InnerBackend>(&args, &device)
+        ),
         Command::Transcribe(args) => with_backend!(
             args.backend,
             B,
@@ -535,45 +576,114 @@ fn run_eval<B: ClusteringBackend>(args: &EvalArgs, device: &B::Device) -> anyhow
     let clusters = args
         .clusters
         .unwrap_or(((steps / 8.0).round() as usize).max(1));
-    let columns: Vec<Option<AttentionKind>> = if args.table {
-        vec![
-            Some(AttentionKind::Full),
-            Some(AttentionKind::Clustered { clusters }),
-            Some(AttentionKind::Improved {
-                clusters,
-                topk: args.topk,
-            }),
-        ]
-    } else {
-        vec![args.attention]
-    };
-    let name = |k: &Option<AttentionKind>, own: AttentionKind| k.unwrap_or(own).to_string();
+    if !args.table {
+        println!(
+            "PER (%) on {} ({} utterances, mean {:.0} encoder steps)",
+            args.split,
+            examples.len(),
+            steps
+        );
+        println!("| model | trained with | evaluated with | PER |\n|---|---|---|---:|");
+        for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+            let kind = args.attention.unwrap_or(saved.model.attention);
+            let per = evaluate(model, &examples, Some(kind), args.batch_frames, device);
+            println!(
+                "| {} | {} | {kind} | {:.2} |",
+                dir.display(),
+                saved.model.attention,
+                per.percent()
+            );
+        }
+        return Ok(());
+    }
+    let topk = args.topk;
+    let rows = [
+        AttentionKind::Full,
+        AttentionKind::SharedFull,
+        "lsh:1".parse()?,
+        "lsh:4".parse()?,
+        AttentionKind::Clustered { clusters },
+        AttentionKind::Clustered {
+            clusters: 2 * clusters,
+        },
+        AttentionKind::Improved { clusters, topk },
+        AttentionKind::Improved {
+            clusters: 2 * clusters,
+            topk,
+        },
+        AttentionKind::OracleTop { topk },
+    ];
     println!(
-        "PER (%) on {} ({} utterances, mean {:.0} encoder steps); rows: trained with, columns: evaluated with",
+        "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}); columns: trained with, rows: evaluated with",
         args.split,
         examples.len(),
         steps
     );
-    let own0 = loaded[0].1.model.attention;
-    let header: Vec<String> = columns.iter().map(|k| name(k, own0)).collect();
-    println!("| model | trained with | {} |", header.join(" | "));
-    println!("|---|---|{}", "---|".repeat(columns.len()));
-    for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
-        let cells: Vec<String> = columns
+    let header: Vec<String> = loaded
+        .iter()
+        .map(|(_, saved)| saved.model.attention.to_string())
+        .collect();
+    println!("| evaluated with | {} |", header.join(" | "));
+    println!("|---|{}", "---:|".repeat(loaded.len()));
+    for kind in rows {
+        let cells: Vec<String> = loaded
             .iter()
-            .map(|k| {
-                format!(
-                    "{:.2}",
-                    evaluate(model, &examples, *k, args.batch_frames, device).percent()
-                )
+            .map(|(model, _)| {
+                if kind.is_shared_qk() && !model.shared_qk() {
+                    "–".to_string()
+                } else {
+                    let per = evaluate(model, &examples, Some(kind), args.batch_frames, device);
+                    format!("{:.2}", per.percent())
+                }
             })
             .collect();
-        println!(
-            "| {} | {} | {} |",
-            dir.display(),
-            saved.model.attention,
-            cells.join(" | ")
-        );
+        println!("| {kind} | {} |", cells.join(" | "));
+    }
+    Ok(())
+}
+
+fn run_compare<B: ClusteringBackend>(args: &CompareArgs, device: &B::Device) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    let mut loaded_splits = None;
+    for dir in &args.models {
+        let (model, saved) = load_model::<B>(dir, device)?;
+        let log_path = dir.join(TRAINING_LOG);
+        let text = std::fs::read_to_string(&log_path).with_context(|| {
+            format!(
+                "{}: cannot read (train the model first)",
+                log_path.display()
+            )
+        })?;
+        let log: TrainingLog = serde_json::from_str(&text)
+            .with_context(|| format!("{}: malformed", log_path.display()))?;
+        if loaded_splits.is_none() {
+            let log_mel = LogMel::new(saved.features.clone());
+            loaded_splits = Some(load_corpus(
+                &args.corpus,
+                &log_mel,
+                &["dev", "test"],
+                false,
+            )?);
+        }
+        let (inventory, splits) = loaded_splits.as_ref().expect("loaded above");
+        if saved.phones != inventory.phones() {
+            bail!(
+                "{}: the model's phone inventory differs from {}",
+                dir.display(),
+                args.corpus.display()
+            );
+        }
+        let (dev, test) = (&splits[0], &splits[1]);
+        // One untimed pass first: kernels, caches and allocations warm up.
+        forward_ms_per_utterance(&model, &dev[..dev.len().min(4)], args.batch_frames, device);
+        let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, device);
+        let test_per = evaluate(&model, test, None, args.batch_frames, device).percent();
+        rows.push(ModelSummary::new(dir, &log, test_per, forward_ms)?);
+    }
+    print!("{}", markdown_table(&rows));
+    if let Some(path) = &args.svg {
+        plot(path, &rows, &args.caption)?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }

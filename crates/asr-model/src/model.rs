@@ -147,7 +147,17 @@ impl<B: ClusteringBackend> AsrModel<B> {
         self.n_outputs
     }
 
+    /// Whether the layers compute their keys with the query projection (trained with a
+    /// shared-QK attention: shared-full or lsh-X), so that shared-QK attentions can evaluate
+    /// them.
+    pub fn shared_qk(&self) -> bool {
+        self.layers.iter().all(|layer| layer.attention.shared_qk)
+    }
+
     /// The same weights with another attention in every layer (paper Table 1).
+    ///
+    /// # Panics
+    /// If `attention` is shared-QK and the model was not trained with one ([`Self::shared_qk`]).
     pub fn with_attention(mut self, attention: AttentionKind) -> Self {
         self.layers = self
             .layers

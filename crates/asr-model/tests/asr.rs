@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use asr_model::audio::{load_audio, write_flac};
 use asr_model::augment::{self, AugmentSet, Augmentation};
+use asr_model::compare::{ModelSummary, markdown_table, plot};
 use asr_model::corpus::phonemize;
+use asr_model::corpus::{CorpusOptions, generate, phrases};
 use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
 use asr_model::decode::{PhoneErrorRate, edit_distance, greedy_ctc_decode};
 use asr_model::features::{Features, LogMel, LogMelConfig};
@@ -15,7 +17,9 @@ use asr_model::import::{ImportOptions, Source, import, normalize_text};
 use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, evaluate, last_checkpoint, train};
+use asr_model::train::{
+    EpochLog, SavedModel, TRAINING_LOG, TrainOptions, TrainingLog, evaluate, last_checkpoint, train,
+};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
@@ -362,6 +366,127 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
         diff <= 1e-5,
         "resumed weights differ from the uninterrupted run: max |Δ log p| = {diff}"
     );
+
+    // The training log: each epoch's dev PER as burn-train validated it; the last one is the
+    // final model's PER on the validation examples (no dropout), by `evaluate`.
+    let read = |dir: &Path| -> TrainingLog {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(TRAINING_LOG)).unwrap()).unwrap()
+    };
+    let log = read(&reference_dir);
+    assert_eq!(log.epochs.len(), 2);
+    assert!(!log.resumed);
+    let expected = evaluate(&reference, &examples, None, 48, &device).percent();
+    assert!(
+        (log.epochs[1].dev_per - expected).abs() <= 1e-6,
+        "logged dev PER {} against evaluate's {expected}",
+        log.epochs[1].dev_per
+    );
+    let ends: Vec<f64> = log.epochs.iter().map(|e| e.end_seconds.unwrap()).collect();
+    assert!(ends[0] <= ends[1] && ends[1] <= log.train_seconds + 1.0);
+    let log = read(&dir);
+    assert!(log.resumed && log.epochs.is_empty(), "{log:?}");
+}
+
+/// Table 2 and Figure 1 from training logs: the best epoch is the lowest dev PER (first of
+/// equals), its time is its end; the SVG names every model.
+#[test]
+fn compare_picks_the_best_epoch_and_plots_every_model() {
+    let epoch = |epoch, end, dev_per| EpochLog {
+        epoch,
+        end_seconds: Some(end),
+        dev_per,
+    };
+    let log = |attention: &str, pers: [f64; 3]| TrainingLog {
+        attention: attention.parse().unwrap(),
+        train_seconds: 300.0,
+        resumed: false,
+        epochs: vec![
+            epoch(1, 100.0, pers[0]),
+            epoch(2, 200.0, pers[1]),
+            epoch(3, 300.0, pers[2]),
+        ],
+    };
+    let dir = tempdir("compare");
+    let rows = vec![
+        ModelSummary::new(&dir, &log("full", [50.0, 30.0, 30.0]), 31.5, 12.25).unwrap(),
+        ModelSummary::new(&dir, &log("lsh:4", [60.0, 55.0, 40.0]), 41.0, 20.0).unwrap(),
+    ];
+    assert_eq!(
+        (rows[0].best_epoch, rows[0].seconds_to_best),
+        (2, Some(200.0))
+    );
+    assert_eq!(
+        (rows[1].best_epoch, rows[1].seconds_to_best),
+        (3, Some(300.0))
+    );
+    assert_eq!(rows[0].seconds_per_epoch, Some(100.0));
+    let table = markdown_table(&rows);
+    assert!(
+        table.contains("| full | 100 | 3 | 30.00 | 2 | 200 | 31.50 | 12.2 |"),
+        "{table}"
+    );
+    let svg = dir.join("figure.svg");
+    plot(&svg, &rows, "test").unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let labels: Vec<&str> = text
+        .split("<text")
+        .skip(1)
+        .filter_map(|t| t.split_once('>').map(|(_, rest)| rest))
+        .map(|t| t.split('<').next().unwrap_or("").trim())
+        .collect();
+    assert!(
+        labels.contains(&"full") && labels.contains(&"lsh:4"),
+        "{labels:?}"
+    );
+}
+
+/// `asr corpus --min-seconds`: every utterance lasts at least that long and its text is
+/// consecutive phrases of the source joined.
+#[test]
+fn corpus_joins_consecutive_phrases_into_long_utterances() {
+    let dir = tempdir("long-corpus");
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/text/kjv-pentateuch.txt");
+    generate(&CorpusOptions {
+        out: dir.clone(),
+        hours: 0.01,
+        held_out_fraction: 0.2,
+        text: text.clone(),
+        text_licence: "public domain".into(),
+        seed: 3,
+        bits_per_sample: 16,
+        max_words: 8,
+        min_seconds: 5.0,
+    })
+    .unwrap();
+    let source = phrases(&std::fs::read_to_string(&text).unwrap(), 8);
+    let inventory = PhoneInventory::load(&dir.join("phones.txt")).unwrap();
+    let mut next = 0;
+    let mut joined = 0;
+    for split in ["train", "dev", "test"] {
+        let utterances =
+            read_manifest(&dir.join(format!("{split}.jsonl")), &inventory, true).unwrap();
+        assert!(!utterances.is_empty(), "{split} is empty");
+        for u in utterances {
+            let seconds = load_audio(&u.audio_path).unwrap().len() as f64 / 16_000.0;
+            assert!(seconds >= 5.0, "{}: {seconds} s", u.entry.id);
+            // The text is phrases next, next + 1, ... of the source.
+            let mut rest = u.entry.text.as_str();
+            let mut parts = 0;
+            while !rest.is_empty() {
+                let phrase = &source[next % source.len()];
+                next += 1;
+                rest = rest
+                    .strip_prefix(phrase.as_str())
+                    .unwrap_or_else(|| {
+                        panic!("{}: {rest:?} does not continue with {phrase:?}", u.entry.id)
+                    })
+                    .trim_start();
+                parts += 1;
+            }
+            joined += usize::from(parts > 1);
+        }
+    }
+    assert!(joined > 0, "no utterance joined two phrases");
 }
 
 // ---------------------------------------------------------------------------------------------
