@@ -52,10 +52,11 @@ impl LshOptions {
         }
     }
 
-    /// Seed of round `r`'s rotations: `seed + r` (wrapping). Options seeded `s` and `s + 1`
-    /// therefore share rotations: round `r + 1` of the one is round `r` of the other.
+    /// Seed of round `r`'s rotations: `seed + r · 0x9E3779B97F4A7C15` (wrapping), so that
+    /// options seeded `s` and `s + 1` (consecutive layers) share no rotation.
     pub fn round_seed(&self, round: usize) -> u64 {
-        self.seed.wrapping_add(round as u64)
+        self.seed
+            .wrapping_add((round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     /// The number of buckets used for sequences of length `len`.
