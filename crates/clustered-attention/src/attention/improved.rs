@@ -1,9 +1,9 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, Grouping, check_input, dropout};
+use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::{attention_softmax, sparse_dot, sparse_weighted_sum, topk_indices};
+use crate::sparse::{attention_softmax, sparse_dot, sparse_weighted_sum};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -73,7 +73,6 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
     let grouping = Grouping::new(clusters, &queries);
     let assignments = grouping.assignments.clone();
-    let num_clusters = clustering.clusters;
 
     // Centroid attention Aᶜ (eqs. 3–4), [batch, heads, C, S].
     let centroids = grouping.centroids(queries.clone());
@@ -85,14 +84,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let weights = attention_softmax(scores.clone());
 
     // Top-k keys per cluster, [batch, heads, C, k]; ranking by score ranks by Aᶜ.
-    let k = topk.min(input.keys_len);
-    let top = if k == input.keys_len {
-        Tensor::<B, 1, Int>::arange(0..k as i64, &queries.device())
-            .reshape([1, 1, 1, k])
-            .expand([input.batch, input.heads, num_clusters, k])
-    } else {
-        topk_indices(scores.detach(), k)
-    };
+    let top = top_keys(scores, topk);
     let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3); // eq. 9, [batch, heads, C, 1]
 
     // Keys outside the top-k keep Aᶜ (eq. 10, second case): all of Aᶜ V minus the top-k keys'

@@ -5,7 +5,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::{AttentionOptions, Checked, check_input, dropout};
+use super::{AttentionOptions, Checked, check_input, dropout, positions};
 use crate::ClusteringBackend;
 
 /// The score a query gets against its own key in shared-QK attention (Reformer, Kitaev et al.
@@ -118,9 +118,7 @@ pub fn sort_by_bucket<B: Backend>(
     let device = buckets.device();
     let digits_range =
         Tensor::<B, 1, Int>::arange(0..RADIX as i64, &device).reshape([1, 1, 1, RADIX]);
-    let mut order = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
-        .reshape([1, 1, len])
-        .expand([batch, heads, len]);
+    let mut order = positions::<B>(batch, heads, len, &device);
     let mut keys = buckets;
     let mut place = 1usize;
     while place <= max_bucket {
@@ -225,23 +223,19 @@ pub fn lsh_attention<B: ClusteringBackend>(
     let keys = unit_keys(keys);
     let buckets = lsh.buckets_for(len);
 
+    // Padded positions take an extra, last bucket.
+    let padded = input.key_padding.as_ref().map(|mask| {
+        mask.clone()
+            .reshape([batch, 1, len])
+            .expand([batch, heads, len])
+    });
     let mut outputs = Vec::with_capacity(lsh.rounds);
     let mut lses = Vec::with_capacity(lsh.rounds);
     for round in 0..lsh.rounds {
         let rotations = lsh_rotations::<B>(dim, buckets, lsh.round_seed(round), &device);
         let mut hashed = angular_buckets(queries.clone(), rotations);
-        if let Some(lengths) = &input.key_lengths {
-            // Padded positions take an extra, last bucket.
-            let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
-                .reshape([1, 1, len])
-                .expand([batch, heads, len]);
-            let padded = positions.greater_equal(
-                lengths
-                    .clone()
-                    .reshape([batch, 1, 1])
-                    .expand([batch, heads, len]),
-            );
-            hashed = hashed.mask_fill(padded, buckets as i64);
+        if let Some(padded) = &padded {
+            hashed = hashed.mask_fill(padded.clone(), buckets as i64);
         }
         let order = sort_by_bucket(hashed, buckets);
         let (output, lse) = chunked_attention(
@@ -434,13 +428,10 @@ fn chunked_attention<B: ClusteringBackend>(
     let lse = lse.reshape([batch, heads, slots, 1]);
 
     // Back to position order: ranks[b, h, i] is the sorted slot of position i.
-    let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
-        .reshape([1, 1, len])
-        .expand([batch, heads, len]);
     let ranks = Tensor::<B, 3, Int>::zeros([batch, heads, len], &device).scatter(
         2,
         order,
-        positions,
+        positions::<B>(batch, heads, len, &device),
         IndexingUpdateOp::Add,
     );
     let unsort = |x: Tensor<B, 4>, width: usize| {

@@ -35,7 +35,7 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 use crate::ClusteringBackend;
 use crate::clustering::Clusters;
 use crate::ops::host_lengths;
-use crate::sparse::{sparse_scatter, sparse_weighted_sum};
+use crate::sparse::{sparse_scatter, sparse_weighted_sum, topk_indices};
 
 /// Options shared by all the attentions.
 #[derive(Config, Debug, PartialEq)]
@@ -62,11 +62,8 @@ pub struct AttentionOptions {
     pub dropout: f64,
 }
 
-/// Shapes and host-side lengths of a checked attention input.
+/// The scale and the lengths and padding masks of a checked attention input.
 pub(crate) struct Checked<B: Backend> {
-    pub batch: usize,
-    pub heads: usize,
-    pub keys_len: usize,
     pub scale: f64,
     /// `[batch]` query lengths, `None` when every query is valid.
     pub query_lengths: Option<Tensor<B, 1, Int>>,
@@ -158,9 +155,6 @@ pub(crate) fn check_input<B: Backend>(
     });
 
     Checked {
-        batch,
-        heads,
-        keys_len,
         scale: options.scale.unwrap_or(1.0 / (dim as f64).sqrt()),
         query_lengths: query_lengths.map(|(lengths, _)| lengths),
         query_padding,
@@ -203,6 +197,35 @@ impl<B: Backend> Checked<B> {
             }
             None => x,
         }
+    }
+}
+
+/// `[batch, heads, len]` Int, `positions[b, h, i] = i`.
+pub(crate) fn positions<B: Backend>(
+    batch: usize,
+    heads: usize,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 3, Int> {
+    Tensor::<B, 1, Int>::arange(0..len as i64, device)
+        .reshape([1, 1, len])
+        .expand([batch, heads, len])
+}
+
+/// Indices of the `k = min(topk, S)` highest scores of every row, `[batch, heads, rows, k]`
+/// (no gradient); all keys in order when `k = S`, since Burn's `topk` needs `k < S`.
+pub(crate) fn top_keys<B: ClusteringBackend>(
+    scores: Tensor<B, 4>,
+    topk: usize,
+) -> Tensor<B, 4, Int> {
+    let [batch, heads, rows, keys_len] = scores.dims();
+    let k = topk.min(keys_len);
+    if k == keys_len {
+        Tensor::<B, 1, Int>::arange(0..k as i64, &scores.device())
+            .reshape([1, 1, 1, k])
+            .expand([batch, heads, rows, k])
+    } else {
+        topk_indices(scores.detach(), k)
     }
 }
 

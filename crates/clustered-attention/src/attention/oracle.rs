@@ -1,8 +1,8 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, check_input, dropout};
+use super::{AttentionOptions, check_input, dropout, positions, top_keys};
 use crate::ClusteringBackend;
-use crate::sparse::{attention_softmax, sparse_weighted_sum, topk_indices};
+use crate::sparse::{attention_softmax, sparse_weighted_sum};
 
 /// **oracle-top** (paper Table 1): full attention restricted, for every query, to its `topk`
 /// highest-scoring keys, renormalised over them; the rest of the attention is dropped. An
@@ -58,18 +58,9 @@ pub fn oracle_top_attention<B: ClusteringBackend>(
     let [batch, heads, len, _] = queries.dims();
     let device = queries.device();
     let scores = input.mask_keys(queries.matmul(keys.swap_dims(2, 3)).mul_scalar(input.scale));
-    let k = topk.min(input.keys_len);
-    let top = if k == input.keys_len {
-        Tensor::<B, 1, Int>::arange(0..k as i64, &device)
-            .reshape([1, 1, 1, k])
-            .expand([batch, heads, len, k])
-    } else {
-        topk_indices(scores.clone().detach(), k)
-    };
+    let top = top_keys(scores.clone(), topk);
     // Every query is its own "cluster" of the sparse products.
-    let rows = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
-        .reshape([1, 1, len])
-        .expand([batch, heads, len]);
+    let rows = positions::<B>(batch, heads, len, &device);
     let weights = dropout(
         attention_softmax(scores.gather(3, top.clone())),
         options.dropout,
