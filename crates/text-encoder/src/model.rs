@@ -153,11 +153,6 @@ impl<B: ClusteringBackend> TextEncoder<B> {
         Self { layers, ..self }
     }
 
-    /// The attention the layers compute.
-    pub fn attention(&self) -> Option<AttentionKind> {
-        self.layers.first().map(|layer| layer.attention.attention)
-    }
-
     /// The longest input, in tokens.
     pub fn max_len(&self) -> usize {
         self.embeddings.position_embeddings.weight.dims()[0]
