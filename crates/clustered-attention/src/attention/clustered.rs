@@ -65,9 +65,10 @@ pub fn clustered_attention<B: ClusteringBackend>(
     let grouping = Grouping::new(clusters, &queries);
 
     let centroids = grouping.centroids(queries); // eq. 3, [batch, heads, C, E]
+    // Scaling the centroids rather than the scores: C × E products instead of C × S.
     let scores = centroids
-        .matmul(keys.swap_dims(2, 3))
-        .mul_scalar(input.scale);
+        .mul_scalar(input.scale)
+        .matmul(keys.swap_dims(2, 3));
     let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
     let weights = dropout(weights, options.dropout);
     let cluster_values = weights.matmul(values); // eq. 5, [batch, heads, C, D]

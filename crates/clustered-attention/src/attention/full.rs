@@ -48,7 +48,8 @@ pub fn full_attention<B: ClusteringBackend>(
         key_lengths,
         options,
     );
-    let scores = queries.matmul(keys.swap_dims(2, 3)).mul_scalar(input.scale);
+    // Scaling the queries rather than the scores: L × E products instead of L × S.
+    let scores = queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3));
     let weights = attention_softmax(input.mask_keys(scores));
     let weights = dropout(weights, options.dropout);
     input.zero_padded_queries(weights.matmul(values))

@@ -78,8 +78,8 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let centroids = grouping.centroids(queries.clone());
     let scores = input.mask_keys(
         centroids
-            .matmul(keys.clone().swap_dims(2, 3))
-            .mul_scalar(input.scale),
+            .mul_scalar(input.scale)
+            .matmul(keys.clone().swap_dims(2, 3)),
     );
     let weights = attention_softmax(scores.clone());
 

@@ -57,7 +57,7 @@ pub fn oracle_top_attention<B: ClusteringBackend>(
     );
     let [batch, heads, len, _] = queries.dims();
     let device = queries.device();
-    let scores = input.mask_keys(queries.matmul(keys.swap_dims(2, 3)).mul_scalar(input.scale));
+    let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));
     let top = top_keys(scores.clone(), topk);
     // Every query is its own "cluster" of the sparse products.
     let rows = positions::<B>(batch, heads, len, &device);
