@@ -26,6 +26,7 @@
 
 pub mod host;
 pub mod reference;
+mod simd;
 
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;

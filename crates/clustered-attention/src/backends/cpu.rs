@@ -1,10 +1,18 @@
-//! CPU backends: host loops for K-means, top-k and the sparse products
-//! ([`crate::ops::host`]); hashing stays a Burn matrix product.
+//! CPU backends: host loops for hashing, K-means, the attention softmax, top-k and the sparse
+//! products ([`crate::ops::host`]), compiled for the CPU's vector instructions.
 
 /// Implements [`ClusteringBackend`](crate::ClusteringBackend) with the host ops.
 #[cfg(any(feature = "ndarray", feature = "flex"))]
 macro_rules! host_ops {
     () => {
+        fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
+            host::lsh_hash::<Self>(queries, planes)
+        }
+
+        fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            host::attention_softmax::<Self>(x)
+        }
+
         fn hamming_kmeans(
             codes: IntTensor<Self>,
             query_lengths: Option<IntTensor<Self>>,

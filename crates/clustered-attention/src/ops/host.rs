@@ -11,15 +11,18 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use rayon::prelude::*;
 
-use super::reference::{self, check_topk};
+use super::reference::{self, check_planes, check_topk};
+use super::simd::{self, padded};
 use super::{NO_CLUSTER, host_lengths, initial_centroid_positions};
 
 /// Below this many inner-loop steps an op runs on the calling thread.
 const PARALLEL_THRESHOLD: usize = 1 << 16;
 
-/// Calls `f(row, chunk)` for each of the `rows` equal chunks of `out`, spread over the
-/// available cores when `rows × cost_per_row` is large enough to pay for the threads.
+/// Calls `f(row, chunk)` for each of the `rows` equal chunks of `out`, on rayon's global
+/// thread pool (the one NdArray, Flex and their matrix products use, so that no two pools
+/// compete for the cores) when `rows × cost_per_row` is large enough to pay for it.
 fn for_each_row<T: Send>(
     out: &mut [T],
     rows: usize,
@@ -30,26 +33,15 @@ fn for_each_row<T: Send>(
         return;
     }
     let row_len = out.len() / rows;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(rows);
-    if threads <= 1 || rows * cost_per_row < PARALLEL_THRESHOLD {
+    if rows == 1 || rows * cost_per_row < PARALLEL_THRESHOLD {
         for (row, chunk) in out.chunks_mut(row_len).enumerate() {
             f(row, chunk);
         }
         return;
     }
-    let rows_per_thread = rows.div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|scope| {
-        for (t, block) in out.chunks_mut(rows_per_thread * row_len).enumerate() {
-            scope.spawn(move || {
-                for (r, chunk) in block.chunks_mut(row_len).enumerate() {
-                    f(t * rows_per_thread + r, chunk);
-                }
-            });
-        }
-    });
+    out.par_chunks_mut(row_len)
+        .enumerate()
+        .for_each(|(row, chunk)| f(row, chunk));
 }
 
 /// Host-memory access to a CPU backend's tensors.
@@ -112,43 +104,99 @@ fn is_f32<B: Backend>(x: &FloatTensor<B>) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Hashing and softmax
+
+/// Host [`ClusteringBackend::lsh_hash`](super::ClusteringBackend::lsh_hash): the projections
+/// of four queries on all planes at a time, compared and packed in registers.
+pub fn lsh_hash<B: HostAccess>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> IntTensor<B> {
+    if !is_f32::<B>(&queries) || !is_f32::<B>(&planes) {
+        return reference::lsh_hash::<B>(queries, planes);
+    }
+    let device = B::float_device(&queries);
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let [bits, columns] = dims::<B, 2>(&planes);
+    check_planes([batch, heads, len, dim], [bits, columns]);
+    // Planes transposed, `[E, 32]`; unused bits get zero normals and an infinite threshold.
+    let mut normals = vec![0f32; dim * 32];
+    let mut thresholds = [f32::INFINITY; 32];
+    B::with_f32(&planes, |planes| {
+        for (b, plane) in planes.chunks_exact(dim + 1).enumerate() {
+            for (e, &v) in plane[..dim].iter().enumerate() {
+                normals[e * 32 + b] = v;
+            }
+            thresholds[b] = plane[dim];
+        }
+    });
+    let mut codes = vec![0u32; batch * heads * len];
+    B::with_f32(&queries, |queries| {
+        for_each_row(&mut codes, batch * heads, len * dim * 32, |row, out| {
+            let queries = &queries[row * len * dim..(row + 1) * len * dim];
+            simd::hash_rows(queries, dim, &normals, &thresholds, out);
+        })
+    });
+    let codes = codes.into_iter().map(|c| i64::from(c as i32)).collect();
+    write_ints::<B, 3>(codes, [batch, heads, len], &device)
+}
+
+/// Host [`ClusteringBackend::attention_softmax`](super::ClusteringBackend::attention_softmax)
+/// of a rank-4 `f32` tensor: one pass for the maximum, one for the exponentials and their
+/// sum, one for the scaling, per row, with a vectorised `exp` (other ranks and dtypes use the
+/// backend's softmax).
+pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = x.shape();
+    let last = shape.num_dims() - 1;
+    if !is_f32::<B>(&x) || shape.num_dims() != 4 || shape[last] == 0 {
+        return B::softmax(x, last);
+    }
+    let device = B::float_device(&x);
+    let dims = dims::<B, 4>(&x);
+    let width = dims[3];
+    let rows = dims[0] * dims[1] * dims[2];
+    let mut out = vec![0f32; rows * width];
+    B::with_f32(&x, |x| {
+        for_each_row(&mut out, rows, width, |row, out| {
+            simd::softmax_rows(&x[row * width..(row + 1) * width], width, out);
+        })
+    });
+    write_f32::<B, 4>(out, dims, &device)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Hamming K-means
 
 /// Assignment step for fewer than 2¹⁶ clusters: the key `distance · 2¹⁶ + index` of each
 /// centroid is unique, so its minimum picks the nearest centroid with ties to the lowest
-/// index. Both loops are simple enough to vectorise.
+/// index. Sixteen codes at a time go through all centroids, their minima in one vector.
 #[inline(always)]
-fn assign_keys(codes: &[u32], centroids: &[u32], index: &[u32], out: &mut [u32]) {
-    let mut keys = vec![0u32; centroids.len()];
-    for (a, &code) in out.iter_mut().zip(codes) {
-        for ((key, &c), &i) in keys.iter_mut().zip(centroids).zip(index) {
-            *key = ((code ^ c).count_ones() << 16) | i;
+fn assign(codes: &[u32], centroids: &[u32], out: &mut [u32]) {
+    const W: usize = 16;
+    let nearest = |code: &[u32; W]| {
+        let mut best = [u32::MAX; W];
+        for (j, &c) in centroids.iter().enumerate() {
+            for l in 0..W {
+                best[l] = best[l].min(((code[l] ^ c).count_ones() << 16) | j as u32);
+            }
         }
-        *a = keys.iter().copied().min().unwrap_or(0) & 0xFFFF;
+        best.map(|key| key & 0xFFFF)
+    };
+    let mut chunks = codes.chunks_exact(W);
+    let mut outs = out.chunks_exact_mut(W);
+    for (code, out) in (&mut chunks).zip(&mut outs) {
+        out.copy_from_slice(&nearest(code.try_into().unwrap()));
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-fn assign_avx2(codes: &[u32], centroids: &[u32], index: &[u32], out: &mut [u32]) {
-    assign_keys(codes, centroids, index, out)
-}
-
-/// Assignment step: the nearest centroid of each code (AVX2 when available).
-fn assign(codes: &[u32], centroids: &[u32], index: &[u32], out: &mut [u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt")
-    {
-        // SAFETY: the CPU supports the features the function is compiled for.
-        unsafe { assign_avx2(codes, centroids, index, out) };
-        return;
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        let mut code = [0u32; W];
+        code[..tail.len()].copy_from_slice(tail);
+        let best = nearest(&code);
+        outs.into_remainder().copy_from_slice(&best[..tail.len()]);
     }
-    assign_keys(codes, centroids, index, out)
 }
 
 /// K-means of one `(batch, head)` row: `codes` are the `n` valid codes; writes the
 /// assignments of the whole row (padded ones `-1`).
-fn kmeans_row(
+#[inline(always)]
+fn kmeans_row_body(
     codes: &[u32],
     n: usize,
     initial: &[i64],
@@ -165,18 +213,17 @@ fn kmeans_row(
     }
     let codes = &codes[..n];
     let mut centroids: Vec<u32> = initial.iter().map(|&p| codes[p as usize]).collect();
-    let index: Vec<u32> = (0..clusters as u32).collect();
     let mut nearest = vec![0u32; n];
     let mut ones = vec![0u32; clusters * 32];
     let mut counts = vec![0u32; clusters];
     for _ in 0..iterations {
-        assign(codes, &centroids, &index, &mut nearest);
+        assign(codes, &centroids, &mut nearest);
         ones.fill(0);
         counts.fill(0);
         for (&code, &c) in codes.iter().zip(&nearest) {
             let c = c as usize;
             counts[c] += 1;
-            let bits = &mut ones[c * 32..(c + 1) * 32];
+            let bits: &mut [u32; 32] = (&mut ones[c * 32..(c + 1) * 32]).try_into().unwrap();
             for (b, count) in bits.iter_mut().enumerate() {
                 *count += (code >> b) & 1;
             }
@@ -192,10 +239,65 @@ fn kmeans_row(
             }
         }
     }
-    assign(codes, &centroids, &index, &mut nearest);
+    assign(codes, &centroids, &mut nearest);
     for (a, &c) in assignments.iter_mut().zip(&nearest) {
         *a = c as i64;
     }
+}
+
+/// [`kmeans_row_body`] with AVX-512 vector popcounts (`vpopcntd`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512vpopcntdq,avx2,popcnt")]
+fn kmeans_row_avx512(
+    codes: &[u32],
+    n: usize,
+    initial: &[i64],
+    iterations: usize,
+    assignments: &mut [i64],
+) {
+    kmeans_row_body(codes, n, initial, iterations, assignments)
+}
+
+/// [`kmeans_row_body`] with AVX2 (popcounts by nibble lookup).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+fn kmeans_row_avx2(
+    codes: &[u32],
+    n: usize,
+    initial: &[i64],
+    iterations: usize,
+    assignments: &mut [i64],
+) {
+    kmeans_row_body(codes, n, initial, iterations, assignments)
+}
+
+/// K-means of one row, compiled for the best vector instructions the CPU has.
+fn kmeans_row(
+    codes: &[u32],
+    n: usize,
+    initial: &[i64],
+    iterations: usize,
+    assignments: &mut [i64],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f")
+            && has!("avx512vl")
+            && has!("avx512bw")
+            && has!("avx512vpopcntdq")
+            && has!("avx2")
+            && has!("popcnt")
+        {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { kmeans_row_avx512(codes, n, initial, iterations, assignments) };
+        }
+        if has!("avx2") && has!("popcnt") {
+            // SAFETY: as above.
+            return unsafe { kmeans_row_avx2(codes, n, initial, iterations, assignments) };
+        }
+    }
+    kmeans_row_body(codes, n, initial, iterations, assignments)
 }
 
 /// Host [`ClusteringBackend::hamming_kmeans`](super::ClusteringBackend::hamming_kmeans).
@@ -253,26 +355,6 @@ pub fn hamming_kmeans<B: Backend>(
 // ---------------------------------------------------------------------------------------------
 // Top-k
 
-/// Indices of the `k` largest of `scores` in descending order, lower index first among
-/// equal scores: one pass keeping a sorted buffer of the best `k` so far.
-fn topk_row(scores: &[f32], out: &mut [i64], best: &mut Vec<(f32, u32)>) {
-    let k = out.len();
-    best.clear();
-    for (i, &score) in scores.iter().enumerate() {
-        if best.len() == k {
-            if score.total_cmp(&best[k - 1].0) != std::cmp::Ordering::Greater {
-                continue;
-            }
-            best.pop();
-        }
-        let at = best.partition_point(|e| e.0.total_cmp(&score) != std::cmp::Ordering::Less);
-        best.insert(at, (score, i as u32));
-    }
-    for (o, e) in out.iter_mut().zip(best.iter()) {
-        *o = e.1 as i64;
-    }
-}
-
 /// Host [`ClusteringBackend::topk_indices`](super::ClusteringBackend::topk_indices).
 pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTensor<B> {
     if !is_f32::<B>(&scores) {
@@ -287,7 +369,7 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
             let mut best = Vec::with_capacity(k + 1);
             for (c, out_row) in chunk.chunks_mut(k).enumerate() {
                 let start = (row * rows + c) * len;
-                topk_row(&scores[start..start + len], out_row, &mut best);
+                simd::topk_row(&scores[start..start + len], out_row, &mut best);
             }
         })
     });
@@ -296,57 +378,6 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
 
 // ---------------------------------------------------------------------------------------------
 // Sparse products
-
-/// `a · b` with eight independent partial sums, so that the loop vectorises.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a8.zip(b8) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// `y += alpha · x`.
-#[inline(always)]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
-    }
-}
-
-/// `out = Σ_r weights[r] · block[r]` for a `[k, dim]` block, eight output columns at a time
-/// so that the partial sums stay in registers.
-#[inline(always)]
-fn weighted_rows(weights: &[f32], block: &[f32], dim: usize, out: &mut [f32]) {
-    let split = dim / 8 * 8;
-    for start in (0..split).step_by(8) {
-        let mut lanes = [0f32; 8];
-        for (r, &w) in weights.iter().enumerate() {
-            let row = &block[r * dim + start..r * dim + start + 8];
-            for l in 0..8 {
-                lanes[l] += w * row[l];
-            }
-        }
-        out[start..start + 8].copy_from_slice(&lanes);
-    }
-    for d in split..dim {
-        out[d] = weights
-            .iter()
-            .enumerate()
-            .map(|(r, &w)| w * block[r * dim + d])
-            .sum();
-    }
-}
 
 /// The valid queries of one row grouped by cluster: `order[start[j]..start[j + 1]]` are the
 /// queries of cluster `j`, in increasing position.
@@ -421,11 +452,25 @@ impl Sparse {
         &self.topk[start..start + self.k]
     }
 
-    /// Copies the top-k rows (`width` wide) of cluster `j` into `block`, `[k, width]`.
+    /// Copies the top-k rows (`width` wide) of cluster `j` into `block`, `[k, padded(width)]`,
+    /// leaving the padding columns as they are.
     fn gather(&self, row: usize, j: usize, x: &[f32], width: usize, block: &mut [f32]) {
+        let wp = padded(width);
         for (r, &t) in self.top(row, j).iter().enumerate() {
             let t = t as usize;
-            block[r * width..(r + 1) * width].copy_from_slice(&x[t * width..(t + 1) * width]);
+            block[r * wp..r * wp + width].copy_from_slice(&x[t * width..(t + 1) * width]);
+        }
+    }
+
+    /// Copies the top-k rows (`width` wide) of cluster `j` transposed into `block`,
+    /// `[width, padded(k)]`, leaving the padding columns as they are.
+    fn gather_transposed(&self, row: usize, j: usize, x: &[f32], width: usize, block: &mut [f32]) {
+        let kp = padded(self.k);
+        for (r, &t) in self.top(row, j).iter().enumerate() {
+            let t = t as usize;
+            for (e, &v) in x[t * width..(t + 1) * width].iter().enumerate() {
+                block[e * kp + r] = v;
+            }
         }
     }
 }
@@ -452,20 +497,14 @@ pub fn sparse_dot<B: HostAccess>(
                 let members = sparse.members(row);
                 let queries = &queries[row * len * dim..(row + 1) * len * dim];
                 let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
-                let mut block = vec![0f32; k * dim];
+                let mut block = vec![0f32; dim * padded(k)];
                 for j in 0..sparse.clusters {
                     let members = members.of(j);
                     if members.is_empty() {
                         continue;
                     }
-                    sparse.gather(row, j, keys, dim, &mut block);
-                    for &i in members {
-                        let i = i as usize;
-                        let q = &queries[i * dim..(i + 1) * dim];
-                        for (r, o) in out[i * k..(i + 1) * k].iter_mut().enumerate() {
-                            *o = dot(q, &block[r * dim..(r + 1) * dim]);
-                        }
-                    }
+                    sparse.gather_transposed(row, j, keys, dim, &mut block);
+                    simd::dot_members(queries, dim, members, &block, k, out);
                 }
             })
         })
@@ -494,22 +533,14 @@ pub fn sparse_weighted_sum<B: HostAccess>(
                 let members = sparse.members(row);
                 let weights = &weights[row * len * k..(row + 1) * len * k];
                 let values = &values[row * keys_len * dim..(row + 1) * keys_len * dim];
-                let mut block = vec![0f32; k * dim];
+                let mut block = vec![0f32; k * padded(dim)];
                 for j in 0..sparse.clusters {
                     let members = members.of(j);
                     if members.is_empty() {
                         continue;
                     }
                     sparse.gather(row, j, values, dim, &mut block);
-                    for &i in members {
-                        let i = i as usize;
-                        weighted_rows(
-                            &weights[i * k..(i + 1) * k],
-                            &block,
-                            dim,
-                            &mut out[i * dim..(i + 1) * dim],
-                        );
-                    }
+                    simd::weighted_members(weights, k, members, &block, dim, out);
                 }
             })
         })
@@ -539,27 +570,27 @@ pub fn sparse_scatter<B: HostAccess>(
                 let members = sparse.members(row);
                 let weights = &weights[row * len * k..(row + 1) * len * k];
                 let x = &x[row * len * dim..(row + 1) * len * dim];
-                let mut block = vec![0f32; k * dim];
+                let fp = padded(dim);
+                let mut block = vec![0f32; k * fp];
+                let mut rows = Vec::new();
                 for j in 0..sparse.clusters {
                     let members = members.of(j);
                     if members.is_empty() {
                         continue;
                     }
-                    block.fill(0.0);
-                    for &i in members {
+                    rows.clear();
+                    rows.resize(members.len() * fp, 0.0);
+                    for (t, &i) in members.iter().enumerate() {
                         let i = i as usize;
-                        let xi = &x[i * dim..(i + 1) * dim];
-                        for (r, &w) in weights[i * k..(i + 1) * k].iter().enumerate() {
-                            axpy(w, xi, &mut block[r * dim..(r + 1) * dim]);
-                        }
+                        rows[t * fp..t * fp + dim].copy_from_slice(&x[i * dim..(i + 1) * dim]);
                     }
+                    simd::scatter_members(weights, k, members, &rows, &mut block);
                     for (r, &t) in sparse.top(row, j).iter().enumerate() {
                         let t = t as usize;
-                        axpy(
-                            1.0,
-                            &block[r * dim..(r + 1) * dim],
-                            &mut out[t * dim..(t + 1) * dim],
-                        );
+                        for (o, &b) in out[t * dim..(t + 1) * dim].iter_mut().zip(&block[r * fp..])
+                        {
+                            *o += b;
+                        }
                     }
                 }
             })

@@ -1,0 +1,423 @@
+//! Inner loops of the host ops ([`super::host`]), compiled for the CPU's vector instructions.
+//!
+//! Each kernel is written once, as plain loops over fixed-width lanes that the compiler turns
+//! into vector instructions, and compiled three times by `multiversion!`: with AVX-512, with
+//! AVX2 and FMA, and for the build's baseline; each call runs the first version the CPU
+//! supports (`is_x86_feature_detected!`, a cached load). With FMA the multiply-adds are fused
+//! (`f32::mul_add`), so the last bit of a float result can differ between machines, never
+//! between runs on one machine. Integer results (codes, assignments, top-k sets) are the same
+//! on every version.
+//!
+//! The products work on small blocks, gathered per cluster, four rows at a time against
+//! [`LANES`] columns, so that the partial sums stay in registers (a register-blocked
+//! micro-kernel, as in GotoBLAS).
+
+/// Width of the column blocks: one AVX-512 register, two AVX2 registers of `f32`.
+pub(crate) const LANES: usize = 16;
+
+/// Rows processed together by the products.
+const GROUP: usize = 4;
+
+/// Rounds `n` up to a multiple of [`LANES`].
+pub(crate) fn padded(n: usize) -> usize {
+    n.div_ceil(LANES) * LANES
+}
+
+/// Defines `fn $name(args) -> ret` that runs `body` compiled for AVX-512, AVX2 + FMA or the
+/// baseline; `body` sees the const `$fma: bool`, true when fused multiply-adds are available.
+macro_rules! multiversion {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident<$fma:ident>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body<const $fma: bool>($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    body::<true>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body::<true>($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU supports the features the function is compiled for.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: as above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body::<false>($($arg),*)
+        }
+    };
+}
+
+/// `a · b + c`, fused when `FMA` (only then is `mul_add` an instruction, not a library call).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse products
+
+/// Dot products of `G` query rows with the columns `c..c + LANES` of `key_t` (`[dim, kp]`).
+#[inline(always)]
+fn dot_group<const FMA: bool, const G: usize>(
+    rows: [&[f32]; G],
+    key_t: &[f32],
+    kp: usize,
+    c: usize,
+) -> [[f32; LANES]; G] {
+    let mut acc = [[0f32; LANES]; G];
+    for (e, column) in key_t.chunks_exact(kp).enumerate() {
+        let keys: &[f32; LANES] = column[c..c + LANES].try_into().unwrap();
+        for g in 0..G {
+            let q = rows[g][e];
+            for l in 0..LANES {
+                acc[g][l] = madd::<FMA>(q, keys[l], acc[g][l]);
+            }
+        }
+    }
+    acc
+}
+
+multiversion! {
+    /// `out[i·k + r] = x[i] · key_t[.., r]` for every row `i` of `members` (`r < k`).
+    ///
+    /// `x`: rows of `dim`; `key_t`: the `k` keys transposed, `[dim, padded(k)]`, columns `≥ k`
+    /// zero; `out`: rows of `k`.
+    pub(crate) fn dot_members<FMA>(
+        x: &[f32],
+        dim: usize,
+        members: &[u32],
+        key_t: &[f32],
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let kp = key_t.len() / dim;
+        let row = |i: u32| &x[i as usize * dim..(i as usize + 1) * dim];
+        let mut groups = members.chunks_exact(GROUP);
+        for group in &mut groups {
+            let rows: [&[f32]; GROUP] = std::array::from_fn(|g| row(group[g]));
+            for c in (0..kp).step_by(LANES) {
+                let acc = dot_group::<FMA, GROUP>(rows, key_t, kp, c);
+                let n = LANES.min(k - c);
+                for (g, &i) in group.iter().enumerate() {
+                    let i = i as usize;
+                    out[i * k + c..i * k + c + n].copy_from_slice(&acc[g][..n]);
+                }
+            }
+        }
+        for &i in groups.remainder() {
+            for c in (0..kp).step_by(LANES) {
+                let [acc] = dot_group::<FMA, 1>([row(i)], key_t, kp, c);
+                let n = LANES.min(k - c);
+                let i = i as usize;
+                out[i * k + c..i * k + c + n].copy_from_slice(&acc[..n]);
+            }
+        }
+    }
+}
+
+/// Weighted sums `Σ_r w[g][r] · block[r, c..c + LANES]` of `G` weight rows over a
+/// `[k, dp]` block.
+#[inline(always)]
+fn weighted_group<const FMA: bool, const G: usize>(
+    w: [&[f32]; G],
+    block: &[f32],
+    dp: usize,
+    c: usize,
+) -> [[f32; LANES]; G] {
+    let mut acc = [[0f32; LANES]; G];
+    for (r, row) in block.chunks_exact(dp).enumerate() {
+        let values: &[f32; LANES] = row[c..c + LANES].try_into().unwrap();
+        for g in 0..G {
+            let weight = w[g][r];
+            for l in 0..LANES {
+                acc[g][l] = madd::<FMA>(weight, values[l], acc[g][l]);
+            }
+        }
+    }
+    acc
+}
+
+multiversion! {
+    /// `out[i·dim + d] = Σ_r weights[i·k + r] · block[r, d]` for every row `i` of `members`
+    /// (`d < dim`).
+    ///
+    /// `weights`: rows of `k`; `block`: the `k` gathered value rows, `[k, padded(dim)]`,
+    /// columns `≥ dim` zero; `out`: rows of `dim`.
+    pub(crate) fn weighted_members<FMA>(
+        weights: &[f32],
+        k: usize,
+        members: &[u32],
+        block: &[f32],
+        dim: usize,
+        out: &mut [f32],
+    ) {
+        let dp = block.len() / k;
+        let row = |i: u32| &weights[i as usize * k..(i as usize + 1) * k];
+        let mut groups = members.chunks_exact(GROUP);
+        for group in &mut groups {
+            let w: [&[f32]; GROUP] = std::array::from_fn(|g| row(group[g]));
+            for c in (0..dp).step_by(LANES) {
+                let acc = weighted_group::<FMA, GROUP>(w, block, dp, c);
+                let n = LANES.min(dim - c);
+                for (g, &i) in group.iter().enumerate() {
+                    let i = i as usize;
+                    out[i * dim + c..i * dim + c + n].copy_from_slice(&acc[g][..n]);
+                }
+            }
+        }
+        for &i in groups.remainder() {
+            for c in (0..dp).step_by(LANES) {
+                let [acc] = weighted_group::<FMA, 1>([row(i)], block, dp, c);
+                let n = LANES.min(dim - c);
+                let i = i as usize;
+                out[i * dim + c..i * dim + c + n].copy_from_slice(&acc[..n]);
+            }
+        }
+    }
+}
+
+/// `Σ_t weights[members[t]·k + r0 + g] · rows[t, c..c + LANES]` for `g < G`.
+#[inline(always)]
+fn scatter_group<const FMA: bool, const G: usize>(
+    weights: &[f32],
+    k: usize,
+    members: &[u32],
+    rows: &[f32],
+    fp: usize,
+    r0: usize,
+    c: usize,
+) -> [[f32; LANES]; G] {
+    let mut acc = [[0f32; LANES]; G];
+    for (&i, row) in members.iter().zip(rows.chunks_exact(fp)) {
+        let x: &[f32; LANES] = row[c..c + LANES].try_into().unwrap();
+        let w: &[f32; G] = weights[i as usize * k + r0..i as usize * k + r0 + G]
+            .try_into()
+            .unwrap();
+        for g in 0..G {
+            for l in 0..LANES {
+                acc[g][l] = madd::<FMA>(w[g], x[l], acc[g][l]);
+            }
+        }
+    }
+    acc
+}
+
+multiversion! {
+    /// `block[r, ..] = Σ_t weights[members[t]·k + r] · rows[t, ..]` for `r < k`: the
+    /// transpose of [`weighted_members`] for one cluster.
+    ///
+    /// `weights`: rows of `k`; `rows`: the members' rows gathered in the order of `members`,
+    /// `[members.len(), fp]` with `fp` a multiple of [`LANES`]; `block`: `[k, fp]`.
+    pub(crate) fn scatter_members<FMA>(
+        weights: &[f32],
+        k: usize,
+        members: &[u32],
+        rows: &[f32],
+        block: &mut [f32],
+    ) {
+        let fp = block.len() / k;
+        let mut r0 = 0;
+        while r0 + GROUP <= k {
+            for c in (0..fp).step_by(LANES) {
+                let acc = scatter_group::<FMA, GROUP>(weights, k, members, rows, fp, r0, c);
+                for (g, acc) in acc.iter().enumerate() {
+                    block[(r0 + g) * fp + c..(r0 + g) * fp + c + LANES].copy_from_slice(acc);
+                }
+            }
+            r0 += GROUP;
+        }
+        for r in r0..k {
+            for c in (0..fp).step_by(LANES) {
+                let [acc] = scatter_group::<FMA, 1>(weights, k, members, rows, fp, r, c);
+                block[r * fp + c..r * fp + c + LANES].copy_from_slice(&acc);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+
+/// `e^x` in `f32` to within 2 ulp for `x ∈ [−87, 88]`, 0 below −87 (where `e^x < 1.7·10⁻³⁸`).
+///
+/// `e^x = 2ⁿ · e^r` with `n = round(x / ln 2)` and `|r| ≤ ln 2 / 2`; `e^r` by the degree-7
+/// minimax polynomial of Cephes' `expf` (S. L. Moshier), `ln 2` split in two parts so that
+/// `r` is exact (Cody and Waite). Branch-free, so that it vectorises.
+#[inline(always)]
+fn exp<const FMA: bool>(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 · 2²³: adding and subtracting it rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let clamped = x.clamp(-87.0, 88.0);
+    let shifted = clamped * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    // The low mantissa bits of `shifted` hold n (two's complement): 2ⁿ without a float to
+    // integer conversion, which would not vectorise.
+    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, clamped));
+    let mut p = 1.987_569_1e-4;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    let y = madd::<FMA>(p, r * r, r + 1.0);
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
+    if x < -87.0 { 0.0 } else { y * scale }
+}
+
+multiversion! {
+    /// Softmax of every row of `width` values of `x` into `out` (same length):
+    /// `out = e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is `−∞`
+    /// or NaN gives NaN, as the decomposed softmax does.
+    pub(crate) fn softmax_rows<FMA>(x: &[f32], width: usize, out: &mut [f32]) {
+        for (row, out) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+            let mut lanes = [f32::NEG_INFINITY; LANES];
+            let mut chunks = row.chunks_exact(LANES);
+            for chunk in &mut chunks {
+                for l in 0..LANES {
+                    lanes[l] = lanes[l].max(chunk[l]);
+                }
+            }
+            let max = chunks
+                .remainder()
+                .iter()
+                .fold(lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), |m, &v| {
+                    m.max(v)
+                });
+            if !max.is_finite() {
+                out.fill(f32::NAN);
+                continue;
+            }
+            let mut sums = [0f32; LANES];
+            let mut chunks = row.chunks_exact(LANES);
+            let mut outs = out.chunks_exact_mut(LANES);
+            for (chunk, o) in (&mut chunks).zip(&mut outs) {
+                for l in 0..LANES {
+                    o[l] = exp::<FMA>(chunk[l] - max);
+                    sums[l] += o[l];
+                }
+            }
+            let mut sum: f32 = sums.iter().sum();
+            for (&v, o) in chunks.remainder().iter().zip(outs.into_remainder()) {
+                *o = exp::<FMA>(v - max);
+                sum += *o;
+            }
+            let inverse = 1.0 / sum;
+            for o in out.iter_mut() {
+                *o *= inverse;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Top-k
+
+multiversion! {
+    /// Indices of the `out.len()` largest of `scores` in descending order (by
+    /// [`f32::total_cmp`]), lower index first among equal scores: one pass keeping a sorted
+    /// buffer of the best so far, skipping each block of [`LANES`] scores that holds none
+    /// above the current k-th best.
+    pub(crate) fn topk_row<FMA>(scores: &[f32], out: &mut [i64], best: &mut Vec<(f32, u32)>) {
+        use std::cmp::Ordering;
+        let k = out.len();
+        best.clear();
+        let offer = |best: &mut Vec<(f32, u32)>, i: usize, score: f32| {
+            if best.len() == k {
+                if score.total_cmp(&best[k - 1].0) != Ordering::Greater {
+                    return;
+                }
+                best.pop();
+            }
+            let at = best.partition_point(|e| e.0.total_cmp(&score) != Ordering::Less);
+            best.insert(at, (score, i as u32));
+        };
+        let mut chunks = scores.chunks_exact(LANES);
+        for (c, chunk) in (&mut chunks).enumerate() {
+            if best.len() == k {
+                // `!(s < t)` keeps every score total_cmp could rank above t (NaN included).
+                let threshold = best[k - 1].0;
+                let mut candidates = 0u32;
+                for &s in chunk {
+                    candidates |= u32::from(!(s < threshold));
+                }
+                if candidates == 0 {
+                    continue;
+                }
+            }
+            for (l, &score) in chunk.iter().enumerate() {
+                offer(best, c * LANES + l, score);
+            }
+        }
+        let tail = scores.len() - chunks.remainder().len();
+        for (l, &score) in chunks.remainder().iter().enumerate() {
+            offer(best, tail + l, score);
+        }
+        for (o, e) in out.iter_mut().zip(best.iter()) {
+            *o = e.1 as i64;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hashing
+
+multiversion! {
+    /// Codes of `n` contiguous query rows of `dim`: bit `b` set when the row's dot product with
+    /// column `b` of `planes_t` (`[dim, 32]`) exceeds `thresholds[b]`. Columns and thresholds
+    /// of unused bits must be 0 and `+∞`.
+    pub(crate) fn hash_rows<FMA>(
+        queries: &[f32],
+        dim: usize,
+        planes_t: &[f32],
+        thresholds: &[f32; 32],
+        codes: &mut [u32],
+    ) {
+        let row = |i: usize| &queries[i * dim..(i + 1) * dim];
+        let pack = |projections: [&[f32; LANES]; 2]| {
+            let mut code = 0u32;
+            for (half, p) in projections.iter().enumerate() {
+                for l in 0..LANES {
+                    let b = half * LANES + l;
+                    code |= u32::from(p[l] > thresholds[b]) << b;
+                }
+            }
+            code
+        };
+        let done = codes.len() / GROUP * GROUP;
+        let mut groups = codes.chunks_exact_mut(GROUP);
+        for (n, group) in (&mut groups).enumerate() {
+            let rows: [&[f32]; GROUP] = std::array::from_fn(|g| row(n * GROUP + g));
+            let low = dot_group::<FMA, GROUP>(rows, planes_t, 32, 0);
+            let high = dot_group::<FMA, GROUP>(rows, planes_t, 32, LANES);
+            for (g, code) in group.iter_mut().enumerate() {
+                *code = pack([&low[g], &high[g]]);
+            }
+        }
+        for (i, code) in codes.iter_mut().enumerate().skip(done) {
+            let [low] = dot_group::<FMA, 1>([row(i)], planes_t, 32, 0);
+            let [high] = dot_group::<FMA, 1>([row(i)], planes_t, 32, LANES);
+            *code = pack([&low, &high]);
+        }
+    }
+}
