@@ -55,6 +55,10 @@ pub struct Record {
     /// unused pages were released before it (GPU backends): the pools keep their high-water
     /// mark, so this bounds the peak from above (inputs included).
     pub peak_device_mib: Option<f64>,
+    /// Peak resident memory of the process during the measurement, in MiB (CPU backends on
+    /// Linux: `VmHWM` after releasing the allocator's free pages and resetting it through
+    /// `/proc/self/clear_refs`): the inputs and the program itself included.
+    pub peak_rss_mib: Option<f64>,
     /// Why the measurement was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -125,7 +129,9 @@ fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
                 "fused" if !fused_materialises(args, gpu, len) => 2.0 * b * h * l * e * 4.0,
                 "full" | "fused" => 3.0 * b * h * l * l * 4.0,
                 "clustered" => kmeans + centroid,
-                "improved" => kmeans + centroid + 4.0 * b * h * l * k * e * 4.0,
+                // The sparse products read the top-k keys in place: only `[L, k]` scores,
+                // weights and their gradients.
+                "improved" => kmeans + centroid + 8.0 * b * h * l * k * 4.0,
                 _ => kmeans,
             }
 }
@@ -308,6 +314,7 @@ fn run_all(
                 flops,
                 gflops_per_s: None,
                 peak_device_mib: None,
+                peak_rss_mib: None,
                 skipped: None,
             };
             let largest = largest_tensor_bytes(op, args, limits.gpu, len);
@@ -335,7 +342,9 @@ fn run_all(
                 if let Some(memory) = &limits.memory {
                     (memory.release)();
                 }
+                let rss = !limits.gpu && reset_peak_rss();
                 let stats = measure(op, len);
+                record.peak_rss_mib = if rss { peak_rss_mib() } else { None };
                 record.peak_device_mib = limits
                     .memory
                     .as_ref()
@@ -348,6 +357,9 @@ fn run_all(
                     record
                         .peak_device_mib
                         .map(|mib| format!(", device memory {mib:.0} MiB"))
+                        .or(record
+                            .peak_rss_mib
+                            .map(|mib| format!(", peak RSS {mib:.0} MiB")))
                         .unwrap_or_default()
                 );
                 record.median_s = Some(stats.median);
@@ -414,4 +426,21 @@ pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
             attend(op, args, q, k, v).sum().backward()
         })
     }))
+}
+
+/// Returns the allocator's free pages to the system and resets the process's peak resident set
+/// size (Linux: writing 5 to `/proc/self/clear_refs`); false where that is not available.
+fn reset_peak_rss() -> bool {
+    // SAFETY: `mi_collect` only returns the allocator's free pages to the system.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The process's peak resident set size since the last reset, in MiB (`VmHWM` of
+/// `/proc/self/status`).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

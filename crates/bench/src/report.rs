@@ -62,7 +62,7 @@ fn cell(record: Option<&Record>) -> String {
                 } else {
                     format!("{t:.2} s")
                 };
-                match r.peak_device_mib {
+                match r.peak_device_mib.or(r.peak_rss_mib) {
                     Some(mib) if mib >= 1024.0 => format!("{time} ({:.1} GiB)", mib / 1024.0),
                     Some(mib) => format!("{time} ({mib:.0} MiB)"),
                     None => time,
@@ -97,6 +97,8 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             r.runs,
             if records.iter().any(|r| r.peak_device_mib.is_some()) {
                 "; in parentheses, the device memory held by the backend's pools (a bound on the peak, inputs included)"
+            } else if records.iter().any(|r| r.peak_rss_mib.is_some()) {
+                "; in parentheses, the process's peak resident memory during the measurement (inputs and the program included)"
             } else {
                 ""
             },
