@@ -279,7 +279,7 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 8.333_452e-3);
     p = madd::<FMA>(p, r, 4.166_579_6e-2);
     p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    p = madd::<FMA>(p, r, 0.5);
     let y = madd::<FMA>(p, r * r, r + 1.0);
     let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { y * scale }
@@ -355,11 +355,11 @@ multiversion! {
         let mut chunks = scores.chunks_exact(LANES);
         for (c, chunk) in (&mut chunks).enumerate() {
             if best.len() == k {
-                // `!(s < t)` keeps every score total_cmp could rank above t (NaN included).
+                // Keeps every score total_cmp could rank above t (NaN included).
                 let threshold = best[k - 1].0;
                 let mut candidates = 0u32;
                 for &s in chunk {
-                    candidates |= u32::from(!(s < threshold));
+                    candidates |= u32::from(s >= threshold || s.is_nan());
                 }
                 if candidates == 0 {
                     continue;
