@@ -4,9 +4,9 @@
 //! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
 //! all hash planes at once, vector popcounts over sixteen codes for the K-means, a vectorised
 //! `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
-//! blocks of gathered keys for the sparse products, all in the private `simd` module — split over rows on
-//! rayon's global pool (the one the backends use), and writes the result back with
-//! `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
+//! blocks of gathered keys for the sparse products, all in the private `simd` module — split
+//! over rows on rayon's global pool (the one the backends use), and writes the result back
+//! with `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
 //! the integer outputs, to rounding for the float ones. Float ops run in `f32`; other
 //! float dtypes fall back to the default bodies.
 

@@ -287,8 +287,8 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
 
 multiversion! {
     /// Softmax of every row of `width` values of `x` into `out` (same length):
-    /// `out = e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is `−∞`
-    /// or NaN gives NaN, as the decomposed softmax does.
+    /// `out = e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is not
+    /// finite, or that holds a NaN, gives NaN, as the decomposed softmax does.
     pub(crate) fn softmax_rows<FMA>(x: &[f32], width: usize, out: &mut [f32]) {
         for (row, out) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
             let mut lanes = [f32::NEG_INFINITY; LANES];
