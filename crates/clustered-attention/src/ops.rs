@@ -106,6 +106,9 @@ pub trait ClusteringBackend: Backend {
     /// output with a product, a row sum and a subtraction: no division, unlike Burn's
     /// decomposed softmax (NdArray's SIMD division gradient uses a 12-bit reciprocal).
     ///
+    /// In `f16` and `bf16` the row sums accumulate in `f32`: in the host loops of the CPU
+    /// backends, and in Burn's reductions on the CubeCL backends and Flex.
+    ///
     /// # Shapes
     /// - `x`: `[batch, heads, rows, S]`, output of the same shape
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -108,13 +108,27 @@ mod flex {
     use crate::ops::host::{self, HostAccess};
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};
+    use burn::tensor::{DType, Element, bf16, f16};
 
     impl HostAccess for Flex {
-        /// Borrows the storage when it is contiguous.
+        /// Borrows `f32` storage when it is contiguous; widens `f16` and `bf16` into a copy.
         fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
-            match x.as_slice::<f32>() {
-                Some(values) => f(values),
-                None => f(x.to_contiguous().as_slice::<f32>().expect("an f32 tensor")),
+            fn widened<E: Element + bytemuck::Pod>(
+                x: &FloatTensor<Flex>,
+                to_f32: fn(E) -> f32,
+            ) -> Vec<f32> {
+                match x.as_slice::<E>() {
+                    Some(values) => values.iter().map(|&v| to_f32(v)).collect(),
+                    None => widened(&x.to_contiguous(), to_f32),
+                }
+            }
+            match x.dtype() {
+                DType::F16 => f(&widened::<f16>(x, f16::to_f32)),
+                DType::BF16 => f(&widened::<bf16>(x, bf16::to_f32)),
+                _ => match x.as_slice::<f32>() {
+                    Some(values) => f(values),
+                    None => f(x.to_contiguous().as_slice::<f32>().expect("an f32 tensor")),
+                },
             }
         }
     }

@@ -7,8 +7,9 @@
 //! blocks of gathered keys for the sparse products, all in the private `simd` module — split
 //! over rows on rayon's global pool (the one the backends use), and writes the result back
 //! with `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
-//! the integer outputs, to rounding for the float ones. Float ops run in `f32`; other
-//! float dtypes fall back to the default bodies.
+//! the integer outputs, to rounding for the float ones. Float ops compute and accumulate in
+//! `f32`: `f16` and `bf16` inputs are widened on the way in and the results rounded to the
+//! input's dtype on the way out; `f64` inputs fall back to the default bodies.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -49,15 +50,20 @@ fn for_each_row<T: Send>(
 /// Host-memory access to a CPU backend's tensors.
 ///
 /// The default methods go through `into_data` (a copy when the tensor is shared); NdArray and
-/// Flex override [`HostAccess::with_f32`] to borrow their storage without copying.
+/// Flex override [`HostAccess::with_f32`] to borrow their `f32` storage without copying.
 pub trait HostAccess: Backend {
-    /// Calls `f` with the `f32` values of `x` in row-major order.
+    /// Calls `f` with the values of `x` in row-major order, as `f32` (`f16` and `bf16` values
+    /// are widened exactly).
     ///
     /// # Panics
-    /// If `x` is not an `f32` tensor.
+    /// If `x` is not an `f32`, `f16` or `bf16` tensor.
     fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
         let data = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(x.clone())).into_data();
-        f(data.as_slice::<f32>().expect("an f32 tensor"))
+        match data.dtype {
+            DType::F32 => f(data.as_slice::<f32>().expect("an f32 tensor")),
+            DType::F16 | DType::BF16 => f(&data.convert::<f32>().into_vec::<f32>().expect("f32")),
+            other => panic!("expected an f32, f16 or bf16 tensor, got {other:?}"),
+        }
     }
 }
 
@@ -83,12 +89,20 @@ fn read_ints<B: Backend, const D: usize>(x: IntTensor<B>) -> (Vec<i64>, [usize; 
     (values, dims)
 }
 
-fn write_f32<B: Backend, const D: usize>(
+/// A float tensor of `dtype` from `f32` values (rounded to nearest for `f16` and `bf16`).
+fn write_float<B: Backend, const D: usize>(
     values: Vec<f32>,
     dims: [usize; D],
     device: &B::Device,
+    dtype: DType,
 ) -> FloatTensor<B> {
-    Tensor::<B, D>::from_data(TensorData::new(values, dims), (device, DType::F32))
+    let data = TensorData::new(values, dims);
+    let data = if dtype == DType::F32 {
+        data
+    } else {
+        data.convert_dtype(dtype)
+    };
+    Tensor::<B, D>::from_data(data, (device, dtype))
         .into_primitive()
         .tensor()
 }
@@ -101,8 +115,9 @@ fn write_ints<B: Backend, const D: usize>(
     Tensor::<B, D, Int>::from_data(TensorData::new(values, dims), device).into_primitive()
 }
 
-fn is_f32<B: Backend>(x: &FloatTensor<B>) -> bool {
-    x.dtype() == DType::F32
+/// Whether the host loops take `x`: `f32`, or a half type they widen to `f32`.
+fn on_host<B: Backend>(x: &FloatTensor<B>) -> bool {
+    matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,7 +126,7 @@ fn is_f32<B: Backend>(x: &FloatTensor<B>) -> bool {
 /// Host [`ClusteringBackend::lsh_hash`](super::ClusteringBackend::lsh_hash): the projections
 /// of four queries on all planes at a time, compared and packed in registers.
 pub fn lsh_hash<B: HostAccess>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> IntTensor<B> {
-    if !is_f32::<B>(&queries) || !is_f32::<B>(&planes) {
+    if !on_host::<B>(&queries) || !on_host::<B>(&planes) {
         return reference::lsh_hash::<B>(queries, planes);
     }
     let device = B::float_device(&queries);
@@ -141,16 +156,16 @@ pub fn lsh_hash<B: HostAccess>(queries: FloatTensor<B>, planes: FloatTensor<B>) 
 }
 
 /// Host [`ClusteringBackend::attention_softmax`](super::ClusteringBackend::attention_softmax)
-/// of a rank-4 `f32` tensor: one pass for the maximum, one for the exponentials and their
-/// sum, one for the scaling, per row, with a vectorised `exp` (other ranks and dtypes use the
-/// backend's softmax).
+/// of a rank-4 `f32`, `f16` or `bf16` tensor, computed in `f32`: one pass for the maximum, one
+/// for the exponentials and their sum, one for the scaling, per row, with a vectorised `exp`
+/// (other ranks and dtypes use the backend's softmax).
 pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
     let shape = x.shape();
     let last = shape.num_dims() - 1;
-    if !is_f32::<B>(&x) || shape.num_dims() != 4 || shape[last] == 0 {
+    if !on_host::<B>(&x) || shape.num_dims() != 4 || shape[last] == 0 {
         return B::softmax(x, last);
     }
-    let device = B::float_device(&x);
+    let (device, dtype) = (B::float_device(&x), x.dtype());
     let dims = dims::<B, 4>(&x);
     let width = dims[3];
     let rows = dims[0] * dims[1] * dims[2];
@@ -160,7 +175,7 @@ pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
             simd::softmax_rows(&x[row * width..(row + 1) * width], width, out);
         })
     });
-    write_f32::<B, 4>(out, dims, &device)
+    write_float::<B, 4>(out, dims, &device, dtype)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,7 +374,7 @@ pub fn hamming_kmeans<B: Backend>(
 
 /// Host [`ClusteringBackend::topk_indices`](super::ClusteringBackend::topk_indices).
 pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTensor<B> {
-    if !is_f32::<B>(&scores) {
+    if !on_host::<B>(&scores) {
         return reference::topk_indices::<B>(scores, k);
     }
     let device = B::float_device(&scores);
@@ -484,10 +499,10 @@ pub fn sparse_dot<B: HostAccess>(
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    if !is_f32::<B>(&queries) || !is_f32::<B>(&keys) {
+    if !on_host::<B>(&queries) || !on_host::<B>(&keys) {
         return reference::sparse_dot::<B>(queries, keys, topk, assignments);
     }
-    let device = B::float_device(&queries);
+    let (device, dtype) = (B::float_device(&queries), queries.dtype());
     let [_, _, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, _] = dims::<B, 4>(&keys);
     let sparse = Sparse::read::<B>(topk, assignments);
@@ -511,7 +526,7 @@ pub fn sparse_dot<B: HostAccess>(
             })
         })
     });
-    write_f32::<B, 4>(out, [sparse.batch, sparse.heads, len, k], &device)
+    write_float::<B, 4>(out, [sparse.batch, sparse.heads, len, k], &device, dtype)
 }
 
 /// Host [`ClusteringBackend::sparse_weighted_sum`](super::ClusteringBackend::sparse_weighted_sum).
@@ -521,10 +536,10 @@ pub fn sparse_weighted_sum<B: HostAccess>(
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    if !is_f32::<B>(&weights) || !is_f32::<B>(&values) {
+    if !on_host::<B>(&weights) || !on_host::<B>(&values) {
         return reference::sparse_weighted_sum::<B>(weights, values, topk, assignments);
     }
-    let device = B::float_device(&weights);
+    let (device, dtype) = (B::float_device(&weights), weights.dtype());
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, keys_len, dim] = dims::<B, 4>(&values);
     let sparse = Sparse::read::<B>(topk, assignments);
@@ -547,7 +562,7 @@ pub fn sparse_weighted_sum<B: HostAccess>(
             })
         })
     });
-    write_f32::<B, 4>(out, [sparse.batch, sparse.heads, len, dim], &device)
+    write_float::<B, 4>(out, [sparse.batch, sparse.heads, len, dim], &device, dtype)
 }
 
 /// Host [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter).
@@ -558,10 +573,10 @@ pub fn sparse_scatter<B: HostAccess>(
     assignments: IntTensor<B>,
     keys_len: usize,
 ) -> FloatTensor<B> {
-    if !is_f32::<B>(&weights) || !is_f32::<B>(&x) {
+    if !on_host::<B>(&weights) || !on_host::<B>(&x) {
         return reference::sparse_scatter::<B>(weights, x, topk, assignments, keys_len);
     }
-    let device = B::float_device(&weights);
+    let (device, dtype) = (B::float_device(&weights), weights.dtype());
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, _, dim] = dims::<B, 4>(&x);
     let sparse = Sparse::read::<B>(topk, assignments);
@@ -598,5 +613,10 @@ pub fn sparse_scatter<B: HostAccess>(
             })
         })
     });
-    write_f32::<B, 4>(out, [sparse.batch, sparse.heads, keys_len, dim], &device)
+    write_float::<B, 4>(
+        out,
+        [sparse.batch, sparse.heads, keys_len, dim],
+        &device,
+        dtype,
+    )
 }
