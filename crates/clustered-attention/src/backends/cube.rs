@@ -465,12 +465,12 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         int_dtype.into(),
     );
 
-    // Per cluster and slot, the sum of its queries' products.
+    // Per cluster and slot, the sum of its queries' products, kept in f32 until the last sum.
     let slot_sums = empty_device_dtype(
         client.clone(),
         device.clone(),
         Shape::new([bh, clusters, k, features]),
-        float_dtype,
+        DType::F32,
     );
     let units = bh * clusters * k * features;
     cluster_slot_sums_kernel::launch::<R>(

@@ -43,11 +43,14 @@ pub(crate) fn lsh_hash_kernel<F: Float, I: Int>(
         let mut code = 0u32;
         for b in 0..bits {
             let plane = b * stride;
-            let mut projection = F::new(0.0);
+            // Accumulated in f32 whatever the dtype: in f16 or bf16 a query far from a plane
+            // keeps its side, only queries within rounding of the plane may change it.
+            let mut projection = 0.0f32;
             for e in 0..dim {
-                projection += shared[unit * stride + e] * planes[plane + e];
+                projection +=
+                    f32::cast_from(shared[unit * stride + e]) * f32::cast_from(planes[plane + e]);
             }
-            if projection > planes[plane + dim] {
+            if projection > f32::cast_from(planes[plane + dim]) {
                 code |= 1u32 << u32::cast_from(b);
             }
         }

@@ -277,7 +277,7 @@ pub(crate) fn cluster_slot_sums_kernel<F: Float>(
     x: &Tensor<F>,
     order: &Tensor<u32>,
     starts: &Tensor<u32>,
-    slot_sums: &mut Tensor<F>,
+    slot_sums: &mut Tensor<f32>,
     #[define(F)] _dtype: StorageType,
 ) {
     let id = unit_index();
@@ -297,7 +297,7 @@ pub(crate) fn cluster_slot_sums_kernel<F: Float>(
         let row = bh * len + order[bh * len + p] as usize;
         sum += f32::cast_from(weights[row * k + r]) * f32::cast_from(x[row * features + f]);
     }
-    slot_sums[id] = F::cast_from(sum);
+    slot_sums[id] = sum;
 }
 
 /// Inverts the top-k table: `slots[bh, c, topk[bh, c, r]] = r` (the other entries must hold
@@ -330,7 +330,7 @@ pub(crate) fn invert_topk_kernel<I: Int>(
 #[cube(launch)]
 pub(crate) fn gather_slot_sums_kernel<F: Float>(
     slots: &Tensor<i32>,
-    slot_sums: &Tensor<F>,
+    slot_sums: &Tensor<f32>,
     output: &mut Tensor<F>,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -343,16 +343,15 @@ pub(crate) fn gather_slot_sums_kernel<F: Float>(
     let l = id % keys_len;
     let bh = id / keys_len;
     let out_base = id * features;
+    // Summed in f32 (the slot sums are f32), rounded to the output dtype once.
     for f in 0..features {
-        output[out_base + f] = F::new(0.0);
-    }
-    for c in 0..clusters {
-        let r = slots[(bh * clusters + c) * keys_len + l];
-        if r >= 0 {
-            let base = ((bh * clusters + c) * k + r as usize) * features;
-            for f in 0..features {
-                output[out_base + f] += slot_sums[base + f];
+        let mut sum = 0.0f32;
+        for c in 0..clusters {
+            let r = slots[(bh * clusters + c) * keys_len + l];
+            if r >= 0 {
+                sum += slot_sums[((bh * clusters + c) * k + r as usize) * features + f];
             }
         }
+        output[out_base + f] = F::cast_from(sum);
     }
 }
