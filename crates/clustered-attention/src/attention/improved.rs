@@ -1,4 +1,4 @@
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
 
 use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
@@ -87,16 +87,27 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let top = top_keys(scores, topk);
     let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3); // eq. 9, [batch, heads, C, 1]
 
-    // Keys outside the top-k keep Aᶜ (eq. 10, second case): all of Aᶜ V minus the top-k keys'
-    // share, per cluster, [batch, heads, C, D]; no [C, S] tensor beyond Aᶜ itself.
+    // Keys outside the top-k keep Aᶜ (eq. 10, second case), per cluster, [batch, heads, C, D].
     let weights = dropout(weights, options.dropout);
-    let top_share = sparse_weighted_sum(
-        weights.clone().gather(3, top.clone()),
-        values.clone(),
-        top.clone(),
-        grouping.cluster_rows.clone(),
-    );
-    let rest_values = weights.matmul(values.clone()) - top_share;
+    let top_weights = weights.clone().gather(3, top.clone());
+    let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
+        // Aᶜ with its top-k entries set to exactly zero (w + (−w) = 0; the keys of a row are
+        // distinct), times V: subtracting the top-k share from Aᶜ V would cancel when the
+        // top-k mass is near 1 and lose most of the rest's 8 or 11 bits.
+        let rest_weights =
+            weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
+        rest_weights.matmul(values.clone())
+    } else {
+        // All of Aᶜ V minus the top-k share: no second [C, S] tensor. The cancellation costs
+        // at most a few f32 roundings of |Aᶜ V|, below the output's own in practice.
+        let top_share = sparse_weighted_sum(
+            top_weights,
+            values.clone(),
+            top.clone(),
+            grouping.cluster_rows(),
+        );
+        weights.matmul(values.clone()) - top_share
+    };
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
     // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.

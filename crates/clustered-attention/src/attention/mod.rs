@@ -30,7 +30,7 @@ pub use shared::shared_full_attention;
 use burn::config::Config;
 use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::ClusteringBackend;
 use crate::clustering::Clusters;
@@ -243,9 +243,6 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
 /// a [`sparse_weighted_sum`]. Both skip padded queries (assignment `-1`).
 pub(crate) struct Grouping<B: Backend> {
     pub assignments: Tensor<B, 3, Int>,
-    /// `[batch, heads, C]`, `cluster_rows[b, h, j] = j`: assignments that make each cluster
-    /// its own "query", for sparse products over the clusters' top-k keys.
-    pub cluster_rows: Tensor<B, 3, Int>,
     counts: Tensor<B, 3, Int>,
     identity: Tensor<B, 4, Int>,
     ones: Tensor<B, 4>,
@@ -256,12 +253,11 @@ impl<B: ClusteringBackend> Grouping<B> {
         let [batch, heads, len, _] = queries.dims();
         let [_, _, num_clusters] = clusters.counts.dims();
         let device = queries.device();
-        let cluster_rows = Tensor::<B, 1, Int>::arange(0..num_clusters as i64, &device)
-            .reshape([1, 1, num_clusters])
-            .expand([batch, heads, num_clusters]);
+        let identity = Tensor::<B, 1, Int>::arange(0..num_clusters as i64, &device)
+            .reshape([1, 1, num_clusters, 1])
+            .expand([batch, heads, num_clusters, 1]);
         Self {
-            identity: cluster_rows.clone().unsqueeze_dim(3),
-            cluster_rows,
+            identity,
             ones: Tensor::ones([batch, heads, len, 1], (&device, queries.dtype())),
             assignments: clusters.assignments,
             counts: clusters.counts,
@@ -281,18 +277,22 @@ impl<B: ClusteringBackend> Grouping<B> {
             clusters,
         );
         // Multiply by 1 / count, a constant: the backward of a division goes through
-        // `recip`, which NdArray's SIMD path computes to only ~12 bits.
-        let inverse_counts =
-            Tensor::<B, 3>::ones(self.counts.dims(), (&sums.device(), sums.dtype()))
-                .div(
-                    self.counts
-                        .clone()
-                        .float()
-                        .cast(sums.dtype())
-                        .clamp_min(1.0),
-                )
-                .unsqueeze_dim::<4>(3);
+        // `recip`, which NdArray's SIMD path computes to only ~12 bits. The counts go to
+        // `f32` directly (in f16 a count above 65504 would be infinite, in bf16 one above 256
+        // inexact), and only 1 / count is rounded to the queries' dtype.
+        let counts = self.counts.clone().cast(FloatDType::F32).clamp_min(1.0);
+        let inverse_counts = Tensor::<B, 3>::ones(counts.dims(), (&sums.device(), DType::F32))
+            .div(counts)
+            .cast(sums.dtype())
+            .unsqueeze_dim::<4>(3);
         sums * inverse_counts
+    }
+
+    /// `[batch, heads, C]`, `rows[b, h, j] = j`: assignments that make each cluster its own
+    /// "query", for sparse products over the clusters' top-k keys.
+    pub fn cluster_rows(&self) -> Tensor<B, 3, Int> {
+        let [batch, heads, clusters, _] = self.identity.dims();
+        self.identity.clone().reshape([batch, heads, clusters])
     }
 
     /// Each query's cluster row (paper eq. 6), zero for padded queries.
