@@ -180,8 +180,8 @@ mod wgpu {
 
     use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
     use burn::backend::{Autodiff, Wgpu};
-    use burn::tensor::Tensor;
     use burn::tensor::backend::Backend;
+    use burn::tensor::{DType, Tensor};
     use clustered_attention::ops::reference;
     use clustered_attention::{
         AttentionOptions, ClusteringOptions, LshOptions, improved_clustered_attention,
@@ -308,6 +308,26 @@ mod wgpu {
         super::kernels_match_reference::<Wgpu>();
     }
 
+    /// The half-precision checks of `half.rs` in `f16` on `Wgpu` and on the unfused
+    /// `CubeBackend`, when the adapter has `shader-f16` (lavapipe does); `bf16` has no WGSL
+    /// type, so it is skipped with a message.
+    #[test]
+    fn half_precision_matches_reference() {
+        let device = Default::default();
+        for dtype in [DType::F16, DType::BF16] {
+            if !<Wgpu as Backend>::supports_dtype(&device, dtype) {
+                eprintln!("skipped: the WGPU adapter does not support {dtype:?}");
+                continue;
+            }
+            crate::half::attention_matches_reference::<Wgpu>(dtype);
+            crate::half::exact_regime_equals_full::<Wgpu>(dtype);
+            crate::half::hashing_and_kmeans_match_reference::<Wgpu>(dtype);
+            type Unfused = CubeBackend<WgpuRuntime, f32, i32, u32>;
+            crate::half::attention_matches_reference::<Unfused>(dtype);
+            crate::half::hashing_and_kmeans_match_reference::<Unfused>(dtype);
+        }
+    }
+
     #[test]
     fn unfused_kernels_match_reference() {
         super::kernels_match_reference::<CubeBackend<WgpuRuntime, f32, i32, u32>>();
@@ -322,6 +342,7 @@ mod wgpu {
 #[cfg(feature = "cuda")]
 mod cuda {
     use burn::backend::{Autodiff, Cuda};
+    use burn::tensor::{DType, FloatDType};
     use burn_cubecl::CubeBackend;
     use cubecl::cuda::CudaRuntime;
 
@@ -341,5 +362,21 @@ mod cuda {
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]
     fn autodiff_kernels_match_reference() {
         super::kernels_match_reference::<Autodiff<Cuda>>();
+    }
+
+    /// The half-precision checks of `half.rs` in `f16` and `bf16`, fused and unfused, and the
+    /// layer trained in `bf16`.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn half_precision_matches_reference() {
+        for dtype in [DType::F16, DType::BF16] {
+            crate::half::attention_matches_reference::<Cuda>(dtype);
+            crate::half::exact_regime_equals_full::<Cuda>(dtype);
+            crate::half::hashing_and_kmeans_match_reference::<Cuda>(dtype);
+            type Unfused = CubeBackend<CudaRuntime, f32, i32, u8>;
+            crate::half::attention_matches_reference::<Unfused>(dtype);
+            crate::half::hashing_and_kmeans_match_reference::<Unfused>(dtype);
+        }
+        crate::half::layer_trains_one_batch::<Autodiff<Cuda>>(FloatDType::BF16);
     }
 }

@@ -11,6 +11,7 @@ mod autodiff;
 mod baselines;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
+mod half;
 mod inputs;
 mod kmeans;
 mod layer;

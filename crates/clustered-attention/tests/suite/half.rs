@@ -1,0 +1,342 @@
+//! Half precision (`f16`, `bf16`): the attentions, the hashing, the K-means and the layer on
+//! Flex (the CPU backend with half types; NdArray has none), and on WGPU where the adapter has
+//! `shader-f16` (see `gpu.rs`).
+//!
+//! The references take the inputs rounded to the half type and compute in `f64`, so that what
+//! is measured is the rounding inside the computation. Tolerances are relative to the largest
+//! reference output: 5e-3 for `f16` (unit roundoff 4.9e-4) and 3e-2 for `bf16` (3.9e-3): the
+//! scores, the centroids, the weights and the outputs are each rounded to the half type, and
+//! the errors found on Flex are 1.4e-3 and 1.2e-2.
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Distribution, ElementConversion, FloatDType, Int, Tensor};
+use clustered_attention::ops::reference;
+use clustered_attention::{
+    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteredAttentionInput,
+    ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention, full_attention,
+    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+};
+
+use crate::common::*;
+
+/// Relative tolerance of a half-precision output against the `f64` reference.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 5e-3,
+        DType::BF16 => 3e-2,
+        other => panic!("not a half type: {other:?}"),
+    }
+}
+
+/// Batch of 2 with query and key padding, S ≠ L, in `dtype`; the host copies hold the values
+/// rounded to `dtype`.
+struct HalfCase<B: Backend> {
+    q: Host4,
+    k: Host4,
+    v: Host4,
+    tensors: [Tensor<B, 4>; 3],
+    query_lengths: Vec<usize>,
+    key_lengths: Vec<usize>,
+}
+
+impl<B: ClusteringBackend> HalfCase<B> {
+    fn new(len: usize, keys_len: usize, dtype: DType, seed: u64) -> Self {
+        let device = Default::default();
+        let round = |host: Host4| {
+            let tensor = host.to_tensor::<B>(&device).cast(dtype);
+            (Host4::from_tensor(tensor.clone().cast(DType::F32)), tensor)
+        };
+        let (q, tq) = round(clustered_queries([2, 2, len, 16], 4, 1.5, seed));
+        let (k, tk) = round(normal([2, 2, keys_len, 16], seed + 1));
+        let (v, tv) = round(normal([2, 2, keys_len, 8], seed + 2));
+        Self {
+            q,
+            k,
+            v,
+            tensors: [tq, tk, tv],
+            query_lengths: vec![len, len - len / 3],
+            key_lengths: vec![keys_len - 5, keys_len / 2],
+        }
+    }
+
+    fn setup(&self) -> Setup<'_> {
+        Setup {
+            query_lengths: &self.query_lengths,
+            key_lengths: &self.key_lengths,
+            scale: 0.25,
+        }
+    }
+
+    fn lengths(&self) -> [Option<Tensor<B, 1, Int>>; 2] {
+        let device = Default::default();
+        [
+            Some(lengths(&self.query_lengths, &device)),
+            Some(lengths(&self.key_lengths, &device)),
+        ]
+    }
+
+    fn full(&self) -> Tensor<B, 4> {
+        let [q, k, v] = self.tensors.clone();
+        let [ql, kl] = self.lengths();
+        full_attention(q, k, v, ql, kl, &AttentionOptions::new())
+    }
+
+    fn clustered(&self, clustering: &ClusteringOptions) -> Tensor<B, 4> {
+        let [q, k, v] = self.tensors.clone();
+        let [ql, kl] = self.lengths();
+        clustered_attention(q, k, v, ql, kl, clustering, &AttentionOptions::new())
+    }
+
+    fn improved(&self, clustering: &ClusteringOptions, topk: usize) -> Tensor<B, 4> {
+        let [q, k, v] = self.tensors.clone();
+        let [ql, kl] = self.lengths();
+        improved_clustered_attention(q, k, v, ql, kl, clustering, topk, &AttentionOptions::new())
+    }
+
+    fn assignments(&self, clustering: &ClusteringOptions) -> Vec<i64> {
+        let [ql, _] = self.lengths();
+        host_ints(cluster_queries(self.tensors[0].clone(), ql, clustering).assignments)
+    }
+}
+
+/// The output, checked to be of `dtype`, as `f32` host values.
+fn host<B: Backend>(out: Tensor<B, 4>, dtype: DType) -> Host4 {
+    assert_eq!(out.dtype(), dtype, "the output dtype");
+    Host4::from_tensor(out.cast(DType::F32))
+}
+
+/// `max |out − reference| / max |reference|`.
+fn relative_error(out: &Host4, reference: &Rows) -> f64 {
+    let scale = reference
+        .iter()
+        .flatten()
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    max_abs_diff(out, reference) / scale
+}
+
+/// Full, clustered and improved attention in `dtype` against the `f64` references (the latter
+/// two on the assignments the half-precision run made), with C < L and topk < S.
+pub fn attention_matches_reference<B: ClusteringBackend>(dtype: DType) {
+    let tolerance = tolerance(dtype);
+    let case = HalfCase::<B>::new(96, 80, dtype, 5);
+    let setup = case.setup();
+    let check = |name: &str, out: Tensor<B, 4>, reference: Rows| {
+        let error = relative_error(&host(out, dtype), &reference);
+        assert!(
+            error <= tolerance,
+            "{dtype:?} {name} vs the f64 reference: relative error {error} > {tolerance}"
+        );
+    };
+    check(
+        "full",
+        case.full(),
+        full_reference(&case.q, &case.k, &case.v, &setup),
+    );
+    let clustering = ClusteringOptions::new(6).with_seed(3);
+    let assignments = case.assignments(&clustering);
+    check(
+        "clustered",
+        case.clustered(&clustering),
+        clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup),
+    );
+    for topk in [1, 10, 32] {
+        check(
+            &format!("improved (topk {topk})"),
+            case.improved(&clustering, topk),
+            improved_reference(&case.q, &case.k, &case.v, &assignments, topk, &setup),
+        );
+    }
+}
+
+/// With no more valid queries than clusters, clustered and improved attention in `dtype` equal
+/// full attention in `dtype`; so does improved with topk ≥ S.
+pub fn exact_regime_equals_full<B: ClusteringBackend>(dtype: DType) {
+    let tolerance = tolerance(dtype);
+    let case = HalfCase::<B>::new(40, 30, dtype, 9);
+    let full = host(case.full(), dtype);
+    let full_rows: Rows = full
+        .data
+        .chunks(full.dims[3])
+        .map(|row| row.iter().map(|&x| x as f64).collect())
+        .collect();
+    let check = |name: &str, out: Tensor<B, 4>| {
+        let error = relative_error(&host(out, dtype), &full_rows);
+        assert!(
+            error <= tolerance,
+            "{dtype:?} {name} vs full attention in {dtype:?}: relative error {error}"
+        );
+    };
+    let all = ClusteringOptions::new(40);
+    check("clustered, 40 clusters ≥ L", case.clustered(&all));
+    check("improved, 40 clusters ≥ L", case.improved(&all, 4));
+    check(
+        "improved, topk 30 ≥ S",
+        case.improved(&ClusteringOptions::new(3), 30),
+    );
+}
+
+/// Hashing in `dtype`: every bit of a query whose projection is farther from the plane's
+/// threshold than 1 % of `Σ |q_e · p_e| + |threshold|` matches the `f64` projection of the
+/// rounded query on the rounded plane. Then K-means on those codes gives the same assignments
+/// and counts as the default body (integer arithmetic) computes on NdArray in `f32`.
+pub fn hashing_and_kmeans_match_reference<B: ClusteringBackend>(dtype: DType) {
+    let device = Default::default();
+    let dims = [2, 2, 300, 16];
+    let queries = clustered_queries(dims, 3, 1.0, 21)
+        .to_tensor::<B>(&device)
+        .cast(dtype);
+    let planes = lsh_planes::<B>(32, 16, true, 4, &device).cast(dtype);
+    let codes = lsh_hash(queries.clone(), planes.clone());
+    let q = Host4::from_tensor(queries.cast(DType::F32));
+    let p: Vec<f64> = planes
+        .cast(DType::F32)
+        .into_data()
+        .iter::<f32>()
+        .map(f64::from)
+        .collect();
+    let host_codes = host_ints(codes.clone());
+    let mut checked = 0;
+    for (row, &code) in host_codes.iter().enumerate() {
+        let query = &q.data[row * 16..(row + 1) * 16];
+        for bit in 0..32 {
+            let plane = &p[bit * 17..(bit + 1) * 17];
+            let terms = query.iter().zip(plane).map(|(&x, &w)| x as f64 * w);
+            let projection: f64 = terms.clone().sum();
+            let magnitude: f64 = terms.map(f64::abs).sum::<f64>() + plane[16].abs();
+            if (projection - plane[16]).abs() > 1e-2 * magnitude {
+                checked += 1;
+                assert_eq!(
+                    (code as i32 as u32 >> bit) & 1 == 1,
+                    projection > plane[16],
+                    "{dtype:?}: bit {bit} of query {row} (projection {projection}, threshold {})",
+                    plane[16]
+                );
+            }
+        }
+    }
+    assert!(
+        checked > 300 * 4 * 30,
+        "only {checked} bits were far from their plane"
+    );
+
+    // Two clusters of ~300 members each: more than bf16 holds exactly as integers (256).
+    let query_lengths = [300, 250];
+    let clusters = hamming_kmeans(codes, Some(lengths::<B>(&query_lengths, &device)), 2, 10, 8);
+    let cpu = Default::default();
+    let codes_f32 = Tensor::<NdArrayBackend, 3, Int>::from_data(
+        burn::tensor::TensorData::new(host_codes, [2, 2, 300]),
+        &cpu,
+    );
+    let (assignments, counts) = reference::hamming_kmeans::<NdArrayBackend>(
+        codes_f32.into_primitive(),
+        Some(lengths::<NdArrayBackend>(&query_lengths, &cpu).into_primitive()),
+        2,
+        10,
+        8,
+    );
+    assert_eq!(
+        host_ints(clusters.assignments),
+        host_ints(Tensor::<NdArrayBackend, 3, Int>::from_primitive(
+            assignments
+        )),
+        "{dtype:?}: assignments"
+    );
+    assert_eq!(
+        host_ints(clusters.counts),
+        host_ints(Tensor::<NdArrayBackend, 3, Int>::from_primitive(counts)),
+        "{dtype:?}: counts"
+    );
+}
+
+/// Casts every float parameter of a module to `dtype`, keeping it a trainable leaf.
+struct CastParams(FloatDType);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|tensor| tensor.cast(dtype).detach().require_grad())
+    }
+}
+
+/// The layer with improved clustered attention, its parameters in `dtype`, fits one batch:
+/// targets are the sequence mean of the inputs through a fixed random matrix (reachable with
+/// uniform attention), and within 300 Adam steps the mean squared error falls below 0.1 % of
+/// its start (the same floor an `f32` run reaches: clusters and top-k sets move as the
+/// queries do).
+pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteringBackend>(dtype: FloatDType) {
+    let device = Default::default();
+    B::seed(&device, 3);
+    let (batch, len, d_model) = (2, 40, 16);
+    let layer = ClusteredAttentionConfig::new(
+        d_model,
+        2,
+        AttentionKind::Improved {
+            clusters: 4,
+            topk: 4,
+        },
+    )
+    .init::<B>(&device);
+    let mut layer = layer.map(&mut CastParams(dtype));
+    let x = Tensor::<B, 3>::random([batch, len, d_model], Distribution::Default, &device);
+    let mixing = Tensor::<B, 2>::random([d_model, d_model], Distribution::Default, &device);
+    let target = x
+        .clone()
+        .mean_dim(1)
+        .matmul(mixing.unsqueeze())
+        .expand([batch, len, d_model])
+        .cast(dtype)
+        .detach();
+    let x = x.cast(dtype).detach();
+    let mut optim = AdamConfig::new().init();
+    let mse = |layer: &clustered_attention::MultiHeadClusteredAttention<B>| {
+        let out = layer.forward(ClusteredAttentionInput::self_attn(x.clone()));
+        assert_eq!(out.dtype(), DType::from(dtype), "the layer's output dtype");
+
+        (out - target.clone()).powi_scalar(2).mean()
+    };
+    let start: f32 = mse(&layer).cast(DType::F32).into_scalar().elem();
+    let mut best = start;
+    for step in 0..300 {
+        let loss = mse(&layer);
+        best = best.min(loss.clone().cast(DType::F32).into_scalar().elem());
+        if best < 1e-3 * start {
+            break;
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &layer);
+        layer = optim.step(1e-2 / (1.0 + step as f64 / 50.0), layer, grads);
+    }
+    assert!(
+        best < 1e-3 * start,
+        "{dtype:?}: mean squared error {best} at best in 300 steps, {start} before"
+    );
+}
+
+mod flex {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::{DType, FloatDType};
+
+    #[test]
+    fn attention_matches_reference() {
+        super::attention_matches_reference::<Flex>(DType::F16);
+        super::attention_matches_reference::<Flex>(DType::BF16);
+    }
+
+    #[test]
+    fn exact_regime_equals_full() {
+        super::exact_regime_equals_full::<Flex>(DType::F16);
+        super::exact_regime_equals_full::<Flex>(DType::BF16);
+    }
+
+    #[test]
+    fn hashing_and_kmeans_match_reference() {
+        super::hashing_and_kmeans_match_reference::<Flex>(DType::F16);
+        super::hashing_and_kmeans_match_reference::<Flex>(DType::BF16);
+    }
+
+    #[test]
+    fn layer_trains_one_batch_in_bf16() {
+        super::layer_trains_one_batch::<Autodiff<Flex>>(FloatDType::BF16);
+    }
+}
