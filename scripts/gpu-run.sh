@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
 # there as gpu-kit/run.sh beside `bench.gz` and `suite.gz`): the CUDA tests, then the CUDA benchmark
-# (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours).
+# (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then
+# clustered and improved in f32, bf16 and f16 at L = 16384 and 65536).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, test summary, the benchmark tables), tests.log,
@@ -57,6 +58,23 @@ for mode in forward train; do
         {
             echo
             echo "## $mode, $heads heads (exit status $status)"
+            echo
+            cat "$work/$name.md" 2>/dev/null
+        } >>"$out/summary.md"
+    done
+done
+# f32 against bf16 and f16 for the clustered attentions, at the lengths they are for.
+for mode in forward train; do
+    for dtype in f32 bf16 f16; do
+        name="cuda-$mode-$dtype"
+        "$bin/bench" --backends cuda --mode "$mode" --dtype "$dtype" --heads 4 \
+            --lengths 16384,65536 --only clustered,improved --runs 5 --memory-gib 70 \
+            --out-dir "$work" --name "$name" 2>&1 | tee -a "$out/bench.log"
+        status=${PIPESTATUS[0]}
+        [ "$status" -eq 0 ] || bench_status=$status
+        {
+            echo
+            echo "## $mode, $dtype, 4 heads (exit status $status)"
             echo
             cat "$work/$name.md" 2>/dev/null
         } >>"$out/summary.md"

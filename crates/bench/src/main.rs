@@ -54,6 +54,9 @@ pub struct Args {
     /// `forward` times the forward pass; `train` times forward + backward.
     #[arg(long, value_enum, default_value_t = Mode::Forward)]
     pub mode: Mode,
+    /// Float type of the queries, keys and values (and so of the whole computation).
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub dtype: Precision,
     /// Timed runs per measurement (after the warm-up).
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
@@ -87,6 +90,45 @@ pub enum Mode {
     Forward,
     /// Forward and backward passes.
     Train,
+}
+
+/// The float type the attention runs in.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// IEEE single precision.
+    F32,
+    /// IEEE half precision (11-bit significand).
+    F16,
+    /// bfloat16 (8-bit significand, the exponent range of f32).
+    Bf16,
+}
+
+impl Precision {
+    /// The Burn dtype.
+    pub fn dtype(self) -> burn::tensor::DType {
+        match self {
+            Self::F32 => burn::tensor::DType::F32,
+            Self::F16 => burn::tensor::DType::F16,
+            Self::Bf16 => burn::tensor::DType::BF16,
+        }
+    }
+
+    /// The name in the reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::F32 => 4.0,
+            Self::F16 | Self::Bf16 => 2.0,
+        }
+    }
 }
 
 fn main() -> Result<()> {

@@ -109,7 +109,8 @@ fn fused_materialises(args: &Args, gpu: bool, len: usize) -> bool {
 /// on CubeCL backends (`burn-cubecl` `kernel/attention/tune.rs`).
 const FUSED_FALLBACK_MAX_LEN: usize = 4096;
 
-/// Rough peak memory of one run in bytes (f32), to skip what would not fit.
+/// Rough peak memory of one run in bytes (floats in `--dtype`, K-means in 32-bit integers),
+/// to skip what would not fit.
 fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let (b, h, l, e) = (
         args.batch as f64,
@@ -120,18 +121,19 @@ fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let c = args.clusters.min(len) as f64;
     let k = args.topk.min(len) as f64;
     let train = if args.mode == Mode::Train { 3.0 } else { 1.0 };
-    let inputs = 3.0 * b * h * l * e * 4.0;
+    let f = args.dtype.bytes();
+    let inputs = 3.0 * b * h * l * e * f;
     let kmeans = 6.0 * b * h * l * c.max(32.0) * 4.0;
-    let centroid = 4.0 * b * h * c * l * 8.0;
+    let centroid = 4.0 * b * h * c * l * 2.0 * f;
     inputs
         + train
             * match op {
-                "fused" if !fused_materialises(args, gpu, len) => 2.0 * b * h * l * e * 4.0,
-                "full" | "fused" => 3.0 * b * h * l * l * 4.0,
+                "fused" if !fused_materialises(args, gpu, len) => 2.0 * b * h * l * e * f,
+                "full" | "fused" => 3.0 * b * h * l * l * f,
                 "clustered" => kmeans + centroid,
                 // The sparse products read the top-k keys in place: only `[L, k]` scores,
                 // weights and their gradients.
-                "improved" => kmeans + centroid + 8.0 * b * h * l * k * 4.0,
+                "improved" => kmeans + centroid + 8.0 * b * h * l * k * f,
                 _ => kmeans,
             }
 }
@@ -204,7 +206,22 @@ fn attend<B: ClusteringBackend>(
 fn inputs<B: Backend>(args: &Args, len: usize, device: &B::Device) -> [Tensor<B, 4>; 3] {
     let shape = [args.batch, args.heads, len, args.dim];
     B::seed(device, 0);
-    [0, 1, 2].map(|_| Tensor::random(shape, Distribution::Normal(0.0, 1.0), device))
+    [0, 1, 2].map(|_| {
+        Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), device)
+            .cast(args.dtype.dtype())
+    })
+}
+
+/// Fails unless the backend computes in `--dtype` on `device`.
+fn check_dtype<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<()> {
+    let dtype = args.dtype.dtype();
+    if !B::supports_dtype(device, dtype) {
+        anyhow::bail!(
+            "backend {backend} does not support --dtype {} ({dtype:?}) on this device",
+            args.dtype.name()
+        );
+    }
+    Ok(())
 }
 
 /// What one measurement may use on a backend, and how to read its device memory.
@@ -254,16 +271,17 @@ impl Limits {
     }
 }
 
-/// The largest single tensor of one run in bytes (f32): the attention matrix of full
+/// The largest single tensor of one run in bytes (in `--dtype`): the attention matrix of full
 /// attention, the `[C, S]` centroid attention of the clustered ones.
 fn largest_tensor_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let (b, h, l) = (args.batch as f64, args.heads as f64, len as f64);
     let c = args.clusters.min(len) as f64;
+    let f = args.dtype.bytes();
     match op {
-        "fused" if !fused_materialises(args, gpu, len) => b * h * l * args.dim as f64 * 4.0,
-        "full" | "fused" => b * h * l * l * 4.0,
-        "clustered" | "improved" => (b * h * c * l * 4.0).max(b * h * l * args.dim as f64 * 4.0),
-        _ => b * h * l * args.dim as f64 * 4.0,
+        "fused" if !fused_materialises(args, gpu, len) => b * h * l * args.dim as f64 * f,
+        "full" | "fused" => b * h * l * l * f,
+        "clustered" | "improved" => (b * h * c * l * f).max(b * h * l * args.dim as f64 * f),
+        _ => b * h * l * args.dim as f64 * f,
     }
 }
 
@@ -296,7 +314,7 @@ fn run_all(
             let needed = memory_bytes(op, args, limits.gpu, len);
             let mut record = Record {
                 backend: backend.to_string(),
-                dtype: "f32",
+                dtype: args.dtype.name(),
                 mode: args.mode,
                 op: op.to_string(),
                 batch: args.batch,
@@ -383,6 +401,7 @@ pub fn run_forward<B: ClusteringBackend>(
     limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
+    check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
     Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
@@ -415,6 +434,7 @@ pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
     limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
+    check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
     Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
