@@ -47,37 +47,32 @@ tests_status=${PIPESTATUS[0]}
 
 bench_status=0
 : >"$out/bench.log"
+# bench_table NAME TITLE ARGS...: one benchmark run, its table appended to summary.md.
+bench_table() {
+    local name=$1 title=$2
+    shift 2
+    "$bin/bench" --backends cuda --runs 5 --memory-gib 70 --out-dir "$work" --name "$name" "$@" \
+        2>&1 | tee -a "$out/bench.log"
+    local status=${PIPESTATUS[0]}
+    [ "$status" -eq 0 ] || bench_status=$status
+    {
+        echo
+        echo "## $title (exit status $status)"
+        echo
+        cat "$work/$name.md" 2>/dev/null
+    } >>"$out/summary.md"
+}
 for mode in forward train; do
     for heads in 4 8; do
-        name="cuda-$mode-h$heads"
-        "$bin/bench" --backends cuda --mode "$mode" --heads "$heads" \
-            --lengths 1024,4096,16384,65536 --runs 5 --memory-gib 70 \
-            --out-dir "$work" --name "$name" 2>&1 | tee -a "$out/bench.log"
-        status=${PIPESTATUS[0]}
-        [ "$status" -eq 0 ] || bench_status=$status
-        {
-            echo
-            echo "## $mode, $heads heads (exit status $status)"
-            echo
-            cat "$work/$name.md" 2>/dev/null
-        } >>"$out/summary.md"
+        bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --mode "$mode" --heads "$heads" \
+            --lengths 1024,4096,16384,65536
     done
 done
 # f32 against bf16 and f16 for the clustered attentions, at the lengths they are for.
 for mode in forward train; do
     for dtype in f32 bf16 f16; do
-        name="cuda-$mode-$dtype"
-        "$bin/bench" --backends cuda --mode "$mode" --dtype "$dtype" --heads 4 \
-            --lengths 16384,65536 --only clustered,improved --runs 5 --memory-gib 70 \
-            --out-dir "$work" --name "$name" 2>&1 | tee -a "$out/bench.log"
-        status=${PIPESTATUS[0]}
-        [ "$status" -eq 0 ] || bench_status=$status
-        {
-            echo
-            echo "## $mode, $dtype, 4 heads (exit status $status)"
-            echo
-            cat "$work/$name.md" 2>/dev/null
-        } >>"$out/summary.md"
+        bench_table "cuda-$mode-$dtype" "$mode, $dtype, 4 heads" --mode "$mode" --dtype "$dtype" \
+            --heads 4 --lengths 16384,65536 --only clustered,improved
     done
 done
 tar czf "$out/results.tar.gz" -C "$work" .
