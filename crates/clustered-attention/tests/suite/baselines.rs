@@ -2,7 +2,7 @@
 //! host references in f64, and dropout's expectation for every attention.
 
 use burn::backend::Autodiff;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::{
     AttentionOptions, ClusteringBackend, ClusteringOptions, LshOptions, cluster_queries,
@@ -616,4 +616,68 @@ fn dropout_is_unbiased() {
             }
         }
     }
+}
+
+/// shared-full, lsh-X with one chunk (1 and 3 rounds) and oracle-top with topk ≥ S in `dtype`
+/// against the `f64` references on the inputs rounded to `dtype`, within
+/// [`crate::half::tolerance`] of the largest output.
+pub fn half_baselines_match_reference<B: ClusteringBackend>(dtype: DType) {
+    let tolerance = crate::half::tolerance(dtype);
+    let exact = SharedCase::new(40, 8, 4, 9);
+    let (q, v, ql, kl) = exact.tensors::<B>();
+    let (q, v) = (q.cast(dtype), v.cast(dtype));
+    let case = SharedCase {
+        q: Host4::from_tensor(q.clone().cast(DType::F32)),
+        v: Host4::from_tensor(v.clone().cast(DType::F32)),
+        lengths: exact.lengths.clone(),
+    };
+    let check = |name: &str, out: Tensor<B, 4>, reference: &Rows| {
+        assert_eq!(out.dtype(), dtype, "{name}: the output dtype");
+        let error =
+            crate::half::relative_error(&Host4::from_tensor(out.cast(DType::F32)), reference);
+        assert!(
+            error <= tolerance,
+            "{dtype:?} {name} vs the f64 reference: relative error {error} > {tolerance}"
+        );
+    };
+    let options = AttentionOptions::new();
+    let shared = shared_full_reference(&case);
+    check(
+        "shared-full",
+        shared_full_attention(
+            q.clone(),
+            q.clone(),
+            v.clone(),
+            ql.clone(),
+            kl.clone(),
+            &options,
+        ),
+        &shared,
+    );
+    for rounds in [1, 3] {
+        let lsh = LshOptions::new().with_rounds(rounds).with_chunk_size(40);
+        check(
+            &format!("lsh-{rounds}, one chunk"),
+            lsh_attention(
+                q.clone(),
+                q.clone(),
+                v.clone(),
+                ql.clone(),
+                kl.clone(),
+                &lsh,
+                &options,
+            ),
+            &shared,
+        );
+    }
+    let setup = Setup {
+        query_lengths: &case.lengths,
+        key_lengths: &case.lengths,
+        scale: case.scale(),
+    };
+    check(
+        "oracle-top, topk ≥ S",
+        oracle_top_attention(q.clone(), q, v, ql, kl, 40, &options),
+        &full_reference(&case.q, &case.q, &case.v, &setup),
+    );
 }

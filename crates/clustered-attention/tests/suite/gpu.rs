@@ -321,6 +321,7 @@ mod wgpu {
             }
             crate::half::attention_matches_reference::<Wgpu>(dtype);
             crate::half::exact_regime_equals_full::<Wgpu>(dtype);
+            crate::baselines::half_baselines_match_reference::<Wgpu>(dtype);
             crate::half::hashing_and_kmeans_match_reference::<Wgpu>(dtype);
             type Unfused = CubeBackend<WgpuRuntime, f32, i32, u32>;
             crate::half::attention_matches_reference::<Unfused>(dtype);
@@ -372,6 +373,7 @@ mod cuda {
         for dtype in [DType::F16, DType::BF16] {
             crate::half::attention_matches_reference::<Cuda>(dtype);
             crate::half::exact_regime_equals_full::<Cuda>(dtype);
+            crate::baselines::half_baselines_match_reference::<Cuda>(dtype);
             crate::half::hashing_and_kmeans_match_reference::<Cuda>(dtype);
             type Unfused = CubeBackend<CudaRuntime, f32, i32, u8>;
             crate::half::attention_matches_reference::<Unfused>(dtype);

@@ -1,6 +1,6 @@
-//! Half precision (`f16`, `bf16`): the attentions, the hashing, the K-means and the layer on
-//! Flex (the CPU backend with half types; NdArray has none), and on WGPU where the adapter has
-//! `shader-f16` (see `gpu.rs`).
+//! Half precision (`f16`, `bf16`): the attentions (the baselines' check is in `baselines.rs`),
+//! the hashing, the K-means and the layer on Flex (the CPU backend with half types; NdArray has
+//! none), and on WGPU where the adapter has `shader-f16` (see `gpu.rs`).
 //!
 //! The references take the inputs rounded to the half type and compute in `f64`, so that what
 //! is measured is the rounding inside the computation. Tolerances are relative to the largest
@@ -108,7 +108,7 @@ fn host<B: Backend>(out: Tensor<B, 4>, dtype: DType) -> Host4 {
 }
 
 /// `max |out − reference| / max |reference|`.
-fn relative_error(out: &Host4, reference: &Rows) -> f64 {
+pub fn relative_error(out: &Host4, reference: &Rows) -> f64 {
     let scale = reference
         .iter()
         .flatten()
@@ -327,6 +327,12 @@ mod flex {
     fn exact_regime_equals_full() {
         super::exact_regime_equals_full::<Flex>(DType::F16);
         super::exact_regime_equals_full::<Flex>(DType::BF16);
+    }
+
+    #[test]
+    fn baselines_match_reference() {
+        crate::baselines::half_baselines_match_reference::<Flex>(DType::F16);
+        crate::baselines::half_baselines_match_reference::<Flex>(DType::BF16);
     }
 
     #[test]
