@@ -96,12 +96,7 @@ fn write_float<B: Backend, const D: usize>(
     device: &B::Device,
     dtype: DType,
 ) -> FloatTensor<B> {
-    let data = TensorData::new(values, dims);
-    let data = if dtype == DType::F32 {
-        data
-    } else {
-        data.convert_dtype(dtype)
-    };
+    let data = TensorData::new(values, dims).convert_dtype(dtype);
     Tensor::<B, D>::from_data(data, (device, dtype))
         .into_primitive()
         .tensor()
