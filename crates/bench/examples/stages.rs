@@ -10,7 +10,8 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clustered_attention::sparse::{
-    attention_softmax, sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices,
+    attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
+    topk_indices,
 };
 use clustered_attention::{
     AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
@@ -20,20 +21,33 @@ use clustered_attention::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Median of five synchronised runs after a warm-up.
+/// Runs per stage, after a warm-up (`STAGE_RUNS`, default 5).
+fn runs() -> usize {
+    std::env::var("STAGE_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5)
+        .max(1)
+}
+
+/// Minimum and median of synchronised runs after a warm-up.
 fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R {
     let _ = f();
     B::sync(device).expect("sync");
     let mut times = Vec::new();
     let mut out = None;
-    for _ in 0..5 {
+    for _ in 0..runs() {
         let start = Instant::now();
         out = Some(f());
         B::sync(device).expect("sync");
         times.push(start.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    println!("{name:<24} {:>9.2} ms", times[2] * 1e3);
+    println!(
+        "{name:<24} {:>9.2} ms (min {:.2})",
+        times[times.len() / 2] * 1e3,
+        times[0] * 1e3
+    );
     out.expect("five runs")
 }
 
@@ -84,6 +98,9 @@ fn run<B: ClusteringBackend>(len: usize) {
         )
     });
     let top = stage::<B, _>("topk", &device, || topk_indices(scores.clone(), topk));
+    stage::<B, _>("centroid attention + topk", &device, || {
+        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk)
+    });
     stage::<B, _>("gather top weights", &device, || {
         weights.clone().gather(3, top.clone()).sum_dim(3)
     });

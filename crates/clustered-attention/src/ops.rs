@@ -116,6 +116,38 @@ pub trait ClusteringBackend: Backend {
         Self::softmax(x, last)
     }
 
+    /// The centroid attention of clustered and improved clustered attention in one op (paper
+    /// eqs. 4–5 and 9): `Aᶜ = softmax(centroids · keysᵀ)` over the keys, with the keys at or
+    /// past `key_lengths[b]` masked out, and `Aᶜ · values`; with `topk > 0` also the indices
+    /// of the `topk` highest scores of every row, as [`Self::topk_indices`] picks them, and
+    /// the weights `Aᶜ` at those keys. The centroids come scaled by the softmax temperature.
+    ///
+    /// The default body composes `matmul`, [`Self::attention_softmax`] and
+    /// [`Self::topk_indices`], so it is differentiable on `Autodiff` (which does not override
+    /// it); the host loops of the CPU backends compute a block of cluster rows at a time in
+    /// per-thread scratch memory, without the `[C, S]` scores and weights as tensors, and have
+    /// no backward. The attentions call it only when autodiff is off.
+    ///
+    /// # Shapes
+    /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
+    ///   `values`: `[batch, heads, S, D]`
+    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
+    /// - output: [`CentroidAttention`], `values` `[batch, heads, C, D]`, `top`
+    ///   `[batch, heads, C, topk]` twice
+    ///
+    /// # Panics
+    /// If the shapes disagree or `topk > S`; the host loops also when a key length is outside
+    /// `1..=S` (the default body does not read the lengths back from the device).
+    fn centroid_attention(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+    ) -> CentroidAttention<Self> {
+        reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
+    }
+
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
     /// §3.3), in descending order of score. Which of several equal scores is taken is up to
     /// the backend (the host loops and the CubeCL kernel take the lowest index; the default
@@ -195,6 +227,16 @@ pub trait ClusteringBackend: Backend {
     ) -> FloatTensor<Self> {
         reference::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len)
     }
+}
+
+/// The result of [`ClusteringBackend::centroid_attention`].
+pub struct CentroidAttention<B: Backend> {
+    /// `Aᶜ · values`, `[batch, heads, C, D]` (paper eq. 5).
+    pub values: FloatTensor<B>,
+    /// With `topk > 0`: the `[batch, heads, C, topk]` indices of each cluster's top-k keys in
+    /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
+    /// sum is the mass `m̂` of paper eq. 9).
+    pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
 }
 
 /// Positions of the initial centroids of [`ClusteringBackend::hamming_kmeans`], drawn on the

@@ -29,6 +29,43 @@ pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Ten
     Tensor::from_primitive(B::topk_indices(scores.into_primitive().tensor(), k))
 }
 
+/// Centroid attention and each cluster's top-k keys in one op (paper eqs. 4–5 and 9; see
+/// [`ClusteringBackend::centroid_attention`]): returns `Aᶜ · values` with
+/// `Aᶜ = softmax(centroids · keysᵀ)` (keys at or past `key_lengths[b]` masked out), and with
+/// `topk > 0` the indices of each row's `topk` highest scores in descending order and the
+/// weights `Aᶜ` at them. The centroids come scaled by the softmax temperature. Differentiable
+/// only where the backend computes it with Burn ops (the default body, and so `Autodiff`).
+///
+/// # Shapes
+/// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
+///   `values`: `[batch, heads, S, D]`, `key_lengths`: `[batch]` in `1..=S`
+/// - output: `[batch, heads, C, D]`, and `[batch, heads, C, topk]` twice
+///
+/// # Panics
+/// If the shapes disagree or `topk > S` (the CPU backends also when a key length is outside
+/// `1..=S`).
+#[allow(clippy::type_complexity)]
+pub fn centroid_attention<B: ClusteringBackend>(
+    centroids: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    topk: usize,
+) -> (Tensor<B, 4>, Option<(Tensor<B, 4, Int>, Tensor<B, 4>)>) {
+    let float = |x| Tensor::from_primitive(TensorPrimitive::Float(x));
+    let out = B::centroid_attention(
+        centroids.into_primitive().tensor(),
+        keys.into_primitive().tensor(),
+        values.into_primitive().tensor(),
+        key_lengths.map(Tensor::into_primitive),
+        topk,
+    );
+    let top = out
+        .top
+        .map(|(top, weights)| (Tensor::from_primitive(top), float(weights)));
+    (float(out.values), top)
+}
+
 /// `out[b, h, i, r] = queries[b, h, i] · keys[b, h, topk[b, h, a_i, r]]`, zero for padded
 /// queries (`a_i = -1`). Differentiable in `queries` and `keys`.
 ///

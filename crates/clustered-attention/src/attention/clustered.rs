@@ -3,7 +3,7 @@ use burn::tensor::{Int, Tensor};
 use super::{AttentionOptions, Grouping, check_input, dropout};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::attention_softmax;
+use crate::sparse::{attention_softmax, centroid_attention};
 
 /// Clustered attention (paper §3.2, eqs. 3–6).
 ///
@@ -64,13 +64,16 @@ pub fn clustered_attention<B: ClusteringBackend>(
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
     let grouping = Grouping::new(clusters, &queries);
 
-    let centroids = grouping.centroids(queries); // eq. 3, [batch, heads, C, E]
-    // Scaling the centroids rather than the scores: C × E products instead of C × S.
-    let scores = centroids
-        .mul_scalar(input.scale)
-        .matmul(keys.swap_dims(2, 3));
-    let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
-    let weights = dropout(weights, options.dropout);
-    let cluster_values = weights.matmul(values); // eq. 5, [batch, heads, C, D]
+    // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
+    // products instead of C × S.
+    let centroids = grouping.centroids(queries).mul_scalar(input.scale);
+    let cluster_values = if B::ad_enabled(&centroids.device()) {
+        let scores = centroids.matmul(keys.swap_dims(2, 3));
+        let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
+        dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
+    } else {
+        // Without autodiff (so without dropout), eqs. 4–5 in one op.
+        centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
+    };
     grouping.broadcast(cluster_values) // eq. 6
 }

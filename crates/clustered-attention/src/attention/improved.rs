@@ -3,7 +3,7 @@ use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
 use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::{attention_softmax, sparse_dot, sparse_weighted_sum};
+use crate::sparse::{attention_softmax, centroid_attention, sparse_dot, sparse_weighted_sum};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -74,39 +74,46 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     let grouping = Grouping::new(clusters, &queries);
     let assignments = grouping.assignments.clone();
 
-    // Centroid attention Aᶜ (eqs. 3–4), [batch, heads, C, S].
-    let centroids = grouping.centroids(queries.clone());
-    let scores = input.mask_keys(
-        centroids
-            .mul_scalar(input.scale)
-            .matmul(keys.clone().swap_dims(2, 3)),
-    );
-    let weights = attention_softmax(scores.clone());
-
-    // Top-k keys per cluster, [batch, heads, C, k]; ranking by score ranks by Aᶜ.
-    let top = top_keys(scores, topk);
-    let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3); // eq. 9, [batch, heads, C, 1]
-
-    // Keys outside the top-k keep Aᶜ (eq. 10, second case), per cluster, [batch, heads, C, D].
-    let weights = dropout(weights, options.dropout);
-    let top_weights = weights.clone().gather(3, top.clone());
-    let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
-        // Aᶜ with its top-k entries set to exactly zero (w + (−w) = 0; the keys of a row are
-        // distinct), times V: subtracting the top-k share from Aᶜ V would cancel when the
-        // top-k mass is near 1 and lose most of the rest's 8 or 11 bits.
-        let rest_weights =
-            weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
-        rest_weights.matmul(values.clone())
+    // Centroids (eq. 3), scaled: C × E products instead of C × S.
+    let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
+    let half = matches!(centroids.dtype(), DType::F16 | DType::BF16);
+    // Per cluster: the top-k keys, [batch, heads, C, k], their mass m̂ (eq. 9),
+    // [batch, heads, C, 1], and the rest of Aᶜ V, the keys outside the top-k keeping Aᶜ
+    // (eq. 10, second case), [batch, heads, C, D].
+    let (top, top_mass, rest_values) = if B::ad_enabled(&centroids.device()) || half {
+        // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S].
+        let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
+        let weights = attention_softmax(scores.clone());
+        // Ranking by score ranks by Aᶜ.
+        let top = top_keys(scores, topk);
+        let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
+        let weights = dropout(weights, options.dropout);
+        let top_weights = weights.clone().gather(3, top.clone());
+        let rest_values = if half {
+            // Aᶜ with its top-k entries set to exactly zero (w + (−w) = 0; the keys of a row
+            // are distinct), times V: subtracting the top-k share from Aᶜ V would cancel when
+            // the top-k mass is near 1 and lose most of the rest's 8 or 11 bits.
+            let rest_weights =
+                weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
+            rest_weights.matmul(values.clone())
+        } else {
+            weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
+        };
+        (top, top_mass, rest_values)
     } else {
-        // All of Aᶜ V minus the top-k share: no second [C, S] tensor. The cancellation costs
-        // at most a few f32 roundings of |Aᶜ V|, below the output's own in practice.
-        let top_share = sparse_weighted_sum(
-            top_weights,
+        // Without autodiff (so without dropout), eqs. 4, 5 and 9 in one op.
+        let k = topk.min(keys.dims()[2]);
+        let (all_values, top) = centroid_attention(
+            centroids,
+            keys.clone(),
             values.clone(),
-            top.clone(),
-            grouping.cluster_rows(),
+            input.batch_key_lengths(),
+            k,
         );
-        weights.matmul(values.clone()) - top_share
+        let (top, top_weights) = top.expect("k ≥ 1 gives the top-k");
+        let top_mass = top_weights.clone().sum_dim(3);
+        let rest_values = all_values - top_share(&grouping, top_weights, &values, &top);
+        (top, top_mass, rest_values)
     };
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
@@ -127,4 +134,21 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 
     // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).
     top_output + grouping.broadcast(rest_values)
+}
+
+/// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all
+/// of `Aᶜ V` it leaves the rest without a second `[C, S]` tensor. The cancellation costs at
+/// most a few `f32` roundings of `|Aᶜ V|`, below the output's own in practice.
+fn top_share<B: ClusteringBackend>(
+    grouping: &Grouping<B>,
+    top_weights: Tensor<B, 4>,
+    values: &Tensor<B, 4>,
+    top: &Tensor<B, 4, Int>,
+) -> Tensor<B, 4> {
+    sparse_weighted_sum(
+        top_weights,
+        values.clone(),
+        top.clone(),
+        grouping.cluster_rows(),
+    )
 }

@@ -188,6 +188,14 @@ impl<B: Backend> Checked<B> {
         }
     }
 
+    /// The `[batch]` key lengths, `None` when no key length was given.
+    pub fn batch_key_lengths(&self) -> Option<Tensor<B, 1, Int>> {
+        self.key_lengths.clone().map(|lengths| {
+            let [batch, ..] = lengths.dims();
+            lengths.reshape([batch])
+        })
+    }
+
     /// Zeroes the rows of padded queries. `x`: `[batch, heads, L, F]`.
     pub fn zero_padded_queries(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         match &self.query_padding {

@@ -1,5 +1,6 @@
-//! CPU backends: host loops for hashing, K-means, the attention softmax, top-k and the sparse
-//! products ([`crate::ops::host`]), compiled for the CPU's vector instructions.
+//! CPU backends: host loops for hashing, K-means, the attention softmax, top-k, the centroid
+//! attention and the sparse products ([`crate::ops::host`]), compiled for the CPU's vector
+//! instructions.
 
 /// Implements [`ClusteringBackend`](crate::ClusteringBackend) with the host ops.
 #[cfg(any(feature = "ndarray", feature = "flex"))]
@@ -25,6 +26,16 @@ macro_rules! host_ops {
 
         fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
             host::topk_indices::<Self>(scores, k)
+        }
+
+        fn centroid_attention(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            topk: usize,
+        ) -> CentroidAttention<Self> {
+            host::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
         }
 
         fn sparse_dot(
@@ -60,6 +71,7 @@ macro_rules! host_ops {
 #[cfg(feature = "ndarray")]
 mod ndarray {
     use crate::ClusteringBackend;
+    use crate::ops::CentroidAttention;
     use crate::ops::host::{self, HostAccess};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
@@ -105,6 +117,7 @@ mod ndarray {
 #[cfg(feature = "flex")]
 mod flex {
     use crate::ClusteringBackend;
+    use crate::ops::CentroidAttention;
     use crate::ops::host::{self, HostAccess};
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};

@@ -4,7 +4,8 @@
 //! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
 //! all hash planes at once, vector popcounts over sixteen codes for the K-means, a vectorised
 //! `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
-//! blocks of gathered keys for the sparse products, all in the private `simd` module — split
+//! blocks of gathered keys for the sparse products, all in the private `simd` module, and the
+//! `gemm` crate's products for the centroid attention — split
 //! over rows on rayon's global pool (the one the backends use), and writes the result back
 //! with `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
 //! the integer outputs, to rounding for the float ones. Float ops compute and accumulate in
@@ -151,9 +152,9 @@ pub fn lsh_hash<B: HostAccess>(queries: FloatTensor<B>, planes: FloatTensor<B>) 
 }
 
 /// Host [`ClusteringBackend::attention_softmax`](super::ClusteringBackend::attention_softmax)
-/// of a rank-4 `f32`, `f16` or `bf16` tensor, computed in `f32`: one pass for the maximum, one
-/// for the exponentials and their sum, one for the scaling, per row, with a vectorised `exp`
-/// (other ranks and dtypes use the backend's softmax).
+/// of a rank-4 `f32`, `f16` or `bf16` tensor, computed in `f32` on a copy: one pass for the
+/// maximum, one for the exponentials and their sum, one for the scaling, per row, with a
+/// vectorised `exp` (other ranks and dtypes use the backend's softmax).
 pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
     let shape = x.shape();
     let last = shape.num_dims() - 1;
@@ -164,11 +165,9 @@ pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
     let dims = dims::<B, 4>(&x);
     let width = dims[3];
     let rows = dims[0] * dims[1] * dims[2];
-    let mut out = vec![0f32; rows * width];
-    B::with_f32(&x, |x| {
-        for_each_row(&mut out, rows, width, |row, out| {
-            simd::softmax_rows(&x[row * width..(row + 1) * width], width, out);
-        })
+    let mut out = B::with_f32(&x, <[f32]>::to_vec);
+    for_each_row(&mut out, rows, width, |_, row| {
+        simd::softmax_rows(row, width)
     });
     write_float::<B, 4>(out, dims, &device, dtype)
 }
@@ -386,6 +385,208 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
         })
     });
     write_ints::<B, 4>(out, [batch, heads, rows, k], &device)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Centroid attention
+
+/// Cluster rows per block of the host centroid attention: the block's scores, `ROWS × S`
+/// floats, stay in the cache between the products, the top-k and the softmax.
+const CENTROID_ROWS: usize = 128;
+
+/// Largest scratch buffer, in floats, a thread keeps between calls (64 MiB); a larger one is
+/// freed after use.
+const KEPT_SCRATCH: usize = 16 << 20;
+
+thread_local! {
+    /// The scores block of the host centroid attention, reused so that no call pays for
+    /// fresh pages.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `dst[m × n] = lhs[m × k] · rhs[k × n]` with the `gemm` crate on the calling thread; each
+/// operand is given by its pointer, column stride and row stride (in elements).
+///
+/// # Safety
+/// Every element the strides address must lie in its allocation, and `dst` must not overlap
+/// `lhs` or `rhs`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_into(
+    [m, n, k]: [usize; 3],
+    dst: (*mut f32, isize, isize),
+    lhs: (*const f32, isize, isize),
+    rhs: (*const f32, isize, isize),
+) {
+    // SAFETY: forwarded from the caller; `read_dst = false` ignores dst's old contents.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            dst.1,
+            dst.2,
+            false,
+            lhs.0,
+            lhs.1,
+            lhs.2,
+            rhs.0,
+            rhs.1,
+            rhs.2,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
+/// in `f32` (`f16` and `bf16` widened): for every block of [`CENTROID_ROWS`] cluster rows of a
+/// `(batch, head)`, on rayon's pool, the scores of the valid keys (a `gemm` product into a
+/// per-thread scratch block, the padded keys set to `-inf`), the top-k of each row, the
+/// softmax in place, and `Aᶜ · values` of the valid keys (a second product).
+pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+) -> super::CentroidAttention<B> {
+    let empty = [&centroids, &values]
+        .iter()
+        .any(|x| x.shape().num_elements() == 0);
+    if empty || ![&centroids, &keys, &values].iter().all(|x| on_host::<B>(x)) {
+        return reference::centroid_attention::<B>(centroids, keys, values, key_lengths, topk);
+    }
+    let (device, dtype) = (B::float_device(&centroids), centroids.dtype());
+    let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
+    let [_, _, keys_len, _] = dims::<B, 4>(&keys);
+    let [_, _, _, dim_v] = dims::<B, 4>(&values);
+    reference::check_centroid_attention(
+        [batch, heads, clusters, dim],
+        dims::<B, 4>(&keys),
+        dims::<B, 4>(&values),
+        topk,
+    );
+    let lengths = host_lengths(
+        "key_lengths",
+        key_lengths.map(Tensor::<B, 1, Int>::from_primitive),
+        batch,
+        keys_len,
+    );
+    if let Some(b) = lengths.iter().position(|&n| n == 0) {
+        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+    }
+    // One block of rows of one (batch, head) per task; `top_k` keeps chunks non-empty.
+    let top_k = topk.max(1);
+    let mut out = vec![0f32; batch * heads * clusters * dim_v];
+    let mut top = vec![0i64; batch * heads * clusters * top_k];
+    let mut top_weights = vec![0f32; batch * heads * clusters * top_k];
+    B::with_f32(&centroids, |centroids| {
+        B::with_f32(&keys, |keys| {
+            B::with_f32(&values, |values| {
+                let task = |bh: usize,
+                            r0: usize,
+                            out: &mut [f32],
+                            top: &mut [i64],
+                            top_weights: &mut [f32]| {
+                    let rows = out.len() / dim_v;
+                    let valid = lengths[bh / heads];
+                    let centroids = &centroids[(bh * clusters + r0) * dim..][..rows * dim];
+                    let keys = &keys[bh * keys_len * dim..][..valid * dim];
+                    let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
+                    SCRATCH.with_borrow_mut(|scores| {
+                        scores.resize(rows * keys_len, 0.0);
+                        let scores = &mut scores[..rows * keys_len];
+                        // SAFETY: scores [rows × S] (row stride S) takes the valid columns of
+                        // centroids [rows × E] · keys[..valid]ᵀ, all within their slices.
+                        unsafe {
+                            matmul_into(
+                                [rows, valid, dim],
+                                (scores.as_mut_ptr(), 1, keys_len as isize),
+                                (centroids.as_ptr(), 1, dim as isize),
+                                (keys.as_ptr(), dim as isize, 1),
+                            );
+                        }
+                        let mut best = Vec::with_capacity(top_k + 1);
+                        for (r, row) in scores.chunks_exact_mut(keys_len).enumerate() {
+                            row[valid..].fill(f32::NEG_INFINITY);
+                            if topk > 0 {
+                                let top = &mut top[r * topk..(r + 1) * topk];
+                                simd::topk_row(row, top, &mut best);
+                            }
+                        }
+                        simd::softmax_rows(scores, keys_len);
+                        if topk > 0 {
+                            for (r, row) in scores.chunks_exact(keys_len).enumerate() {
+                                for i in r * topk..(r + 1) * topk {
+                                    top_weights[i] = row[top[i] as usize];
+                                }
+                            }
+                        }
+                        // SAFETY: out [rows × D] = weights[.., ..valid] · values[..valid], all
+                        // within their slices.
+                        unsafe {
+                            matmul_into(
+                                [rows, dim_v, valid],
+                                (out.as_mut_ptr(), 1, dim_v as isize),
+                                (scores.as_ptr(), 1, keys_len as isize),
+                                (values.as_ptr(), 1, dim_v as isize),
+                            );
+                        }
+                    });
+                    SCRATCH.with_borrow_mut(|scores| {
+                        if scores.capacity() > KEPT_SCRATCH {
+                            *scores = Vec::new();
+                        }
+                    });
+                };
+                let (out_rows, top_rows) = (CENTROID_ROWS * dim_v, CENTROID_ROWS * top_k);
+                if batch * heads * clusters * keys_len * (dim + dim_v) < PARALLEL_THRESHOLD {
+                    for (bh, ((o, t), w)) in out
+                        .chunks_mut(clusters * dim_v)
+                        .zip(top.chunks_mut(clusters * top_k))
+                        .zip(top_weights.chunks_mut(clusters * top_k))
+                        .enumerate()
+                    {
+                        for (i, ((o, t), w)) in o
+                            .chunks_mut(out_rows)
+                            .zip(t.chunks_mut(top_rows))
+                            .zip(w.chunks_mut(top_rows))
+                            .enumerate()
+                        {
+                            task(bh, i * CENTROID_ROWS, o, t, w);
+                        }
+                    }
+                    return;
+                }
+                out.par_chunks_mut(clusters * dim_v)
+                    .zip(top.par_chunks_mut(clusters * top_k))
+                    .zip(top_weights.par_chunks_mut(clusters * top_k))
+                    .enumerate()
+                    .for_each(|(bh, ((o, t), w))| {
+                        o.par_chunks_mut(out_rows)
+                            .zip(t.par_chunks_mut(top_rows))
+                            .zip(w.par_chunks_mut(top_rows))
+                            .enumerate()
+                            .for_each(|(i, ((o, t), w))| task(bh, i * CENTROID_ROWS, o, t, w));
+                    });
+            })
+        })
+    });
+    let shape = [batch, heads, clusters, topk];
+    super::CentroidAttention {
+        values: write_float::<B, 4>(out, [batch, heads, clusters, dim_v], &device, dtype),
+        top: (topk > 0).then(|| {
+            (
+                write_ints::<B, 4>(top, shape, &device),
+                write_float::<B, 4>(top_weights, shape, &device, dtype),
+            )
+        }),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
 
-use super::{MAX_BITS, NO_CLUSTER, host_lengths, initial_centroid_positions};
+use super::{
+    CentroidAttention, ClusteringBackend, MAX_BITS, NO_CLUSTER, host_lengths,
+    initial_centroid_positions,
+};
 
 /// Panics unless `1 ≤ bits ≤ 32`.
 pub(crate) fn check_bits(bits: usize) {
@@ -230,6 +233,92 @@ pub fn topk_indices<B: Backend>(scores: FloatTensor<B>, k: usize) -> IntTensor<B
     order
         .slice([0..batch, 0..heads, 0..rows, 0..k])
         .into_primitive()
+}
+
+/// Default body of [`ClusteringBackend::centroid_attention`]: the scores as a `[C, S]`
+/// matrix product, the padded keys filled with `-inf`, [`ClusteringBackend::attention_softmax`]
+/// and [`ClusteringBackend::topk_indices`] (all keys in order when `topk = S`).
+///
+/// # Panics
+/// If the shapes disagree or `topk > S`.
+pub fn centroid_attention<B: ClusteringBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+) -> CentroidAttention<B> {
+    let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
+    let (centroids, keys, values) = (float(centroids), float(keys), float(values));
+    let [batch, heads, clusters, _] = centroids.dims();
+    let [_, _, keys_len, _] = keys.dims();
+    check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), topk);
+    let device = centroids.device();
+    let mut scores = centroids.matmul(keys.swap_dims(2, 3));
+    if let Some(lengths) = key_lengths {
+        let lengths = Tensor::<B, 1, Int>::from_primitive(lengths);
+        assert!(
+            lengths.dims() == [batch],
+            "key_lengths must have shape [batch] = [{batch}], got {:?}",
+            lengths.dims()
+        );
+        let shape = [batch, 1, 1, keys_len];
+        let padded = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
+            .reshape([1, 1, 1, keys_len])
+            .expand(shape)
+            .greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape));
+        scores = scores.mask_fill(
+            padded.expand([batch, heads, clusters, keys_len]),
+            f32::NEG_INFINITY,
+        );
+    }
+    let weights = float(B::attention_softmax(
+        scores.clone().into_primitive().tensor(),
+    ));
+    let top = (topk > 0).then(|| {
+        let top = if topk == keys_len {
+            Tensor::<B, 1, Int>::arange(0..topk as i64, &device)
+                .reshape([1, 1, 1, topk])
+                .expand([batch, heads, clusters, topk])
+        } else {
+            Tensor::<B, 4, Int>::from_primitive(B::topk_indices(
+                scores.into_primitive().tensor(),
+                topk,
+            ))
+        };
+        let top_weights = weights.clone().gather(3, top.clone());
+        (top.into_primitive(), top_weights.into_primitive().tensor())
+    });
+    CentroidAttention {
+        values: weights.matmul(values).into_primitive().tensor(),
+        top,
+    }
+}
+
+/// Checks the shapes of a [`ClusteringBackend::centroid_attention`] call.
+///
+/// # Panics
+/// If `centroids [batch, heads, C, E]`, `keys [batch, heads, S, E]` and
+/// `values [batch, heads, S, D]` disagree, or `topk > S`.
+pub(crate) fn check_centroid_attention(
+    centroids: [usize; 4],
+    keys: [usize; 4],
+    values: [usize; 4],
+    topk: usize,
+) {
+    assert!(
+        centroids[..2] == keys[..2]
+            && keys[..3] == values[..3]
+            && centroids[3] == keys[3]
+            && keys[2] > 0,
+        "centroids {centroids:?}, keys {keys:?} and values {values:?} must be \
+         [batch, heads, C, E], [batch, heads, S, E] and [batch, heads, S, D] with S > 0"
+    );
+    assert!(
+        topk <= keys[2],
+        "topk must be in 0..={} (the number of keys), got {topk}",
+        keys[2]
+    );
 }
 
 /// Panics unless `1 ≤ k ≤ len`.

@@ -286,11 +286,11 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
 }
 
 multiversion! {
-    /// Softmax of every row of `width` values of `x` into `out` (same length):
-    /// `out = e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is not
+    /// Softmax, in place, of every row of `width` values of `rows`:
+    /// `x ← e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is not
     /// finite, or that holds a NaN, gives NaN, as the decomposed softmax does.
-    pub(crate) fn softmax_rows<FMA>(x: &[f32], width: usize, out: &mut [f32]) {
-        for (row, out) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+    pub(crate) fn softmax_rows<FMA>(rows: &mut [f32], width: usize) {
+        for row in rows.chunks_exact_mut(width) {
             let mut lanes = [f32::NEG_INFINITY; LANES];
             let mut chunks = row.chunks_exact(LANES);
             for chunk in &mut chunks {
@@ -305,26 +305,25 @@ multiversion! {
                     m.max(v)
                 });
             if !max.is_finite() {
-                out.fill(f32::NAN);
+                row.fill(f32::NAN);
                 continue;
             }
             let mut sums = [0f32; LANES];
-            let mut chunks = row.chunks_exact(LANES);
-            let mut outs = out.chunks_exact_mut(LANES);
-            for (chunk, o) in (&mut chunks).zip(&mut outs) {
+            let mut chunks = row.chunks_exact_mut(LANES);
+            for chunk in &mut chunks {
                 for l in 0..LANES {
-                    o[l] = exp::<FMA>(chunk[l] - max);
-                    sums[l] += o[l];
+                    chunk[l] = exp::<FMA>(chunk[l] - max);
+                    sums[l] += chunk[l];
                 }
             }
             let mut sum: f32 = sums.iter().sum();
-            for (&v, o) in chunks.remainder().iter().zip(outs.into_remainder()) {
-                *o = exp::<FMA>(v - max);
-                sum += *o;
+            for v in chunks.into_remainder() {
+                *v = exp::<FMA>(*v - max);
+                sum += *v;
             }
             let inverse = 1.0 / sum;
-            for o in out.iter_mut() {
-                *o *= inverse;
+            for v in row.iter_mut() {
+                *v *= inverse;
             }
         }
     }

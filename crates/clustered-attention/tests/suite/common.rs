@@ -103,7 +103,7 @@ fn softmax(scores: &[f64]) -> Vec<f64> {
     exps.iter().map(|e| e / sum).collect()
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 

@@ -8,7 +8,8 @@ use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use clustered_attention::ClusteringBackend;
 use clustered_attention::ops::reference;
 use clustered_attention::sparse::{
-    attention_softmax, sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices,
+    attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
+    topk_indices,
 };
 use rand::RngExt;
 
@@ -276,6 +277,103 @@ fn attention_softmax_matches_reference<B: ClusteringBackend>() {
     }
 }
 
+/// The backend's centroid attention against plain f64 loops: `Aᶜ V` and the top-k weights to
+/// 1e-5, the top-k sets by score (a chosen key may differ only among scores within 1e-5 of the
+/// k-th best), with padded keys, `topk` from 0 to S, and shapes small enough for one thread
+/// and large enough for several.
+fn centroid_attention_matches_loops<B: ClusteringBackend>() {
+    let device = Default::default();
+    // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
+    type Case = ([usize; 4], usize, usize, &'static [usize], &'static [usize]);
+    let cases: [Case; 3] = [
+        ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
+        ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
+        ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
+    ];
+    for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
+        let [batch, heads, clusters, dim] = centroid_dims;
+        let seed = 90 + 3 * n as u64;
+        let centroids = normal(centroid_dims, seed);
+        let keys = normal([batch, heads, keys_len, dim], seed + 1);
+        let values = normal([batch, heads, keys_len, dim_v], seed + 2);
+        for &topk in topks {
+            let (out, top) = centroid_attention(
+                centroids.to_tensor::<B>(&device),
+                keys.to_tensor::<B>(&device),
+                values.to_tensor::<B>(&device),
+                Some(lengths::<B>(key_lengths, &device)),
+                topk,
+            );
+            assert_eq!(out.dims(), [batch, heads, clusters, dim_v]);
+            let out = Host4::from_tensor(out);
+            let top = top.map(|(indices, weights)| {
+                assert_eq!(indices.dims(), [batch, heads, clusters, topk]);
+                (host_ints(indices), Host4::from_tensor(weights))
+            });
+            assert_eq!(top.is_some(), topk > 0, "top-k present iff topk > 0");
+            for (b, &valid) in key_lengths.iter().enumerate() {
+                for h in 0..heads {
+                    for c in 0..clusters {
+                        let case = format!("case {n}, topk {topk}, ({b}, {h}, {c})");
+                        let query = centroids.row(b, h, c);
+                        let scores: Vec<f64> = (0..keys_len)
+                            .map(|j| {
+                                if j < valid {
+                                    dot(&query, &keys.row(b, h, j))
+                                } else {
+                                    f64::NEG_INFINITY
+                                }
+                            })
+                            .collect();
+                        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                        let sum: f64 = exps.iter().sum();
+                        let weights: Vec<f64> = exps.iter().map(|e| e / sum).collect();
+                        for d in 0..dim_v {
+                            let expected: f64 = (0..keys_len)
+                                .map(|j| weights[j] * values.at(b, h, j, d))
+                                .sum();
+                            let got = out.at(b, h, c, d);
+                            assert!(
+                                (got - expected).abs() <= 1e-5,
+                                "{case}, column {d}: {got} vs {expected}"
+                            );
+                        }
+                        let Some((indices, top_weights)) = &top else {
+                            continue;
+                        };
+                        let row = ((b * heads + h) * clusters + c) * topk;
+                        let chosen = &indices[row..row + topk];
+                        let mut sorted = scores.clone();
+                        sorted.sort_by(|a, b| b.total_cmp(a));
+                        let kth = sorted[topk - 1];
+                        let mut seen = vec![false; keys_len];
+                        for (r, &j) in chosen.iter().enumerate() {
+                            let j = usize::try_from(j).expect("a key index");
+                            assert!(
+                                j < keys_len && !seen[j],
+                                "{case}: key {j} repeated or out of range"
+                            );
+                            seen[j] = true;
+                            assert!(
+                                scores[j] >= kth - 1e-5,
+                                "{case}: key {j} scores {} below the k-th best {kth}",
+                                scores[j]
+                            );
+                            let got = top_weights.at(b, h, c, r);
+                            assert!(
+                                (got - weights[j]).abs() <= 1e-5,
+                                "{case}: weight of key {j}: {got} vs {}",
+                                weights[j]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
 /// sparse products) equals autodiff through the default bodies.
 fn sparse_gradients_match_reference<B: ClusteringBackend>() {
@@ -388,6 +486,11 @@ macro_rules! sparse_tests {
             $(#[$ignore])?
             fn attention_softmax_matches_reference() {
                 super::attention_softmax_matches_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn centroid_attention_matches_loops() {
+                super::centroid_attention_matches_loops::<$backend>();
             }
             #[test]
             $(#[$ignore])?
