@@ -390,13 +390,15 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
 // ---------------------------------------------------------------------------------------------
 // Centroid attention
 
-/// Cluster rows per block of the host centroid attention: the block's scores, `ROWS × S`
-/// floats, stay in the cache between the products, the top-k and the softmax.
+/// Cluster rows per block of the host centroid attention. `gemm` packs the keys and the values
+/// again for every product, so a block holds up to this many rows (all the clusters of a head
+/// in the paper's settings): its scores, `rows × S` floats, are computed, ranked and
+/// softmaxed in a per-thread scratch buffer.
 const CENTROID_ROWS: usize = 128;
 
-/// Largest scratch buffer, in floats, a thread keeps between calls (64 MiB); a larger one is
-/// freed after use.
-const KEPT_SCRATCH: usize = 16 << 20;
+/// Largest scratch buffer, in floats, a thread keeps between calls (16 MiB: 128 rows of
+/// 32768 keys); a larger one is freed after use.
+const KEPT_SCRATCH: usize = 4 << 20;
 
 thread_local! {
     /// The scores block of the host centroid attention, reused so that no call pays for
