@@ -11,7 +11,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clustered_attention::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
-    topk_indices,
+    top_attention, topk_indices,
 };
 use clustered_attention::{
     AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
@@ -30,8 +30,12 @@ fn runs() -> usize {
         .max(1)
 }
 
-/// Minimum and median of synchronised runs after a warm-up.
+/// Minimum and median of synchronised runs after a warm-up; a stage whose name does not contain
+/// `STAGE_FILTER` (when set) runs once, untimed.
 fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R {
+    if std::env::var("STAGE_FILTER").is_ok_and(|filter| !name.contains(&filter)) {
+        return f();
+    }
     let _ = f();
     B::sync(device).expect("sync");
     let mut times = Vec::new();
@@ -101,9 +105,6 @@ fn run<B: ClusteringBackend>(len: usize) {
     stage::<B, _>("centroid attention + topk", &device, || {
         centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk)
     });
-    stage::<B, _>("gather top weights", &device, || {
-        weights.clone().gather(3, top.clone()).sum_dim(3)
-    });
     let dots = stage::<B, _>("sparse_dot", &device, || {
         sparse_dot(q.clone(), k.clone(), top.clone(), assignments.clone())
     });
@@ -116,6 +117,22 @@ fn run<B: ClusteringBackend>(len: usize) {
             v.clone(),
             top.clone(),
             assignments.clone(),
+        )
+    });
+    let mass = stage::<B, _>("gather top mass", &device, || {
+        weights.clone().gather(3, top.clone()).sum_dim(3)
+    });
+    stage::<B, _>("top attention (fused)", &device, || {
+        top_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            assignments.clone(),
+            top.clone(),
+            mass.clone(),
+            cluster_values.clone(),
+            None,
+            0.125,
         )
     });
     let none = AttentionOptions::new();

@@ -16,6 +16,13 @@
 //! own implementations. Everything else (centroids, softmax, broadcast) is ordinary Burn
 //! tensor ops in [`crate::attention`].
 //!
+//! Without autodiff the attentions call two fused ops instead:
+//! [`centroid_attention`](ClusteringBackend::centroid_attention) (eqs. 4–5 and 9: the
+//! clusters' scores, top-k, softmax and `Aᶜ V`) and
+//! [`top_attention`](ClusteringBackend::top_attention) (eqs. 10–11: each query's top-k
+//! scores, softmax, weighted sum and its cluster's rest). Their default bodies compose the ops
+//! above; the CPU backends override them so that no `[C, S]` or `[L, k]` tensor is built.
+//!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
 //! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
 //! (NdArray, Flex) override them with multi-threaded host loops ([`host`](mod@host)), the
@@ -148,6 +155,42 @@ pub trait ClusteringBackend: Backend {
         reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
     }
 
+    /// The per-query part of improved clustered attention in one op (paper eqs. 10–11): for
+    /// every query `i` of cluster `j = assignments[b, h, i]`,
+    /// `out[b, h, i] = m̂_j · Σ_r softmax_r(scale · queries[b, h, i] · keys[b, h, t_r]) ·
+    /// values[b, h, t_r] + rest[b, h, j]` over the cluster's top-k keys
+    /// `t_r = topk[b, h, j, r]`, the keys at or past `key_lengths[b]` taking no weight; rows of
+    /// padded queries (`j = -1`) are zero.
+    ///
+    /// The default body composes [`Self::sparse_dot`], [`Self::attention_softmax`] and
+    /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows, so it is differentiable
+    /// on `Autodiff` (which does not override it); the host loops of the CPU backends compute
+    /// each query's scores, softmax and weighted sum in registers, one cluster's gathered
+    /// keys and values at a time, and have no backward. The attentions call it only when
+    /// autodiff is off (there is no dropout to apply).
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+    ///   `values`: `[batch, heads, S, D]`
+    /// - `clusters`: [`ClusterTop`], `assignments` `[batch, heads, L]`, `topk`
+    ///   `[batch, heads, C, k]`, `mass` `[batch, heads, C, 1]`, `rest` `[batch, heads, C, D]`
+    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree; the host loops also when a key length is outside `1..=S` or an
+    /// index is out of range (the default body does not read them back from the device).
+    fn top_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        reference::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
+    }
+
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
     /// §3.3), in descending order of score. Which of several equal scores is taken is up to
     /// the backend (the host loops and the CubeCL kernel take the lowest index; the default
@@ -237,6 +280,20 @@ pub struct CentroidAttention<B: Backend> {
     /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
     /// sum is the mass `m̂` of paper eq. 9).
     pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
+}
+
+/// Each cluster's share of improved clustered attention that its member queries use: the
+/// input of [`ClusteringBackend::top_attention`] (paper eqs. 9–10).
+pub struct ClusterTop<B: Backend> {
+    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
+    /// query.
+    pub assignments: IntTensor<B>,
+    /// `[batch, heads, C, k]`: each cluster's top-k keys, distinct within a row, in `0..S`.
+    pub topk: IntTensor<B>,
+    /// `[batch, heads, C, 1]`: the centroid attention mass `m̂` of the top-k keys (eq. 9).
+    pub mass: FloatTensor<B>,
+    /// `[batch, heads, C, D]`: `Aᶜ V` over the keys outside the top-k (eq. 10, second case).
+    pub rest: FloatTensor<B>,
 }
 
 /// Positions of the initial centroids of [`ClusteringBackend::hamming_kmeans`], drawn on the

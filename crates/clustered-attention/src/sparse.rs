@@ -5,6 +5,7 @@
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::ClusteringBackend;
+use crate::ops::ClusterTop;
 
 /// Softmax over the last dimension with a division-free gradient
 /// (see [`ClusteringBackend::attention_softmax`]).
@@ -64,6 +65,52 @@ pub fn centroid_attention<B: ClusteringBackend>(
         .top
         .map(|(top, weights)| (Tensor::from_primitive(top), float(weights)));
     (float(out.values), top)
+}
+
+/// The per-query part of improved clustered attention in one op (paper eqs. 10–11; see
+/// [`ClusteringBackend::top_attention`]): for every query `i` of cluster `j`,
+/// `m̂_j · Σ_r softmax_r(scale · q_i · k_{t_r}) · v_{t_r} + rest_j` over the cluster's top-k
+/// keys `t_r` (keys at or past `key_lengths[b]` take no weight), zero for padded queries.
+/// Differentiable only where the backend computes it with Burn ops (the default body, and so
+/// `Autodiff`).
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+///   `values`: `[batch, heads, S, D]`
+/// - `assignments`: `[batch, heads, L]` in `0..C` or `-1`, `topk`: `[batch, heads, C, k]` in
+///   `0..S`, `mass`: `[batch, heads, C, 1]`, `rest`: `[batch, heads, C, D]`
+/// - `key_lengths`: `[batch]` in `1..=S`
+/// - output: `[batch, heads, L, D]`
+///
+/// # Panics
+/// If the shapes disagree or `k` is 0 or above `S` (the CPU backends also when an index or a
+/// key length is out of range).
+#[allow(clippy::too_many_arguments)]
+pub fn top_attention<B: ClusteringBackend>(
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    assignments: Tensor<B, 3, Int>,
+    topk: Tensor<B, 4, Int>,
+    mass: Tensor<B, 4>,
+    rest: Tensor<B, 4>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    scale: f64,
+) -> Tensor<B, 4> {
+    let clusters = ClusterTop {
+        assignments: assignments.into_primitive(),
+        topk: topk.into_primitive(),
+        mass: mass.into_primitive().tensor(),
+        rest: rest.into_primitive().tensor(),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(B::top_attention(
+        queries.into_primitive().tensor(),
+        keys.into_primitive().tensor(),
+        values.into_primitive().tensor(),
+        clusters,
+        key_lengths.map(Tensor::into_primitive),
+        scale,
+    )))
 }
 
 /// `out[b, h, i, r] = queries[b, h, i] · keys[b, h, topk[b, h, a_i, r]]`, zero for padded

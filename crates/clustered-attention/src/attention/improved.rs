@@ -3,7 +3,9 @@ use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
 use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::{attention_softmax, centroid_attention, sparse_dot, sparse_weighted_sum};
+use crate::sparse::{
+    attention_softmax, centroid_attention, sparse_dot, sparse_weighted_sum, top_attention,
+};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -118,6 +120,20 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
     // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
+    if !B::ad_enabled(&queries.device()) {
+        // Without autodiff (so without dropout), eqs. 10 and 11 in one op.
+        return top_attention(
+            queries,
+            keys,
+            values,
+            assignments,
+            top,
+            top_mass,
+            rest_values,
+            input.batch_key_lengths(),
+            input.scale,
+        );
+    }
     let mut top_scores =
         sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
     if let Some(lengths) = &input.key_lengths {

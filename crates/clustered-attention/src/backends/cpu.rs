@@ -1,6 +1,6 @@
 //! CPU backends: host loops for hashing, K-means, the attention softmax, top-k, the centroid
-//! attention and the sparse products ([`crate::ops::host`]), compiled for the CPU's vector
-//! instructions.
+//! attention, the per-query top-k attention and the sparse products ([`crate::ops::host`]),
+//! compiled for the CPU's vector instructions.
 
 /// Implements [`ClusteringBackend`](crate::ClusteringBackend) with the host ops.
 #[cfg(any(feature = "ndarray", feature = "flex"))]
@@ -38,6 +38,17 @@ macro_rules! host_ops {
             host::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
         }
 
+        fn top_attention(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: ClusterTop<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+        ) -> FloatTensor<Self> {
+            host::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
+        }
+
         fn sparse_dot(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -71,8 +82,8 @@ macro_rules! host_ops {
 #[cfg(feature = "ndarray")]
 mod ndarray {
     use crate::ClusteringBackend;
-    use crate::ops::CentroidAttention;
     use crate::ops::host::{self, HostAccess};
+    use crate::ops::{CentroidAttention, ClusterTop};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
     use burn::tensor::TensorMetadata;
@@ -117,8 +128,8 @@ mod ndarray {
 #[cfg(feature = "flex")]
 mod flex {
     use crate::ClusteringBackend;
-    use crate::ops::CentroidAttention;
     use crate::ops::host::{self, HostAccess};
+    use crate::ops::{CentroidAttention, ClusterTop};
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};
     use burn::tensor::{DType, Element, bf16, f16};

@@ -4,8 +4,8 @@
 //! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
 //! all hash planes at once, vector popcounts over sixteen codes for the K-means, a vectorised
 //! `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
-//! blocks of gathered keys for the sparse products, all in the private `simd` module, and the
-//! `gemm` crate's products for the centroid attention — split
+//! blocks of gathered keys for the sparse products and the per-query top-k attention, all in
+//! the private `simd` module, and the `gemm` crate's products for the centroid attention — split
 //! over rows on rayon's global pool (the one the backends use), and writes the result back
 //! with `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
 //! the integer outputs, to rounding for the float ones. Float ops compute and accumulate in
@@ -654,6 +654,26 @@ impl Sparse {
         self.batch * self.heads
     }
 
+    /// Panics unless every top-k index is in `0..keys_len` and every assignment in
+    /// `0..clusters` or [`NO_CLUSTER`].
+    fn check(&self, keys_len: usize) {
+        if let Some(t) = self
+            .topk
+            .iter()
+            .find(|&&t| !(0..keys_len as i64).contains(&t))
+        {
+            panic!("topk holds {t}, outside 0..{keys_len} (the number of keys)");
+        }
+        let clusters = self.clusters as i64;
+        if let Some(a) = self
+            .assignments
+            .iter()
+            .find(|&&a| a != NO_CLUSTER && !(0..clusters).contains(&a))
+        {
+            panic!("assignments holds {a}, outside 0..{clusters} (the clusters) and not -1");
+        }
+    }
+
     fn members(&self, row: usize) -> Members {
         Members::new(
             &self.assignments[row * self.len..(row + 1) * self.len],
@@ -761,6 +781,108 @@ pub fn sparse_weighted_sum<B: HostAccess>(
         })
     });
     write_float::<B, 4>(out, [sparse.batch, sparse.heads, len, dim], &device, dtype)
+}
+
+/// Host [`ClusteringBackend::top_attention`](super::ClusteringBackend::top_attention) in
+/// `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per cluster, the
+/// cluster's top-k keys (transposed) and values gathered into small blocks, then for four
+/// member queries at a time the scores, their softmax and the weighted sum in registers, plus
+/// the cluster's rest row.
+pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: super::ClusterTop<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+) -> FloatTensor<B> {
+    let floats = [&queries, &keys, &values, &clusters.mass, &clusters.rest];
+    if !floats.iter().all(|x| on_host::<B>(x)) {
+        return reference::top_attention::<B>(queries, keys, values, clusters, key_lengths, scale);
+    }
+    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    let topk_dims = clusters.topk.shape().dims();
+    reference::check_top_attention(
+        [batch, heads, len, dim],
+        dims::<B, 4>(&keys),
+        [batch, heads, keys_len, dim_v],
+        clusters.assignments.shape().dims(),
+        topk_dims,
+        dims::<B, 4>(&clusters.mass),
+        dims::<B, 4>(&clusters.rest),
+    );
+    let lengths = host_lengths(
+        "key_lengths",
+        key_lengths.map(Tensor::<B, 1, Int>::from_primitive),
+        batch,
+        keys_len,
+    );
+    if let Some(b) = lengths.iter().position(|&n| n == 0) {
+        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+    }
+    let sparse = Sparse::read::<B>(clusters.topk, clusters.assignments);
+    sparse.check(keys_len);
+    let (k, num_clusters) = (sparse.k, sparse.clusters);
+    let (kp, dp) = (padded(k), padded(dim_v));
+    let mut out = vec![0f32; sparse.rows() * len * dim_v];
+    B::with_f32(&queries, |queries| {
+        B::with_f32(&keys, |keys| {
+            B::with_f32(&values, |values| {
+                B::with_f32(&clusters.mass, |mass| {
+                    B::with_f32(&clusters.rest, |rest| {
+                        let cost = len * k * (dim + dim_v);
+                        for_each_row(&mut out, sparse.rows(), cost, |row, out| {
+                            let members = sparse.members(row);
+                            let valid = lengths[row / heads];
+                            let queries = &queries[row * len * dim..(row + 1) * len * dim];
+                            let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
+                            let values =
+                                &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v];
+                            let mut key_t = vec![0f32; dim * kp];
+                            let mut value_block = vec![0f32; k * dp];
+                            let mut bias = vec![f32::NEG_INFINITY; kp];
+                            let mut scratch = vec![0f32; 4 * kp];
+                            for j in 0..num_clusters {
+                                let members = members.of(j);
+                                if members.is_empty() {
+                                    continue;
+                                }
+                                sparse.gather_transposed(row, j, keys, dim, &mut key_t);
+                                sparse.gather(row, j, values, dim_v, &mut value_block);
+                                for (b, &t) in bias.iter_mut().zip(sparse.top(row, j)) {
+                                    *b = if (t as usize) < valid {
+                                        0.0
+                                    } else {
+                                        f32::NEG_INFINITY
+                                    };
+                                }
+                                let c = row * num_clusters + j;
+                                let cluster = simd::ClusterBlock {
+                                    key_t: &key_t,
+                                    bias: &bias,
+                                    values: &value_block,
+                                    rest: &rest[c * dim_v..(c + 1) * dim_v],
+                                    mass: mass[c],
+                                    scale: scale as f32,
+                                };
+                                simd::attend_members(
+                                    queries,
+                                    dim,
+                                    members,
+                                    &cluster,
+                                    &mut scratch,
+                                    out,
+                                );
+                            }
+                        })
+                    })
+                })
+            })
+        })
+    });
+    write_float::<B, 4>(out, [batch, heads, len, dim_v], &device, dtype)
 }
 
 /// Host [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter).

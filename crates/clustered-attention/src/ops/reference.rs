@@ -9,10 +9,12 @@ use core::ops::Range;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{
+    Bool, ElementConversion, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive,
+};
 
 use super::{
-    CentroidAttention, ClusteringBackend, MAX_BITS, NO_CLUSTER, host_lengths,
+    CentroidAttention, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER, host_lengths,
     initial_centroid_positions,
 };
 
@@ -319,6 +321,111 @@ pub(crate) fn check_centroid_attention(
         "topk must be in 0..={} (the number of keys), got {topk}",
         keys[2]
     );
+}
+
+/// Default body of [`ClusteringBackend::top_attention`]: the top-k scores by
+/// [`ClusteringBackend::sparse_dot`], the padded keys' `-inf` and the mass gathered from each
+/// query's cluster row, [`ClusteringBackend::attention_softmax`],
+/// [`ClusteringBackend::sparse_weighted_sum`] and the cluster's `rest` row (zero for padded
+/// queries).
+///
+/// # Panics
+/// If the shapes disagree.
+pub fn top_attention<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: ClusterTop<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+) -> FloatTensor<B> {
+    let assignments = Tensor::<B, 3, Int>::from_primitive(clusters.assignments);
+    let topk = Tensor::<B, 4, Int>::from_primitive(clusters.topk);
+    let (mass, rest) = (float4::<B>(clusters.mass), float4::<B>(clusters.rest));
+    let [batch, heads, len, _] = queries.shape().dims();
+    let [_, _, keys_len, dim_v] = values.shape().dims();
+    check_top_attention(
+        queries.shape().dims(),
+        keys.shape().dims(),
+        [batch, heads, keys_len, dim_v],
+        assignments.dims(),
+        topk.dims(),
+        mass.dims(),
+        rest.dims(),
+    );
+    // Each query's cluster row (cluster 0 for a padded query, whose output is zeroed).
+    let rows = assignments.clone().clamp_min(0).unsqueeze_dim::<4>(3);
+    let per_query = |x: Tensor<B, 4>| {
+        let width = x.dims()[3];
+        x.gather(2, rows.clone().expand([batch, heads, len, width]))
+    };
+    let mut scores = float4::<B>(B::sparse_dot(
+        queries,
+        keys,
+        topk.clone().into_primitive(),
+        assignments.clone().into_primitive(),
+    ))
+    .mul_scalar(scale);
+    if let Some(lengths) = key_lengths {
+        let lengths = Tensor::<B, 1, Int>::from_primitive(lengths);
+        assert!(
+            lengths.dims() == [batch],
+            "key_lengths must have shape [batch] = [{batch}], got {:?}",
+            lengths.dims()
+        );
+        let shape = topk.dims();
+        let padded = topk
+            .clone()
+            .greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape));
+        let bias = Tensor::<B, 4>::zeros(shape, (&scores.device(), scores.dtype()))
+            .mask_fill(padded, f32::NEG_INFINITY);
+        scores = scores + per_query(bias);
+    }
+    let weights =
+        float4::<B>(B::attention_softmax(scores.into_primitive().tensor())) * per_query(mass);
+    let top = B::sparse_weighted_sum(
+        weights.into_primitive().tensor(),
+        values,
+        topk.into_primitive(),
+        assignments.clone().into_primitive(),
+    );
+    let padded = assignments
+        .lower_elem(0)
+        .unsqueeze_dim::<4>(3)
+        .expand([batch, heads, len, dim_v]);
+    float_out(float4::<B>(top) + per_query(rest).mask_fill(padded, 0.0))
+}
+
+/// Checks the shapes of a [`ClusteringBackend::top_attention`] call.
+///
+/// # Panics
+/// If `queries [batch, heads, L, E]`, `keys [batch, heads, S, E]`, `values [batch, heads, S, D]`,
+/// `assignments [batch, heads, L]`, `topk [batch, heads, C, k]`, `mass [batch, heads, C, 1]`
+/// and `rest [batch, heads, C, D]` disagree, or `k` is 0 or above `S`.
+pub(crate) fn check_top_attention(
+    queries: [usize; 4],
+    keys: [usize; 4],
+    values: [usize; 4],
+    assignments: [usize; 3],
+    topk: [usize; 4],
+    mass: [usize; 4],
+    rest: [usize; 4],
+) {
+    let [batch, heads, len, dim] = queries;
+    let [_, _, keys_len, dim_v] = values;
+    let [_, _, clusters, k] = topk;
+    assert!(
+        keys == [batch, heads, keys_len, dim]
+            && assignments == [batch, heads, len]
+            && topk[..2] == [batch, heads]
+            && mass == [batch, heads, clusters, 1]
+            && rest == [batch, heads, clusters, dim_v],
+        "queries {queries:?}, keys {keys:?}, values {values:?}, assignments {assignments:?}, \
+         topk {topk:?}, mass {mass:?} and rest {rest:?} must be [batch, heads, L, E], \
+         [batch, heads, S, E], [batch, heads, S, D], [batch, heads, L], [batch, heads, C, k], \
+         [batch, heads, C, 1] and [batch, heads, C, D]"
+    );
+    check_topk(k, keys_len);
 }
 
 /// Panics unless `1 ≤ k ≤ len`.

@@ -82,7 +82,10 @@ fn dot_group<const FMA: bool, const G: usize>(
     c: usize,
 ) -> [[f32; LANES]; G] {
     let mut acc = [[0f32; LANES]; G];
-    for (e, column) in key_t.chunks_exact(kp).enumerate() {
+    // Rows of one length, known to cover the columns: no bounds check in the loop.
+    let dim = key_t.len() / kp;
+    let rows = rows.map(|row| &row[..dim]);
+    for (e, column) in key_t.chunks_exact(kp).enumerate().take(dim) {
         let keys: &[f32; LANES] = column[c..c + LANES].try_into().unwrap();
         for g in 0..G {
             let q = rows[g][e];
@@ -142,7 +145,10 @@ fn weighted_group<const FMA: bool, const G: usize>(
     c: usize,
 ) -> [[f32; LANES]; G] {
     let mut acc = [[0f32; LANES]; G];
-    for (r, row) in block.chunks_exact(dp).enumerate() {
+    // Weight rows of one length, known to cover the block: no bounds check in the loop.
+    let k = block.len() / dp;
+    let w = w.map(|w| &w[..k]);
+    for (r, row) in block.chunks_exact(dp).enumerate().take(k) {
         let values: &[f32; LANES] = row[c..c + LANES].try_into().unwrap();
         for g in 0..G {
             let weight = w[g][r];
@@ -189,6 +195,142 @@ multiversion! {
                 let i = i as usize;
                 out[i * dim + c..i * dim + c + n].copy_from_slice(&acc[..n]);
             }
+        }
+    }
+}
+
+/// One cluster's gathered operands of [`attend_members`].
+pub(crate) struct ClusterBlock<'a> {
+    /// The `k` top keys transposed, `[dim, kp]` with `kp = padded(k)`, columns `≥ k` zero.
+    pub key_t: &'a [f32],
+    /// `[kp]`: added to the scaled scores, `0` for a valid key and `-∞` for a padded key and
+    /// for the columns `≥ k`.
+    pub bias: &'a [f32],
+    /// The `k` top values, `[k, padded(dv)]`, columns `≥ dv` zero.
+    pub values: &'a [f32],
+    /// `[dv]`: added to every output row.
+    pub rest: &'a [f32],
+    /// Multiplies the softmax.
+    pub mass: f32,
+    /// Multiplies the dot products.
+    pub scale: f32,
+}
+
+/// [`attend_members`] for `G` rows: the scores in `scratch` (`[G, kp]`), softmaxed in place.
+#[inline(always)]
+fn attend_group<const FMA: bool, const G: usize>(
+    rows: [&[f32]; G],
+    ids: &[u32],
+    cluster: &ClusterBlock<'_>,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let kp = cluster.bias.len();
+    let dv = cluster.rest.len();
+    let dp = padded(dv);
+    let k = cluster.values.len() / dp;
+    for c in (0..kp).step_by(LANES) {
+        let acc = dot_group::<FMA, G>(rows, cluster.key_t, kp, c);
+        for g in 0..G {
+            for l in 0..LANES {
+                scratch[g * kp + c + l] =
+                    madd::<FMA>(acc[g][l], cluster.scale, cluster.bias[c + l]);
+            }
+        }
+    }
+    for row in scratch.chunks_exact_mut(kp).take(G) {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        for chunk in row.chunks_exact(LANES) {
+            for l in 0..LANES {
+                lanes[l] = lanes[l].max(chunk[l]);
+            }
+        }
+        let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            row.fill(f32::NAN);
+            continue;
+        }
+        let mut sums = [0f32; LANES];
+        for chunk in row.chunks_exact_mut(LANES) {
+            for l in 0..LANES {
+                chunk[l] = exp::<FMA>(chunk[l] - max);
+                sums[l] += chunk[l];
+            }
+        }
+        let factor = cluster.mass / sums.iter().sum::<f32>();
+        for v in row.iter_mut() {
+            *v *= factor;
+        }
+    }
+    let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
+    for c in (0..dp).step_by(LANES) {
+        let acc = weighted_group::<FMA, G>(weights, cluster.values, dp, c);
+        let start = |g: usize| ids[g] as usize * dv + c;
+        if c + LANES <= dv {
+            let rest: &[f32; LANES] = cluster.rest[c..c + LANES].try_into().unwrap();
+            for (g, acc) in acc.iter().enumerate() {
+                let row: &mut [f32; LANES] =
+                    (&mut out[start(g)..start(g) + LANES]).try_into().unwrap();
+                for l in 0..LANES {
+                    row[l] = acc[l] + rest[l];
+                }
+            }
+        } else {
+            for (g, acc) in acc.iter().enumerate() {
+                let row = &mut out[start(g)..start(g) + dv - c];
+                for ((o, a), r) in row.iter_mut().zip(acc).zip(&cluster.rest[c..]) {
+                    *o = a + r;
+                }
+            }
+        }
+    }
+}
+
+/// Asks the CPU to bring `x` into its caches ahead of use (nothing on other architectures).
+#[inline(always)]
+fn prefetch(x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in x.chunks(16) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch reads nothing architecturally and never faults; the address
+        // lies in `x`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+multiversion! {
+    /// For every row `i` of `members`, with `s_r = scale · x[i] · key_t[.., r] + bias[r]`:
+    /// `out[i·dv + d] = mass · Σ_r softmax(s)_r · values[r, d] + rest[d]` (`d < dv`), the
+    /// top-k part of improved clustered attention plus the rest of its cluster (paper
+    /// eqs. 10–11). A row whose scores hold no finite maximum gives NaN, as the softmax does.
+    ///
+    /// `x`: rows of `dim`; `scratch`: at least `GROUP · padded(k)` floats; `out`: rows of `dv`.
+    pub(crate) fn attend_members<FMA>(
+        x: &[f32],
+        dim: usize,
+        members: &[u32],
+        cluster: &ClusterBlock<'_>,
+        scratch: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let row = |i: u32| &x[i as usize * dim..(i as usize + 1) * dim];
+        let dv = cluster.rest.len();
+        // The members are scattered over the sequence: the rows of the group after next are
+        // fetched while this one is computed.
+        let ahead = 2 * GROUP;
+        for (t, group) in members.chunks_exact(GROUP).enumerate() {
+            for &i in members.iter().skip(t * GROUP + ahead).take(GROUP) {
+                prefetch(row(i));
+                prefetch(&out[i as usize * dv..(i as usize + 1) * dv]);
+            }
+            let rows: [&[f32]; GROUP] = std::array::from_fn(|g| row(group[g]));
+            attend_group::<FMA, GROUP>(rows, group, cluster, scratch, out);
+        }
+        let groups = members.chunks_exact(GROUP);
+        for i in groups.remainder() {
+            attend_group::<FMA, 1>([row(*i)], std::slice::from_ref(i), cluster, scratch, out);
         }
     }
 }

@@ -9,7 +9,7 @@ use clustered_attention::ClusteringBackend;
 use clustered_attention::ops::reference;
 use clustered_attention::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
-    topk_indices,
+    top_attention, topk_indices,
 };
 use rand::RngExt;
 
@@ -374,6 +374,136 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
     }
 }
 
+/// The backend's per-query top-k attention and its default body against plain f64 loops:
+/// padded queries, a sequence with padded keys in its top-k sets (each set keeps at least one
+/// valid key, as the centroid attention's top-k always does), and widths across the 16-lane
+/// blocks of the host kernels (k = 33, E = 70, D = 20), with the tolerance of
+/// `sparse_products_match_reference`.
+fn top_attention_matches_loops<B: ClusteringBackend>() {
+    let device = Default::default();
+    // (batch, heads, L, S, E, D, C, k, key lengths, tolerance)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        f64,
+    );
+    let cases: [Case; 2] = [
+        (2, 3, 37, 29, 10, 7, 5, 6, &[29, 4], 1e-5),
+        (1, 2, 301, 90, 70, 20, 6, 33, &[85], 1e-4),
+    ];
+    let scale = 0.3;
+    for (n, (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths, tolerance)) in
+        cases.into_iter().enumerate()
+    {
+        let seed = 70 + 5 * n as u64;
+        let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
+        for (row, top) in ix.topk.chunks_mut(k).enumerate() {
+            let valid = key_lengths[row / (heads * clusters)] as i64;
+            if top.iter().all(|&t| t >= valid) {
+                top[0] = 0;
+            }
+        }
+        let queries = normal([batch, heads, len, dim], seed + 1);
+        let keys = normal([batch, heads, keys_len, dim], seed + 2);
+        let values = normal([batch, heads, keys_len, dim_v], seed + 3);
+        let mut mass = normal([batch, heads, clusters, 1], seed + 4);
+        for m in &mut mass.data {
+            *m = m.abs() / (1.0 + m.abs());
+        }
+        let rest = normal([batch, heads, clusters, dim_v], seed + 5);
+        let (topk, assignments) = ix.tensors::<B>();
+        let inputs = || {
+            (
+                queries.to_tensor::<B>(&device),
+                keys.to_tensor::<B>(&device),
+                values.to_tensor::<B>(&device),
+                topk.clone(),
+                assignments.clone(),
+                mass.to_tensor::<B>(&device),
+                rest.to_tensor::<B>(&device),
+                Some(lengths::<B>(key_lengths, &device)),
+            )
+        };
+        let (q, kt, v, t, a, m, r, l) = inputs();
+        let out = top_attention(q, kt, v, a, t, m, r, l, scale);
+        let (q, kt, v, t, a, m, r, l) = inputs();
+        let clusters_top = clustered_attention::ops::ClusterTop {
+            assignments: a.into_primitive(),
+            topk: t.into_primitive(),
+            mass: m.into_primitive().tensor(),
+            rest: r.into_primitive().tensor(),
+        };
+        let default_body = float::<B>(reference::top_attention::<B>(
+            q.into_primitive().tensor(),
+            kt.into_primitive().tensor(),
+            v.into_primitive().tensor(),
+            clusters_top,
+            l.map(Tensor::into_primitive),
+            scale,
+        ));
+        for (name, out) in [("backend", out), ("default body", default_body)] {
+            assert_eq!(out.dims(), [batch, heads, len, dim_v]);
+            let out = Host4::from_tensor(out);
+            for (b, &valid) in key_lengths.iter().enumerate() {
+                for h in 0..heads {
+                    for i in 0..len {
+                        let case = format!("case {n}, {name}, ({b}, {h}, {i})");
+                        let a = ix.assignments[(b * heads + h) * len + i];
+                        let expected: Vec<f64> = if a < 0 {
+                            vec![0.0; dim_v]
+                        } else {
+                            let a = a as usize;
+                            let row = ((b * heads + h) * clusters + a) * k;
+                            let top = &ix.topk[row..row + k];
+                            let scores: Vec<f64> = top
+                                .iter()
+                                .map(|&t| {
+                                    if (t as usize) < valid {
+                                        scale
+                                            * dot(
+                                                &queries.row(b, h, i),
+                                                &keys.row(b, h, t as usize),
+                                            )
+                                    } else {
+                                        f64::NEG_INFINITY
+                                    }
+                                })
+                                .collect();
+                            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                            let sum: f64 = exps.iter().sum();
+                            (0..dim_v)
+                                .map(|d| {
+                                    let top_part: f64 = top
+                                        .iter()
+                                        .zip(&exps)
+                                        .map(|(&t, e)| e / sum * values.at(b, h, t as usize, d))
+                                        .sum();
+                                    mass.at(b, h, a, 0) * top_part + rest.at(b, h, a, d)
+                                })
+                                .collect()
+                        };
+                        for (d, expected) in expected.iter().enumerate() {
+                            let got = out.at(b, h, i, d);
+                            assert!(
+                                (got - expected).abs() <= tolerance,
+                                "{case}, column {d}: {got} vs {expected}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
 /// sparse products) equals autodiff through the default bodies.
 fn sparse_gradients_match_reference<B: ClusteringBackend>() {
@@ -491,6 +621,11 @@ macro_rules! sparse_tests {
             $(#[$ignore])?
             fn centroid_attention_matches_loops() {
                 super::centroid_attention_matches_loops::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn top_attention_matches_loops() {
+                super::top_attention_matches_loops::<$backend>();
             }
             #[test]
             $(#[$ignore])?
