@@ -446,7 +446,7 @@ unsafe fn matmul_into(
 }
 
 /// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
-/// in `f32` (`f16` and `bf16` widened): for every block of [`CENTROID_ROWS`] cluster rows of a
+/// in `f32` (`f16` and `bf16` widened): for every block of `CENTROID_ROWS` (128) cluster rows of a
 /// `(batch, head)`, on rayon's pool, the scores of the valid keys (a `gemm` product into a
 /// per-thread scratch block, the padded keys set to `-inf`), the top-k of each row, the
 /// softmax in place, and `Aᶜ · values` of the valid keys (a second product).
