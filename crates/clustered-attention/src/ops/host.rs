@@ -111,6 +111,27 @@ fn write_ints<B: Backend, const D: usize>(
     Tensor::<B, D, Int>::from_data(TensorData::new(values, dims), device).into_primitive()
 }
 
+/// Reads `key_lengths` (`[batch]`) to the host: all `keys_len` when `None`.
+///
+/// # Panics
+/// If the tensor is not `[batch]` or a length is outside `1..=keys_len`.
+fn key_lengths_on_host<B: Backend>(
+    key_lengths: Option<IntTensor<B>>,
+    batch: usize,
+    keys_len: usize,
+) -> Vec<usize> {
+    let lengths = host_lengths(
+        "key_lengths",
+        key_lengths.map(Tensor::<B, 1, Int>::from_primitive),
+        batch,
+        keys_len,
+    );
+    if let Some(b) = lengths.iter().position(|&n| n == 0) {
+        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+    }
+    lengths
+}
+
 /// Whether the host loops take `x`: `f32`, or a half type they widen to `f32`.
 fn on_host<B: Backend>(x: &FloatTensor<B>) -> bool {
     matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
@@ -473,15 +494,7 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
         dims::<B, 4>(&values),
         topk,
     );
-    let lengths = host_lengths(
-        "key_lengths",
-        key_lengths.map(Tensor::<B, 1, Int>::from_primitive),
-        batch,
-        keys_len,
-    );
-    if let Some(b) = lengths.iter().position(|&n| n == 0) {
-        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
-    }
+    let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
     // One block of rows of one (batch, head) per task; `top_k` keeps chunks non-empty.
     let top_k = topk.max(1);
     let mut out = vec![0f32; batch * heads * clusters * dim_v];
@@ -813,15 +826,7 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
         dims::<B, 4>(&clusters.mass),
         dims::<B, 4>(&clusters.rest),
     );
-    let lengths = host_lengths(
-        "key_lengths",
-        key_lengths.map(Tensor::<B, 1, Int>::from_primitive),
-        batch,
-        keys_len,
-    );
-    if let Some(b) = lengths.iter().position(|&n| n == 0) {
-        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
-    }
+    let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
     let sparse = Sparse::read::<B>(clusters.topk, clusters.assignments);
     sparse.check(keys_len);
     let (k, num_clusters) = (sparse.k, sparse.clusters);

@@ -96,7 +96,8 @@ pub fn host_ints<B: Backend, const D: usize>(tensor: Tensor<B, D, Int>) -> Vec<i
     tensor.into_data().iter::<i64>().collect()
 }
 
-fn softmax(scores: &[f64]) -> Vec<f64> {
+/// Softmax of f64 scores (`-inf` gives 0).
+pub fn softmax(scores: &[f64]) -> Vec<f64> {
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = exps.iter().sum();

@@ -325,10 +325,7 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
                                 }
                             })
                             .collect();
-                        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                        let sum: f64 = exps.iter().sum();
-                        let weights: Vec<f64> = exps.iter().map(|e| e / sum).collect();
+                        let weights = softmax(&scores);
                         for d in 0..dim_v {
                             let expected: f64 = (0..keys_len)
                                 .map(|j| weights[j] * values.at(b, h, j, d))
@@ -476,15 +473,13 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
                                     }
                                 })
                                 .collect();
-                            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                            let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                            let sum: f64 = exps.iter().sum();
+                            let weights = softmax(&scores);
                             (0..dim_v)
                                 .map(|d| {
                                     let top_part: f64 = top
                                         .iter()
-                                        .zip(&exps)
-                                        .map(|(&t, e)| e / sum * values.at(b, h, t as usize, d))
+                                        .zip(&weights)
+                                        .map(|(&t, w)| w * values.at(b, h, t as usize, d))
                                         .sum();
                                     mass.at(b, h, a, 0) * top_part + rest.at(b, h, a, d)
                                 })
