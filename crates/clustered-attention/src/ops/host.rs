@@ -816,13 +816,12 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
     let (device, dtype) = (B::float_device(&queries), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
-    let topk_dims = clusters.topk.shape().dims();
     reference::check_top_attention(
         [batch, heads, len, dim],
         dims::<B, 4>(&keys),
         [batch, heads, keys_len, dim_v],
         clusters.assignments.shape().dims(),
-        topk_dims,
+        clusters.topk.shape().dims(),
         dims::<B, 4>(&clusters.mass),
         dims::<B, 4>(&clusters.rest),
     );

@@ -258,17 +258,10 @@ pub fn centroid_attention<B: ClusteringBackend>(
     let device = centroids.device();
     let mut scores = centroids.matmul(keys.swap_dims(2, 3));
     if let Some(lengths) = key_lengths {
-        let lengths = Tensor::<B, 1, Int>::from_primitive(lengths);
-        assert!(
-            lengths.dims() == [batch],
-            "key_lengths must have shape [batch] = [{batch}], got {:?}",
-            lengths.dims()
-        );
-        let shape = [batch, 1, 1, keys_len];
-        let padded = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
+        let positions = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
             .reshape([1, 1, 1, keys_len])
-            .expand(shape)
-            .greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape));
+            .expand([batch, 1, 1, keys_len]);
+        let padded = padded_keys(lengths, positions);
         scores = scores.mask_fill(
             padded.expand([batch, heads, clusters, keys_len]),
             f32::NEG_INFINITY,
@@ -295,6 +288,26 @@ pub fn centroid_attention<B: ClusteringBackend>(
         values: weights.matmul(values).into_primitive().tensor(),
         top,
     }
+}
+
+/// Whether each key index of `keys` (`[batch, …]`) is padding, at or past its sequence's
+/// `key_lengths[b]`.
+///
+/// # Panics
+/// If `key_lengths` is not `[batch]`.
+fn padded_keys<B: Backend>(
+    key_lengths: IntTensor<B>,
+    keys: Tensor<B, 4, Int>,
+) -> Tensor<B, 4, Bool> {
+    let lengths = Tensor::<B, 1, Int>::from_primitive(key_lengths);
+    let shape = keys.dims();
+    let batch = shape[0];
+    assert!(
+        lengths.dims() == [batch],
+        "key_lengths must have shape [batch] = [{batch}], got {:?}",
+        lengths.dims()
+    );
+    keys.greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape))
 }
 
 /// Checks the shapes of a [`ClusteringBackend::centroid_attention`] call.
@@ -367,17 +380,8 @@ pub fn top_attention<B: ClusteringBackend>(
     ))
     .mul_scalar(scale);
     if let Some(lengths) = key_lengths {
-        let lengths = Tensor::<B, 1, Int>::from_primitive(lengths);
-        assert!(
-            lengths.dims() == [batch],
-            "key_lengths must have shape [batch] = [{batch}], got {:?}",
-            lengths.dims()
-        );
-        let shape = topk.dims();
-        let padded = topk
-            .clone()
-            .greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape));
-        let bias = Tensor::<B, 4>::zeros(shape, (&scores.device(), scores.dtype()))
+        let padded = padded_keys(lengths, topk.clone());
+        let bias = Tensor::<B, 4>::zeros(topk.dims(), (&scores.device(), scores.dtype()))
             .mask_fill(padded, f32::NEG_INFINITY);
         scores = scores + per_query(bias);
     }

@@ -239,28 +239,7 @@ fn attend_group<const FMA: bool, const G: usize>(
         }
     }
     for row in scratch.chunks_exact_mut(kp).take(G) {
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        for chunk in row.chunks_exact(LANES) {
-            for l in 0..LANES {
-                lanes[l] = lanes[l].max(chunk[l]);
-            }
-        }
-        let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if !max.is_finite() {
-            row.fill(f32::NAN);
-            continue;
-        }
-        let mut sums = [0f32; LANES];
-        for chunk in row.chunks_exact_mut(LANES) {
-            for l in 0..LANES {
-                chunk[l] = exp::<FMA>(chunk[l] - max);
-                sums[l] += chunk[l];
-            }
-        }
-        let factor = cluster.mass / sums.iter().sum::<f32>();
-        for v in row.iter_mut() {
-            *v *= factor;
-        }
+        softmax_scaled::<FMA>(row, cluster.mass);
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
     for c in (0..dp).step_by(LANES) {
@@ -433,41 +412,46 @@ multiversion! {
     /// finite, or that holds a NaN, gives NaN, as the decomposed softmax does.
     pub(crate) fn softmax_rows<FMA>(rows: &mut [f32], width: usize) {
         for row in rows.chunks_exact_mut(width) {
-            let mut lanes = [f32::NEG_INFINITY; LANES];
-            let mut chunks = row.chunks_exact(LANES);
-            for chunk in &mut chunks {
-                for l in 0..LANES {
-                    lanes[l] = lanes[l].max(chunk[l]);
-                }
-            }
-            let max = chunks
-                .remainder()
-                .iter()
-                .fold(lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), |m, &v| {
-                    m.max(v)
-                });
-            if !max.is_finite() {
-                row.fill(f32::NAN);
-                continue;
-            }
-            let mut sums = [0f32; LANES];
-            let mut chunks = row.chunks_exact_mut(LANES);
-            for chunk in &mut chunks {
-                for l in 0..LANES {
-                    chunk[l] = exp::<FMA>(chunk[l] - max);
-                    sums[l] += chunk[l];
-                }
-            }
-            let mut sum: f32 = sums.iter().sum();
-            for v in chunks.into_remainder() {
-                *v = exp::<FMA>(*v - max);
-                sum += *v;
-            }
-            let inverse = 1.0 / sum;
-            for v in row.iter_mut() {
-                *v *= inverse;
-            }
+            softmax_scaled::<FMA>(row, 1.0);
         }
+    }
+}
+
+/// `row ← factor · e^(row − max) / Σ e^(row − max)` in place, with `−∞` giving 0; a row whose
+/// maximum is not finite, or that holds a NaN, becomes NaN.
+#[inline(always)]
+fn softmax_scaled<const FMA: bool>(row: &mut [f32], factor: f32) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(chunk[l]);
+        }
+    }
+    let max = chunks.remainder().iter().fold(
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        |m, &v| m.max(v),
+    );
+    if !max.is_finite() {
+        row.fill(f32::NAN);
+        return;
+    }
+    let mut sums = [0f32; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for l in 0..LANES {
+            chunk[l] = exp::<FMA>(chunk[l] - max);
+            sums[l] += chunk[l];
+        }
+    }
+    let mut sum: f32 = sums.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = exp::<FMA>(*v - max);
+        sum += *v;
+    }
+    let scale = factor / sum;
+    for v in row.iter_mut() {
+        *v *= scale;
     }
 }
 
