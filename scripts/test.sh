@@ -28,5 +28,8 @@ export TEXT_ENCODER_REQUIRE_MINILM=1
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 # Autotuning each new shape is slow on a software GPU and changes no result.
 export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
+# A fresh checkout gains nothing from incremental compilation, which doubles the build's
+# disk footprint.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo test --workspace --locked \
     --features clustered-attention/wgpu,clustered-attention/cuda "$@"
