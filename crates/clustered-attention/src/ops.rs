@@ -16,12 +16,15 @@
 //! own implementations. Everything else (centroids, softmax, broadcast) is ordinary Burn
 //! tensor ops in [`crate::attention`].
 //!
-//! Without autodiff the attentions call two fused ops instead:
+//! Without dropout the attentions call two fused ops instead:
 //! [`centroid_attention`](ClusteringBackend::centroid_attention) (eqs. 4–5 and 9: the
 //! clusters' scores, top-k, softmax and `Aᶜ V`) and
 //! [`top_attention`](ClusteringBackend::top_attention) (eqs. 10–11: each query's top-k
 //! scores, softmax, weighted sum and its cluster's rest). Their default bodies compose the ops
 //! above; the CPU backends override them so that no `[C, S]` or `[L, k]` tensor is built.
+//! `Autodiff<B>` runs `B`'s fused top-k attention forward and differentiates it with
+//! [`top_attention_backward`](ClusteringBackend::top_attention_backward), which recomputes
+//! the `[L, k]` softmax instead of keeping it.
 //!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
 //! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
@@ -133,7 +136,8 @@ pub trait ClusteringBackend: Backend {
     /// [`Self::topk_indices`], so it is differentiable on `Autodiff` (which does not override
     /// it); the host loops of the CPU backends compute a block of cluster rows at a time in
     /// per-thread scratch memory, without the `[C, S]` scores and weights as tensors, and have
-    /// no backward. The attentions call it only when autodiff is off.
+    /// no backward: under autodiff the default body runs. The attentions call it when there is
+    /// no dropout to apply (dropout masks the weights `Aᶜ` between the softmax and `Aᶜ V`).
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -163,11 +167,11 @@ pub trait ClusteringBackend: Backend {
     /// padded queries (`j = -1`) are zero.
     ///
     /// The default body composes [`Self::sparse_dot`], [`Self::attention_softmax`] and
-    /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows, so it is differentiable
-    /// on `Autodiff` (which does not override it); the host loops of the CPU backends compute
-    /// each query's scores, softmax and weighted sum in registers, one cluster's gathered
-    /// keys and values at a time, and have no backward. The attentions call it only when
-    /// autodiff is off (there is no dropout to apply).
+    /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows; the host loops of the
+    /// CPU backends compute each query's scores, softmax and weighted sum in registers, one
+    /// cluster's gathered keys and values at a time. `Autodiff<B>` runs `B`'s op forward and
+    /// [`Self::top_attention_backward`] backward. The attentions call it when there is no
+    /// dropout to apply (dropout masks the weights between the softmax and the weighted sum).
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -189,6 +193,49 @@ pub trait ClusteringBackend: Backend {
         scale: f64,
     ) -> FloatTensor<Self> {
         reference::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
+    }
+
+    /// The gradients of [`Self::top_attention`] with respect to its five float inputs, given
+    /// the gradient `grad` of its output: with `p_r` the softmax over the cluster's top-k keys,
+    /// `w_r = m̂_j · p_r` and `δ_i = Σ_r p_r · (grad_i · values[t_r])`,
+    /// - `values[t_r]` gets `Σ_i w_r · grad_i` and `rest[j]` gets `Σ_i grad_i`;
+    /// - `mass[j]` gets `Σ_i δ_i`;
+    /// - with `ds_r = scale · m̂_j · p_r · (grad_i · values[t_r] − δ_i)` (the softmax's
+    ///   Jacobian), `queries[i]` gets `Σ_r ds_r · keys[t_r]` and `keys[t_r]` gets
+    ///   `Σ_i ds_r · queries[i]`,
+    ///
+    /// summed over the valid queries `i` of each cluster `j`; padded queries and padded keys get
+    /// nothing. `Autodiff<B>` overrides [`Self::top_attention`] to call it, so the forward pass
+    /// keeps no `[L, k]` tensor: the scores and the softmax are recomputed here.
+    ///
+    /// The default body composes [`Self::sparse_dot`], [`Self::attention_softmax`],
+    /// [`Self::sparse_weighted_sum`] and [`Self::sparse_scatter`]; the host loops of the CPU
+    /// backends compute each cluster's block in one pass over its members.
+    ///
+    /// # Shapes
+    /// As [`Self::top_attention`]; `grad`: `[batch, heads, L, D]`; the gradients have the shapes
+    /// of their inputs ([`TopAttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`Self::top_attention`], and if `grad` is not `[batch, heads, L, D]`.
+    fn top_attention_backward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+        grad: FloatTensor<Self>,
+    ) -> TopAttentionGrads<Self> {
+        reference::top_attention_backward::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            grad,
+        )
     }
 
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
@@ -293,6 +340,21 @@ pub struct ClusterTop<B: Backend> {
     /// `[batch, heads, C, 1]`: the centroid attention mass `m̂` of the top-k keys (eq. 9).
     pub mass: FloatTensor<B>,
     /// `[batch, heads, C, D]`: `Aᶜ V` over the keys outside the top-k (eq. 10, second case).
+    pub rest: FloatTensor<B>,
+}
+
+/// The gradients of [`ClusteringBackend::top_attention`] with respect to its float inputs,
+/// each of its input's shape.
+pub struct TopAttentionGrads<B: Backend> {
+    /// `[batch, heads, L, E]`.
+    pub queries: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
+    /// `[batch, heads, C, 1]`: of [`ClusterTop::mass`].
+    pub mass: FloatTensor<B>,
+    /// `[batch, heads, C, D]`: of [`ClusterTop::rest`].
     pub rest: FloatTensor<B>,
 }
 

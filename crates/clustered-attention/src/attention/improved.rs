@@ -79,11 +79,12 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     // Centroids (eq. 3), scaled: C × E products instead of C × S.
     let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
     let half = matches!(centroids.dtype(), DType::F16 | DType::BF16);
-    let autodiff = B::ad_enabled(&centroids.device());
+    // Dropout applies only under autodiff; without it, the fused ops serve both passes.
+    let fused = options.dropout == 0.0 || !B::ad_enabled(&centroids.device());
     // Per cluster: the top-k keys, [batch, heads, C, k], their mass m̂ (eq. 9),
     // [batch, heads, C, 1], and the rest of Aᶜ V, the keys outside the top-k keeping Aᶜ
     // (eq. 10, second case), [batch, heads, C, D].
-    let (top, top_mass, rest_values) = if autodiff || half {
+    let (top, top_mass, rest_values) = if !fused || half {
         // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S].
         let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
         let weights = attention_softmax(scores.clone());
@@ -104,7 +105,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         };
         (top, top_mass, rest_values)
     } else {
-        // Without autodiff (so without dropout), eqs. 4, 5 and 9 in one op.
+        // Without dropout, eqs. 4, 5 and 9 in one op.
         let k = topk.min(keys.dims()[2]);
         let (all_values, top) = centroid_attention(
             centroids,
@@ -121,8 +122,8 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
     // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
-    if !autodiff {
-        // Without autodiff (so without dropout), eqs. 10 and 11 in one op.
+    if fused {
+        // Without dropout, eqs. 10 and 11 in one op.
         return top_attention(
             queries,
             keys,

@@ -1,6 +1,8 @@
 //! [`Autodiff`]: the clustering ops and the top-k pass through to the inner backend (integer
 //! outputs, no gradient); the three sparse products are differentiated with the inner
-//! backend's own sparse products, since the gradient of each is made of the other two.
+//! backend's own sparse products, since the gradient of each is made of the other two; the
+//! per-query top-k attention runs the inner backend's fused op forward and its
+//! [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -11,6 +13,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::ClusteringBackend;
+use crate::ops::ClusterTop;
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -95,6 +98,44 @@ impl<B: ClusteringBackend> Backward<B, 1> for AttentionSoftmax {
     }
 }
 
+/// Backward state of the top-k attention: its inputs (the float ones of the inner backend),
+/// the key lengths and the scale.
+type TopState<B> = (
+    [FloatTensor<B>; 5],
+    (IntTensor<B>, IntTensor<B>),
+    Option<IntTensor<B>>,
+    f64,
+);
+
+/// `out = top_attention(q, k, v, (assignments, topk, mass, rest))`: the five gradients by
+/// the inner backend's `top_attention_backward`.
+#[derive(Debug)]
+struct TopAttention;
+
+impl<B: ClusteringBackend> Backward<B, 5> for TopAttention {
+    type State = TopState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let ([queries, keys, values, mass, rest], (assignments, topk), key_lengths, scale) =
+            ops.state;
+        let clusters = ClusterTop {
+            assignments,
+            topk,
+            mass,
+            rest,
+        };
+        let out =
+            B::top_attention_backward(queries, keys, values, clusters, key_lengths, scale, grad);
+        let outputs = [out.queries, out.keys, out.values, out.mass, out.rest];
+        for (parent, grad) in ops.parents.into_iter().zip(outputs) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match AttentionSoftmax
@@ -107,6 +148,46 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
                 prep.finish(output.clone(), output)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.primitive)),
+        }
+    }
+
+    fn top_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let nodes =
+            [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node.clone());
+        let floats = [queries, keys, values, clusters.mass, clusters.rest].map(|x| x.primitive);
+        let forward = |[queries, keys, values, mass, rest]: [FloatTensor<B>; 5],
+                       assignments,
+                       topk,
+                       key_lengths| {
+            let clusters = ClusterTop {
+                assignments,
+                topk,
+                mass,
+                rest,
+            };
+            B::top_attention(queries, keys, values, clusters, key_lengths, scale)
+        };
+        let (assignments, topk) = (clusters.assignments, clusters.topk);
+        match TopAttention.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let output = forward(
+                    floats.clone(),
+                    assignments.clone(),
+                    topk.clone(),
+                    key_lengths.clone(),
+                );
+                prep.finish((floats, (assignments, topk), key_lengths, scale), output)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(forward(floats, assignments, topk, key_lengths))
+            }
         }
     }
 

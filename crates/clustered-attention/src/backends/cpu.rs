@@ -49,6 +49,26 @@ macro_rules! host_ops {
             host::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
         }
 
+        fn top_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: ClusterTop<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            grad: FloatTensor<Self>,
+        ) -> TopAttentionGrads<Self> {
+            host::top_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                grad,
+            )
+        }
+
         fn sparse_dot(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -83,7 +103,7 @@ macro_rules! host_ops {
 mod ndarray {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, ClusterTop};
+    use crate::ops::{CentroidAttention, ClusterTop, TopAttentionGrads};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
     use burn::tensor::TensorMetadata;
@@ -129,7 +149,7 @@ mod ndarray {
 mod flex {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, ClusterTop};
+    use crate::ops::{CentroidAttention, ClusterTop, TopAttentionGrads};
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};
     use burn::tensor::{DType, Element, bf16, f16};

@@ -889,6 +889,198 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
     write_float::<B, 4>(out, [batch, heads, len, dim_v], &device, dtype)
 }
 
+/// One `(batch, head)`'s gradients of the queries and keys, and of the values, mass and rest.
+type GradRows<'a> = (
+    (&'a mut [f32], &'a mut [f32]),
+    (&'a mut [f32], (&'a mut [f32], &'a mut [f32])),
+);
+
+/// Host [`ClusteringBackend::top_attention_backward`](super::ClusteringBackend::top_attention_backward)
+/// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per cluster,
+/// the cluster's top-k keys and values gathered into small blocks; the members' scores and
+/// the gradient's dot products with the values, the softmax's Jacobian in place, then the
+/// queries' gradient, and the keys' and values' gradients of the block, added to their rows.
+pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: super::ClusterTop<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+    grad: FloatTensor<B>,
+) -> super::TopAttentionGrads<B> {
+    let floats = [&queries, &keys, &values, &clusters.mass, &grad];
+    if !floats.iter().all(|x| on_host::<B>(x)) {
+        return reference::top_attention_backward::<B>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            grad,
+        );
+    }
+    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    reference::check_top_attention(
+        [batch, heads, len, dim],
+        dims::<B, 4>(&keys),
+        [batch, heads, keys_len, dim_v],
+        clusters.assignments.shape().dims(),
+        clusters.topk.shape().dims(),
+        dims::<B, 4>(&clusters.mass),
+        dims::<B, 4>(&clusters.rest),
+    );
+    assert!(
+        dims::<B, 4>(&grad) == [batch, heads, len, dim_v],
+        "grad {:?} must be [batch, heads, L, D] = {:?}",
+        dims::<B, 4>(&grad),
+        [batch, heads, len, dim_v]
+    );
+    let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
+    let sparse = Sparse::read::<B>(clusters.topk, clusters.assignments);
+    sparse.check(keys_len);
+    let (k, num_clusters, rows) = (sparse.k, sparse.clusters, sparse.rows());
+    let (kp, ep, dp) = (padded(k), padded(dim), padded(dim_v));
+    let mut grad_queries = vec![0f32; rows * len * dim];
+    let mut grad_keys = vec![0f32; rows * keys_len * dim];
+    let mut grad_values = vec![0f32; rows * keys_len * dim_v];
+    let mut grad_mass = vec![0f32; rows * num_clusters];
+    let mut grad_rest = vec![0f32; rows * num_clusters * dim_v];
+    B::with_f32(&queries, |queries| {
+        B::with_f32(&keys, |keys| {
+            B::with_f32(&values, |values| {
+                B::with_f32(&clusters.mass, |mass| {
+                    B::with_f32(&grad, |grad| {
+                        let work = |(row, ((dq, dk), (dv, (dm, dr)))): (usize, GradRows)| {
+                            let members = sparse.members(row);
+                            let valid = lengths[row / heads];
+                            let queries = &queries[row * len * dim..(row + 1) * len * dim];
+                            let grad = &grad[row * len * dim_v..(row + 1) * len * dim_v];
+                            let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
+                            let values =
+                                &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v];
+                            let mut key_t = vec![0f32; dim * kp];
+                            let mut value_t = vec![0f32; dim_v * kp];
+                            let mut key_block = vec![0f32; k * ep];
+                            let mut block = vec![0f32; k * ep.max(dp)];
+                            let mut bias = vec![0f32; k];
+                            let mut probs = vec![0f32; len * k];
+                            let mut grad_scores = vec![0f32; len * k];
+                            let mut gathered = Vec::new();
+                            for j in 0..num_clusters {
+                                let members = members.of(j);
+                                if members.is_empty() {
+                                    continue;
+                                }
+                                let top = sparse.top(row, j);
+                                sparse.gather_transposed(row, j, keys, dim, &mut key_t);
+                                sparse.gather_transposed(row, j, values, dim_v, &mut value_t);
+                                sparse.gather(row, j, keys, dim, &mut key_block);
+                                for (b, &t) in bias.iter_mut().zip(top) {
+                                    *b = if (t as usize) < valid {
+                                        0.0
+                                    } else {
+                                        f32::NEG_INFINITY
+                                    };
+                                }
+                                simd::dot_members(queries, dim, members, &key_t, k, &mut probs);
+                                simd::dot_members(
+                                    grad,
+                                    dim_v,
+                                    members,
+                                    &value_t,
+                                    k,
+                                    &mut grad_scores,
+                                );
+                                dm[j] = simd::softmax_backward_members(
+                                    &mut probs,
+                                    &mut grad_scores,
+                                    members,
+                                    &bias,
+                                    scale as f32,
+                                    mass[row * num_clusters + j],
+                                );
+                                simd::weighted_members(
+                                    &grad_scores,
+                                    k,
+                                    members,
+                                    &key_block,
+                                    dim,
+                                    dq,
+                                );
+                                // Keys: Σ_i ds_ir · q_i; values: Σ_i w_ir · g_i; rest: Σ_i g_i.
+                                let products = [
+                                    (&grad_scores, queries, dim, &mut *dk),
+                                    (&probs, grad, dim_v, &mut *dv),
+                                ];
+                                for (weights, x, width, out) in products {
+                                    let wp = padded(width);
+                                    gathered.clear();
+                                    gathered.resize(members.len() * wp, 0.0);
+                                    for (t, &i) in members.iter().enumerate() {
+                                        let i = i as usize;
+                                        gathered[t * wp..t * wp + width]
+                                            .copy_from_slice(&x[i * width..(i + 1) * width]);
+                                    }
+                                    let block = &mut block[..k * wp];
+                                    simd::scatter_members(weights, k, members, &gathered, block);
+                                    for (r, &t) in top.iter().enumerate() {
+                                        let t = t as usize;
+                                        let row = &mut out[t * width..(t + 1) * width];
+                                        for (o, &b) in row.iter_mut().zip(&block[r * wp..]) {
+                                            *o += b;
+                                        }
+                                    }
+                                }
+                                // `gathered` holds the members' gradient rows, `dp` wide.
+                                let rest = &mut dr[j * dim_v..(j + 1) * dim_v];
+                                for row in gathered.chunks_exact(dp) {
+                                    for (o, &g) in rest.iter_mut().zip(row) {
+                                        *o += g;
+                                    }
+                                }
+                            }
+                        };
+                        let cost = len * k * (3 * dim + 2 * dim_v);
+                        let parts: Vec<_> = grad_queries
+                            .chunks_mut(len * dim)
+                            .zip(grad_keys.chunks_mut(keys_len * dim))
+                            .zip(
+                                grad_values.chunks_mut(keys_len * dim_v).zip(
+                                    grad_mass
+                                        .chunks_mut(num_clusters)
+                                        .zip(grad_rest.chunks_mut(num_clusters * dim_v)),
+                                ),
+                            )
+                            .enumerate()
+                            .collect();
+                        if rows == 1 || rows * cost < PARALLEL_THRESHOLD {
+                            parts.into_iter().for_each(work);
+                        } else {
+                            parts.into_par_iter().for_each(work);
+                        }
+                    })
+                })
+            })
+        })
+    });
+    super::TopAttentionGrads {
+        queries: write_float::<B, 4>(grad_queries, [batch, heads, len, dim], &device, dtype),
+        keys: write_float::<B, 4>(grad_keys, [batch, heads, keys_len, dim], &device, dtype),
+        values: write_float::<B, 4>(grad_values, [batch, heads, keys_len, dim_v], &device, dtype),
+        mass: write_float::<B, 4>(grad_mass, [batch, heads, num_clusters, 1], &device, dtype),
+        rest: write_float::<B, 4>(
+            grad_rest,
+            [batch, heads, num_clusters, dim_v],
+            &device,
+            dtype,
+        ),
+    }
+}
+
 /// Host [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter).
 pub fn sparse_scatter<B: HostAccess>(
     weights: FloatTensor<B>,

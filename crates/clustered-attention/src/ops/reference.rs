@@ -10,12 +10,13 @@ use core::ops::Range;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{
-    Bool, ElementConversion, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive,
+    Bool, ElementConversion, IndexingUpdateOp, Int, Tensor, TensorData, TensorMetadata,
+    TensorPrimitive,
 };
 
 use super::{
-    CentroidAttention, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER, host_lengths,
-    initial_centroid_positions,
+    CentroidAttention, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER, TopAttentionGrads,
+    host_lengths, initial_centroid_positions,
 };
 
 /// Panics unless `1 ≤ bits ≤ 32`.
@@ -366,12 +367,123 @@ pub fn top_attention<B: ClusteringBackend>(
         mass.dims(),
         rest.dims(),
     );
-    // Each query's cluster row (cluster 0 for a padded query, whose output is zeroed).
-    let rows = assignments.clone().clamp_min(0).unsqueeze_dim::<4>(3);
-    let per_query = |x: Tensor<B, 4>| {
-        let width = x.dims()[3];
-        x.gather(2, rows.clone().expand([batch, heads, len, width]))
+    let rows = ClusterRows::new(&assignments);
+    let weights = top_softmax::<B>(
+        queries,
+        keys,
+        &topk,
+        &assignments,
+        &rows,
+        key_lengths,
+        scale,
+    ) * rows.per_query(mass);
+    let top = B::sparse_weighted_sum(
+        weights.into_primitive().tensor(),
+        values,
+        topk.into_primitive(),
+        assignments.clone().into_primitive(),
+    );
+    let padded = assignments
+        .lower_elem(0)
+        .unsqueeze_dim::<4>(3)
+        .expand([batch, heads, len, dim_v]);
+    float_out(float4::<B>(top) + rows.per_query(rest).mask_fill(padded, 0.0))
+}
+
+/// Default body of [`ClusteringBackend::top_attention_backward`]: the softmax recomputed as
+/// [`top_attention`] computes it, then the products of its gradient, each a sparse product or
+/// a sum over each cluster's members.
+///
+/// # Panics
+/// If the shapes disagree.
+pub fn top_attention_backward<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: ClusterTop<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+    grad: FloatTensor<B>,
+) -> TopAttentionGrads<B> {
+    let assignments = Tensor::<B, 3, Int>::from_primitive(clusters.assignments);
+    let topk = Tensor::<B, 4, Int>::from_primitive(clusters.topk);
+    let (mass, grad) = (float4::<B>(clusters.mass), float4::<B>(grad));
+    let [batch, heads, len, _] = queries.shape().dims();
+    let [_, _, keys_len, dim_v] = values.shape().dims();
+    let num_clusters = topk.dims()[2];
+    check_top_attention(
+        queries.shape().dims(),
+        keys.shape().dims(),
+        [batch, heads, keys_len, dim_v],
+        assignments.dims(),
+        topk.dims(),
+        mass.dims(),
+        clusters.rest.shape().dims(),
+    );
+    assert!(
+        grad.dims() == [batch, heads, len, dim_v],
+        "grad {:?} must be [batch, heads, L, D] = {:?}",
+        grad.dims(),
+        [batch, heads, len, dim_v]
+    );
+    let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
+    let grad = grad.mask_fill(padded.expand([batch, heads, len, dim_v]), 0.0);
+    let sparse = |x: Tensor<B, 4>| x.into_primitive().tensor();
+    let rows = ClusterRows::new(&assignments);
+    let probs = top_softmax::<B>(
+        queries.clone(),
+        keys.clone(),
+        &topk,
+        &assignments,
+        &rows,
+        key_lengths,
+        scale,
+    );
+    let query_mass = rows.per_query(mass);
+    // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
+    let grad_weights = float4::<B>(B::sparse_dot(
+        sparse(grad.clone()),
+        values,
+        topk.clone().into_primitive(),
+        assignments.clone().into_primitive(),
+    ));
+    let delta = (grad_weights.clone() * probs.clone()).sum_dim(3);
+    let grad_scores =
+        (probs.clone() * (grad_weights - delta.clone()) * query_mass.clone()).mul_scalar(scale);
+    let weights = probs * query_mass;
+    let sparse_ints = || {
+        (
+            topk.clone().into_primitive(),
+            assignments.clone().into_primitive(),
+        )
     };
+    let (t, a) = sparse_ints();
+    let grad_queries = B::sparse_weighted_sum(sparse(grad_scores.clone()), keys, t, a);
+    let (t, a) = sparse_ints();
+    let grad_keys = B::sparse_scatter(sparse(grad_scores), queries, t, a, keys_len);
+    let (t, a) = sparse_ints();
+    let grad_values = B::sparse_scatter(sparse(weights), sparse(grad.clone()), t, a, keys_len);
+    TopAttentionGrads {
+        queries: grad_queries,
+        keys: grad_keys,
+        values: grad_values,
+        mass: float_out(rows.per_cluster(delta, num_clusters)),
+        rest: float_out(rows.per_cluster(grad, num_clusters)),
+    }
+}
+
+/// Each query's softmax over its cluster's top-k keys (paper eq. 10 before the mass),
+/// `[batch, heads, L, k]`: `scale · q · k` by [`ClusteringBackend::sparse_dot`], the padded keys
+/// at `-inf`, [`ClusteringBackend::attention_softmax`]. Rows of padded queries are finite.
+fn top_softmax<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    topk: &Tensor<B, 4, Int>,
+    assignments: &Tensor<B, 3, Int>,
+    rows: &ClusterRows<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+) -> Tensor<B, 4> {
     let mut scores = float4::<B>(B::sparse_dot(
         queries,
         keys,
@@ -383,21 +495,42 @@ pub fn top_attention<B: ClusteringBackend>(
         let padded = padded_keys(lengths, topk.clone());
         let bias = Tensor::<B, 4>::zeros(topk.dims(), (&scores.device(), scores.dtype()))
             .mask_fill(padded, f32::NEG_INFINITY);
-        scores = scores + per_query(bias);
+        scores = scores + rows.per_query(bias);
     }
-    let weights =
-        float4::<B>(B::attention_softmax(scores.into_primitive().tensor())) * per_query(mass);
-    let top = B::sparse_weighted_sum(
-        weights.into_primitive().tensor(),
-        values,
-        topk.into_primitive(),
-        assignments.clone().into_primitive(),
-    );
-    let padded = assignments
-        .lower_elem(0)
-        .unsqueeze_dim::<4>(3)
-        .expand([batch, heads, len, dim_v]);
-    float_out(float4::<B>(top) + per_query(rest).mask_fill(padded, 0.0))
+    float4::<B>(B::attention_softmax(scores.into_primitive().tensor()))
+}
+
+/// Each query's cluster row, `[batch, heads, L, 1]` (cluster 0 for a padded query, whose
+/// output and gradients are zeroed by the caller).
+struct ClusterRows<B: Backend>(Tensor<B, 4, Int>);
+
+impl<B: Backend> ClusterRows<B> {
+    fn new(assignments: &Tensor<B, 3, Int>) -> Self {
+        Self(assignments.clone().clamp_min(0).unsqueeze_dim::<4>(3))
+    }
+
+    fn expand(&self, width: usize) -> Tensor<B, 4, Int> {
+        let [batch, heads, len, _] = self.0.dims();
+        self.0.clone().expand([batch, heads, len, width])
+    }
+
+    /// Each query's row of the per-cluster `x`, `[batch, heads, C, F]` → `[batch, heads, L, F]`.
+    fn per_query(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let width = x.dims()[3];
+        x.gather(2, self.expand(width))
+    }
+
+    /// The sums of `x` over each cluster's members, `[batch, heads, L, F]` →
+    /// `[batch, heads, clusters, F]`.
+    fn per_cluster(&self, x: Tensor<B, 4>, clusters: usize) -> Tensor<B, 4> {
+        let [batch, heads, _, width] = x.dims();
+        Tensor::<B, 4>::zeros([batch, heads, clusters, width], (&x.device(), x.dtype())).scatter(
+            2,
+            self.expand(width),
+            x,
+            IndexingUpdateOp::Add,
+        )
+    }
 }
 
 /// Checks the shapes of a [`ClusteringBackend::top_attention`] call.

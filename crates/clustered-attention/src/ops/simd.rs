@@ -314,6 +314,44 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// The softmax part of the gradient of [`attend_members`], in place, for every row `i` of
+    /// `members`: with `p = softmax(scale · scores[i] + bias)` and `g = grads[i]` (the
+    /// gradient's dot products with the top-k values) and `δ = Σ_r p_r · g_r`,
+    /// `scores[i] ← mass · p` (the weights of the values) and
+    /// `grads[i] ← scale · mass · p ⊙ (g − δ)` (the gradient of the dot products).
+    ///
+    /// `scores`, `grads`: rows of `k = bias.len()`. Returns `Σ_i δ_i`, the gradient of `mass`.
+    pub(crate) fn softmax_backward_members<FMA>(
+        scores: &mut [f32],
+        grads: &mut [f32],
+        members: &[u32],
+        bias: &[f32],
+        scale: f32,
+        mass: f32,
+    ) -> f32 {
+        let k = bias.len();
+        let mut total = 0.0;
+        for &i in members {
+            let i = i as usize;
+            let p = &mut scores[i * k..(i + 1) * k];
+            let g = &mut grads[i * k..(i + 1) * k];
+            for (s, &b) in p.iter_mut().zip(bias) {
+                *s = madd::<FMA>(*s, scale, b);
+            }
+            softmax_scaled::<FMA>(p, 1.0);
+            let delta = p.iter().zip(g.iter()).fold(0.0, |acc, (&p, &g)| madd::<FMA>(p, g, acc));
+            let factor = scale * mass;
+            for (g, s) in g.iter_mut().zip(p.iter_mut()) {
+                *g = factor * *s * (*g - delta);
+                *s *= mass;
+            }
+            total += delta;
+        }
+        total
+    }
+}
+
 /// `Σ_t weights[members[t]·k + r0 + g] · rows[t, c..c + LANES]` for `g < G`.
 #[inline(always)]
 fn scatter_group<const FMA: bool, const G: usize>(

@@ -4,9 +4,10 @@
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use clustered_attention::ClusteringBackend;
-use clustered_attention::ops::reference;
+use clustered_attention::ops::{ClusterTop, reference};
 use clustered_attention::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
     top_attention, topk_indices,
@@ -431,7 +432,7 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
         let (q, kt, v, t, a, m, r, l) = inputs();
         let out = top_attention(q, kt, v, a, t, m, r, l, scale);
         let (q, kt, v, t, a, m, r, l) = inputs();
-        let clusters_top = clustered_attention::ops::ClusterTop {
+        let clusters_top = ClusterTop {
             assignments: a.into_primitive(),
             topk: t.into_primitive(),
             mass: m.into_primitive().tensor(),
@@ -495,6 +496,113 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Under Autodiff, the gradients of the per-query top-k attention with respect to its five
+/// float inputs, through the backend's `top_attention_backward` and through the default body of
+/// that op, equal autodiff through the default forward body (whose sparse products have their
+/// own backward, checked above): padded queries, a sequence with padded keys in its top-k sets,
+/// widths across the 16-lane blocks of the host kernels (k = 17, E = 19, D = 18).
+fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
+    type A<B> = Autodiff<B>;
+    let device = Default::default();
+    let (batch, heads, len, keys_len, dim, dim_v, clusters, k) = (2, 2, 41, 37, 19, 18, 4, 17);
+    let key_lengths = [37, 9];
+    let scale = 0.4;
+    let mut ix = indices(batch, heads, len, keys_len, clusters, k, 91);
+    for (row, top) in ix.topk.chunks_mut(k).enumerate() {
+        let valid = key_lengths[row / (heads * clusters)] as i64;
+        if top.iter().all(|&t| t >= valid) {
+            top[0] = 0;
+        }
+    }
+    let mut mass = normal([batch, heads, clusters, 1], 95);
+    for m in &mut mass.data {
+        *m = m.abs() / (1.0 + m.abs());
+    }
+    let inputs = [
+        normal([batch, heads, len, dim], 92),
+        normal([batch, heads, keys_len, dim], 93),
+        normal([batch, heads, keys_len, dim_v], 94),
+        mass,
+        normal([batch, heads, clusters, dim_v], 96),
+    ];
+    let outer = normal([batch, heads, len, dim_v], 97);
+    type Forward<B> = fn(
+        [FloatTensor<A<B>>; 3],
+        ClusterTop<A<B>>,
+        Option<burn::tensor::ops::IntTensor<A<B>>>,
+        f64,
+    ) -> FloatTensor<A<B>>;
+    // Gradients of Σ out ⊙ outer.
+    let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
+        let x: Vec<Tensor<A<B>, 4>> = inputs
+            .iter()
+            .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+            .collect();
+        let float_in = |i: usize| x[i].clone().into_primitive().tensor();
+        let (topk, assignments) = ix.tensors::<A<B>>();
+        let clusters_top = ClusterTop {
+            assignments: assignments.into_primitive(),
+            topk: topk.into_primitive(),
+            mass: float_in(3),
+            rest: float_in(4),
+        };
+        let lengths = Some(lengths::<A<B>>(&key_lengths, &device).into_primitive());
+        let out = forward(
+            [float_in(0), float_in(1), float_in(2)],
+            clusters_top,
+            lengths,
+            scale,
+        );
+        let loss = (float::<A<B>>(out) * outer.to_tensor::<A<B>>(&device)).sum();
+        let grads = loss.backward();
+        x.iter()
+            .map(|x| x.grad(&grads).expect("a gradient"))
+            .collect()
+    };
+    let expected =
+        gradients(|[q, k, v], c, l, s| reference::top_attention::<A<B>>(q, k, v, c, l, s));
+    let backend = gradients(|[q, k, v], c, l, s| A::<B>::top_attention(q, k, v, c, l, s));
+    let default_body = {
+        let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
+        let (topk, assignments) = ix.tensors::<B>();
+        let grads = reference::top_attention_backward::<B>(
+            float_in(0),
+            float_in(1),
+            float_in(2),
+            ClusterTop {
+                assignments: assignments.into_primitive(),
+                topk: topk.into_primitive(),
+                mass: float_in(3),
+                rest: float_in(4),
+            },
+            Some(lengths::<B>(&key_lengths, &device).into_primitive()),
+            scale,
+            outer.to_tensor::<B>(&device).into_primitive().tensor(),
+        );
+        [
+            grads.queries,
+            grads.keys,
+            grads.values,
+            grads.mass,
+            grads.rest,
+        ]
+        .into_iter()
+        .map(float::<B>)
+        .collect::<Vec<_>>()
+    };
+    let names = ["queries", "keys", "values", "mass", "rest"];
+    for (body, got) in [("backend", backend), ("default body", default_body)] {
+        for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
+            assert_eq!(got.dims(), expected.dims(), "{body}, {name}");
+            let diff = max_diff(got, expected.clone());
+            assert!(
+                diff <= 1e-4,
+                "{body}: the gradients of {name} differ by {diff}"
+            );
         }
     }
 }
@@ -626,6 +734,11 @@ macro_rules! sparse_tests {
             $(#[$ignore])?
             fn sparse_gradients_match_reference() {
                 super::sparse_gradients_match_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn top_attention_gradients_match_reference() {
+                super::top_attention_gradients_match_reference::<$backend>();
             }
         }
     };
