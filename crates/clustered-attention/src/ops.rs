@@ -22,9 +22,10 @@
 //! [`top_attention`](ClusteringBackend::top_attention) (eqs. 10–11: each query's top-k
 //! scores, softmax, weighted sum and its cluster's rest). Their default bodies compose the ops
 //! above; the CPU backends override them so that no `[C, S]` or `[L, k]` tensor is built.
-//! `Autodiff<B>` runs `B`'s fused top-k attention forward and differentiates it with
-//! [`top_attention_backward`](ClusteringBackend::top_attention_backward), which recomputes
-//! the `[L, k]` softmax instead of keeping it.
+//! `Autodiff<B>` runs `B`'s fused ops forward and differentiates them with
+//! [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward) and
+//! [`top_attention_backward`](ClusteringBackend::top_attention_backward), which recompute
+//! the `[C, S]` and `[L, k]` softmax instead of keeping it.
 //!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
 //! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
@@ -133,11 +134,11 @@ pub trait ClusteringBackend: Backend {
     /// the weights `Aᶜ` at those keys. The centroids come scaled by the softmax temperature.
     ///
     /// The default body composes `matmul`, [`Self::attention_softmax`] and
-    /// [`Self::topk_indices`], so it is differentiable on `Autodiff` (which does not override
-    /// it); the host loops of the CPU backends compute a block of cluster rows at a time in
-    /// per-thread scratch memory, without the `[C, S]` scores and weights as tensors, and have
-    /// no backward: under autodiff the default body runs. The attentions call it when there is
-    /// no dropout to apply (dropout masks the weights `Aᶜ` between the softmax and `Aᶜ V`).
+    /// [`Self::topk_indices`]; the host loops of the CPU backends compute a block of cluster
+    /// rows at a time in per-thread scratch memory, without the `[C, S]` scores and weights as
+    /// tensors. `Autodiff<B>` runs `B`'s op forward and
+    /// [`Self::centroid_attention_backward`] backward. The attentions call it when there is no
+    /// dropout to apply (dropout masks the weights `Aᶜ` between the softmax and `Aᶜ V`).
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -157,6 +158,47 @@ pub trait ClusteringBackend: Backend {
         topk: usize,
     ) -> CentroidAttention<Self> {
         reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
+    }
+
+    /// The gradients of [`Self::centroid_attention`] with respect to `centroids`, `keys` and
+    /// `values`, given the gradients of its two float outputs: `grad_values` of `Aᶜ · values`
+    /// and, with `top`, `grad_top_weights` of the weights at the top-k keys. With
+    /// `dA = grad_values · valuesᵀ`, plus `grad_top_weights` at the top-k keys, and
+    /// `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's Jacobian):
+    /// `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
+    /// `Aᶜᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
+    /// keeps no `[C, S]` tensor.
+    ///
+    /// The default body is made of Burn tensor ops; the host loops of the CPU backends compute
+    /// each `(batch, head)` a block of cluster rows at a time in per-thread scratch memory.
+    ///
+    /// # Shapes
+    /// As [`Self::centroid_attention`]; `top`, `grad_top_weights`: `[batch, heads, C, topk]`,
+    /// `grad_values`: `[batch, heads, C, D]`; the gradients have the shapes of their inputs
+    /// ([`CentroidAttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`Self::centroid_attention`]; if `top` and `grad_top_weights` are not both given or
+    /// both `None`, or the gradients' shapes disagree with the inputs'.
+    #[allow(clippy::too_many_arguments)]
+    fn centroid_attention_backward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        top: Option<IntTensor<Self>>,
+        grad_values: FloatTensor<Self>,
+        grad_top_weights: Option<FloatTensor<Self>>,
+    ) -> CentroidAttentionGrads<Self> {
+        reference::centroid_attention_backward::<Self>(
+            centroids,
+            keys,
+            values,
+            key_lengths,
+            top,
+            grad_values,
+            grad_top_weights,
+        )
     }
 
     /// The per-query part of improved clustered attention in one op (paper eqs. 10–11): for
@@ -327,6 +369,17 @@ pub struct CentroidAttention<B: Backend> {
     /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
     /// sum is the mass `m̂` of paper eq. 9).
     pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
+}
+
+/// The gradients of [`ClusteringBackend::centroid_attention`] with respect to its inputs,
+/// each of its input's shape.
+pub struct CentroidAttentionGrads<B: Backend> {
+    /// `[batch, heads, C, E]`.
+    pub centroids: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
 }
 
 /// Each cluster's share of improved clustered attention that its member queries use: the

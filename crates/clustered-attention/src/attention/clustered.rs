@@ -67,12 +67,13 @@ pub fn clustered_attention<B: ClusteringBackend>(
     // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
     // products instead of C × S.
     let centroids = grouping.centroids(queries).mul_scalar(input.scale);
-    let cluster_values = if B::ad_enabled(&centroids.device()) {
+    // Dropout applies only under autodiff; without it, the fused op serves both passes.
+    let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {
         let scores = centroids.matmul(keys.swap_dims(2, 3));
         let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
         dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
     } else {
-        // Without autodiff (so without dropout), eqs. 4–5 in one op.
+        // Without dropout, eqs. 4–5 in one op.
         centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
     };
     grouping.broadcast(cluster_values) // eq. 6

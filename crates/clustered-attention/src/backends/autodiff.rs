@@ -1,19 +1,20 @@
 //! [`Autodiff`]: the clustering ops and the top-k pass through to the inner backend (integer
 //! outputs, no gradient); the three sparse products are differentiated with the inner
 //! backend's own sparse products, since the gradient of each is made of the other two; the
-//! per-query top-k attention runs the inner backend's fused op forward and its
-//! [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward.
+//! centroid attention and the per-query top-k attention run the inner backend's fused ops
+//! forward and its [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward)
+//! and [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
-use burn::tensor::TensorMetadata;
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::ClusteringBackend;
-use crate::ops::ClusterTop;
+use crate::ops::{CentroidAttention, ClusterTop};
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -136,6 +137,55 @@ impl<B: ClusteringBackend> Backward<B, 5> for TopAttention {
     }
 }
 
+/// Backward state of the centroid attention: its float inputs (of the inner backend), the key
+/// lengths, the top-k indices and `D`, the width of `Aᶜ V` in the joined output.
+type CentroidState<B> = (
+    [FloatTensor<B>; 3],
+    Option<IntTensor<B>>,
+    Option<IntTensor<B>>,
+    usize,
+);
+
+/// `[Aᶜ V, Aᶜ at the top-k keys] = centroid_attention(centroids, keys, values)`, the two
+/// float outputs joined along the last dimension: the three gradients by the inner backend's
+/// `centroid_attention_backward`.
+#[derive(Debug)]
+struct CentroidAttentionOp;
+
+impl<B: ClusteringBackend> Backward<B, 3> for CentroidAttentionOp {
+    type State = CentroidState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let ([centroids, keys, values], key_lengths, top, dim_v) = ops.state;
+        let (grad_values, grad_top) = match top {
+            Some(_) => {
+                let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
+                let k = grad.dims()[3] - dim_v;
+                let part =
+                    |start, len| grad.clone().narrow(3, start, len).into_primitive().tensor();
+                (part(0, dim_v), Some(part(dim_v, k)))
+            }
+            None => (grad, None),
+        };
+        let out = B::centroid_attention_backward(
+            centroids,
+            keys,
+            values,
+            key_lengths,
+            top,
+            grad_values,
+            grad_top,
+        );
+        let outputs = [out.centroids, out.keys, out.values];
+        for (parent, grad) in ops.parents.into_iter().zip(outputs) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match AttentionSoftmax
@@ -148,6 +198,50 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
                 prep.finish(output.clone(), output)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.primitive)),
+        }
+    }
+
+    fn centroid_attention(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+    ) -> CentroidAttention<Self> {
+        let nodes = [&centroids, &keys, &values].map(|x| x.node.clone());
+        let floats = [centroids, keys, values].map(|x| x.primitive);
+        let dim_v = floats[2].shape().dims::<4>()[3];
+        let [c, k, v] = floats.clone();
+        let out = B::centroid_attention(c, k, v, key_lengths.clone(), topk);
+        let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
+        let (top, joined) = match out.top {
+            Some((top, weights)) => {
+                let joined = Tensor::cat(vec![float(out.values), float(weights)], 3);
+                (Some(top), joined.into_primitive().tensor())
+            }
+            None => (None, out.values),
+        };
+        let joined = match CentroidAttentionOp
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                prep.finish((floats, key_lengths, top.clone(), dim_v), joined)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(joined),
+        };
+        let joined = Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(joined));
+        let part = |start, len| {
+            joined
+                .clone()
+                .narrow(3, start, len)
+                .into_primitive()
+                .tensor()
+        };
+        CentroidAttention {
+            values: part(0, dim_v),
+            top: top.map(|top| (top, part(dim_v, topk))),
         }
     }
 

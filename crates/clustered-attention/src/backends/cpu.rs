@@ -49,6 +49,26 @@ macro_rules! host_ops {
             host::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
         }
 
+        fn centroid_attention_backward(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            top: Option<IntTensor<Self>>,
+            grad_values: FloatTensor<Self>,
+            grad_top_weights: Option<FloatTensor<Self>>,
+        ) -> CentroidAttentionGrads<Self> {
+            host::centroid_attention_backward::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                top,
+                grad_values,
+                grad_top_weights,
+            )
+        }
+
         fn top_attention_backward(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -103,7 +123,7 @@ macro_rules! host_ops {
 mod ndarray {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, ClusterTop, TopAttentionGrads};
+    use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
     use burn::tensor::TensorMetadata;
@@ -149,7 +169,7 @@ mod ndarray {
 mod flex {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, ClusterTop, TopAttentionGrads};
+    use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};
     use burn::tensor::{DType, Element, bf16, f16};

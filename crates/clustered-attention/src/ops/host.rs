@@ -440,6 +440,22 @@ unsafe fn matmul_into(
     lhs: (*const f32, isize, isize),
     rhs: (*const f32, isize, isize),
 ) {
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_add(false, [m, n, k], dst, lhs, rhs) }
+}
+
+/// [`matmul_into`], adding the product to `dst`'s contents when `accumulate` is true.
+///
+/// # Safety
+/// As [`matmul_into`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_add(
+    accumulate: bool,
+    [m, n, k]: [usize; 3],
+    dst: (*mut f32, isize, isize),
+    lhs: (*const f32, isize, isize),
+    rhs: (*const f32, isize, isize),
+) {
     // SAFETY: forwarded from the caller; `read_dst = false` ignores dst's old contents.
     unsafe {
         gemm::gemm(
@@ -449,14 +465,14 @@ unsafe fn matmul_into(
             dst.0,
             dst.1,
             dst.2,
-            false,
+            accumulate,
             lhs.0,
             lhs.1,
             lhs.2,
             rhs.0,
             rhs.1,
             rhs.2,
-            0.0,
+            1.0,
             1.0,
             false,
             false,
@@ -601,6 +617,256 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                 write_float::<B, 4>(top_weights, shape, &device, dtype),
             )
         }),
+    }
+}
+
+thread_local! {
+    /// The gradient block of the host centroid attention's backward, beside [`SCRATCH`].
+    static GRAD_SCRATCH: std::cell::RefCell<Vec<f32>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Host
+/// [`ClusteringBackend::centroid_attention_backward`](super::ClusteringBackend::centroid_attention_backward)
+/// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per block of
+/// `CENTROID_ROWS` (128) cluster rows, `Aᶜ` recomputed into a per-thread scratch block (a
+/// `gemm` product and the softmax in place), `dA = grad_values · valuesᵀ` into a second one
+/// plus the top-k weights' gradient, the softmax's Jacobian in place, then `dS · keys` into
+/// the centroids' gradient and `dSᵀ · centroids` and `Aᶜᵀ · grad_values` added to the keys'
+/// and values' gradients (three more products).
+#[allow(clippy::too_many_arguments)]
+pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    top: Option<IntTensor<B>>,
+    grad_values: FloatTensor<B>,
+    grad_top_weights: Option<FloatTensor<B>>,
+) -> super::CentroidAttentionGrads<B> {
+    let empty = [&centroids, &values]
+        .iter()
+        .any(|x| x.shape().num_elements() == 0);
+    let floats = [&centroids, &keys, &values, &grad_values];
+    let on_host_all = floats.iter().all(|x| on_host::<B>(x))
+        && grad_top_weights.as_ref().is_none_or(|x| on_host::<B>(x));
+    if empty || !on_host_all || top.is_some() != grad_top_weights.is_some() {
+        return reference::centroid_attention_backward::<B>(
+            centroids,
+            keys,
+            values,
+            key_lengths,
+            top,
+            grad_values,
+            grad_top_weights,
+        );
+    }
+    let (device, dtype) = (B::float_device(&centroids), centroids.dtype());
+    let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    reference::check_centroid_attention(
+        [batch, heads, clusters, dim],
+        dims::<B, 4>(&keys),
+        [batch, heads, keys_len, dim_v],
+        0,
+    );
+    assert!(
+        dims::<B, 4>(&grad_values) == [batch, heads, clusters, dim_v],
+        "grad_values {:?} must be [batch, heads, C, D] = {:?}",
+        dims::<B, 4>(&grad_values),
+        [batch, heads, clusters, dim_v]
+    );
+    let (top, k) = match top {
+        Some(top) => {
+            let (top, shape) = read_ints::<B, 4>(top);
+            let grad_shape = dims::<B, 4>(grad_top_weights.as_ref().expect("checked above"));
+            assert!(
+                shape == grad_shape && shape[..3] == [batch, heads, clusters],
+                "top {shape:?} and grad_top_weights {grad_shape:?} must both be \
+                 [batch, heads, C, k] with [batch, heads, C] = {:?}",
+                [batch, heads, clusters]
+            );
+            if let Some(t) = top.iter().find(|&&t| !(0..keys_len as i64).contains(&t)) {
+                panic!("top holds {t}, outside 0..{keys_len} (the number of keys)");
+            }
+            (top, shape[3])
+        }
+        None => (Vec::new(), 0),
+    };
+    let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
+    let mut grad_centroids = vec![0f32; batch * heads * clusters * dim];
+    let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];
+    let mut grad_vals = vec![0f32; batch * heads * keys_len * dim_v];
+    let no_top = [];
+    B::with_f32(&centroids, |centroids| {
+        B::with_f32(&keys, |keys| {
+            B::with_f32(&values, |values| {
+                B::with_f32(&grad_values, |grad_values| {
+                    let with_top = |f: &mut dyn FnMut(&[f32])| match &grad_top_weights {
+                        Some(g) => B::with_f32(g, f),
+                        None => f(&no_top),
+                    };
+                    with_top(&mut |grad_top: &[f32]| {
+                        let task = |(bh, (dc, (dk, dv))): (
+                            usize,
+                            (&mut [f32], (&mut [f32], &mut [f32])),
+                        )| {
+                            let valid = lengths[bh / heads];
+                            let centroids = &centroids[bh * clusters * dim..][..clusters * dim];
+                            let grad_values =
+                                &grad_values[bh * clusters * dim_v..][..clusters * dim_v];
+                            let keys = &keys[bh * keys_len * dim..][..valid * dim];
+                            let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
+                            SCRATCH.with_borrow_mut(|weights| {
+                                GRAD_SCRATCH.with_borrow_mut(|grads| {
+                                    let rows = clusters.min(CENTROID_ROWS);
+                                    weights.resize(rows * keys_len, 0.0);
+                                    grads.resize(rows * keys_len, 0.0);
+                                    for r0 in (0..clusters).step_by(CENTROID_ROWS) {
+                                        let rows = (clusters - r0).min(CENTROID_ROWS);
+                                        let block = CentroidBlock {
+                                            centroids: &centroids[r0 * dim..(r0 + rows) * dim],
+                                            grad_values: &grad_values
+                                                [r0 * dim_v..(r0 + rows) * dim_v],
+                                            top: &top[(bh * clusters + r0) * k..]
+                                                [..(rows * k).min(top.len())],
+                                            grad_top: &grad_top[(bh * clusters + r0) * k..]
+                                                [..(rows * k).min(grad_top.len())],
+                                        };
+                                        centroid_block_backward(
+                                            &block,
+                                            keys,
+                                            values,
+                                            [keys_len, valid, dim, dim_v, k],
+                                            &mut weights[..rows * keys_len],
+                                            &mut grads[..rows * keys_len],
+                                            (&mut dc[r0 * dim..(r0 + rows) * dim], dk, dv),
+                                            r0 > 0,
+                                        );
+                                    }
+                                    if weights.capacity() > KEPT_SCRATCH {
+                                        *weights = Vec::new();
+                                        *grads = Vec::new();
+                                    }
+                                })
+                            });
+                        };
+                        let parts: Vec<_> = grad_centroids
+                            .chunks_mut(clusters * dim)
+                            .zip(
+                                grad_keys
+                                    .chunks_mut(keys_len * dim)
+                                    .zip(grad_vals.chunks_mut(keys_len * dim_v)),
+                            )
+                            .enumerate()
+                            .collect();
+                        let cost = clusters * keys_len * (dim + dim_v);
+                        if batch * heads == 1 || batch * heads * cost < PARALLEL_THRESHOLD {
+                            parts.into_iter().for_each(task);
+                        } else {
+                            parts.into_par_iter().for_each(task);
+                        }
+                    })
+                })
+            })
+        })
+    });
+    super::CentroidAttentionGrads {
+        centroids: write_float::<B, 4>(
+            grad_centroids,
+            [batch, heads, clusters, dim],
+            &device,
+            dtype,
+        ),
+        keys: write_float::<B, 4>(grad_keys, [batch, heads, keys_len, dim], &device, dtype),
+        values: write_float::<B, 4>(grad_vals, [batch, heads, keys_len, dim_v], &device, dtype),
+    }
+}
+
+/// One block of cluster rows of a `(batch, head)` in the centroid attention's backward: the
+/// scaled centroids `[rows, E]`, the gradient of `Aᶜ V` `[rows, D]`, and the top-k indices and
+/// their weights' gradient `[rows, k]` (empty without top-k).
+struct CentroidBlock<'a> {
+    centroids: &'a [f32],
+    grad_values: &'a [f32],
+    top: &'a [i64],
+    grad_top: &'a [f32],
+}
+
+/// The backward of one [`CentroidBlock`] against the `valid` keys and values of its
+/// `(batch, head)`; `weights` and `grads` are `[rows, S]` scratch blocks. Writes the block's
+/// centroid gradients and adds to the keys' and values' gradients (`accumulate`: whether an
+/// earlier block already wrote them).
+#[allow(clippy::too_many_arguments)]
+fn centroid_block_backward(
+    block: &CentroidBlock,
+    keys: &[f32],
+    values: &[f32],
+    [keys_len, valid, dim, dim_v, k]: [usize; 5],
+    weights: &mut [f32],
+    grads: &mut [f32],
+    (grad_centroids, grad_keys, grad_values): (&mut [f32], &mut [f32], &mut [f32]),
+    accumulate: bool,
+) {
+    let rows = block.centroids.len() / dim;
+    let stride = keys_len as isize;
+    // SAFETY (all five products): every operand is addressed within its slice, `weights` and
+    // `grads` as [rows × valid] with row stride S, keys [valid × E], values [valid × D],
+    // centroids and their gradient [rows × E], grad_values [rows × D], and the keys' and
+    // values' gradients [valid × E] and [valid × D]; no destination overlaps an operand.
+    unsafe {
+        // Aᶜ: the scores, then the softmax in place (padded keys at -inf give 0).
+        matmul_into(
+            [rows, valid, dim],
+            (weights.as_mut_ptr(), 1, stride),
+            (block.centroids.as_ptr(), 1, dim as isize),
+            (keys.as_ptr(), dim as isize, 1),
+        );
+        // dA = grad_values · valuesᵀ.
+        matmul_into(
+            [rows, valid, dim_v],
+            (grads.as_mut_ptr(), 1, stride),
+            (block.grad_values.as_ptr(), 1, dim_v as isize),
+            (values.as_ptr(), dim_v as isize, 1),
+        );
+    }
+    for row in weights.chunks_exact_mut(keys_len) {
+        row[valid..].fill(f32::NEG_INFINITY);
+    }
+    simd::softmax_rows(weights, keys_len);
+    for (r, g) in grads.chunks_exact_mut(keys_len).enumerate() {
+        for i in r * k..(r + 1) * k {
+            let t = block.top[i] as usize;
+            if t < valid {
+                g[t] += block.grad_top[i];
+            }
+        }
+    }
+    simd::softmax_backward_rows(weights, grads, keys_len, valid);
+    unsafe {
+        // The centroids' gradient dS · keys.
+        matmul_into(
+            [rows, dim, valid],
+            (grad_centroids.as_mut_ptr(), 1, dim as isize),
+            (grads.as_ptr(), 1, stride),
+            (keys.as_ptr(), 1, dim as isize),
+        );
+        // The keys' gradient dSᵀ · centroids.
+        matmul_add(
+            accumulate,
+            [valid, dim, rows],
+            (grad_keys.as_mut_ptr(), 1, dim as isize),
+            (grads.as_ptr(), stride, 1),
+            (block.centroids.as_ptr(), 1, dim as isize),
+        );
+        // The values' gradient Aᶜᵀ · grad_values.
+        matmul_add(
+            accumulate,
+            [valid, dim_v, rows],
+            (grad_values.as_mut_ptr(), 1, dim_v as isize),
+            (weights.as_ptr(), stride, 1),
+            (block.grad_values.as_ptr(), 1, dim_v as isize),
+        );
     }
 }
 

@@ -15,8 +15,8 @@ use burn::tensor::{
 };
 
 use super::{
-    CentroidAttention, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER, TopAttentionGrads,
-    host_lengths, initial_centroid_positions,
+    CentroidAttention, CentroidAttentionGrads, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER,
+    TopAttentionGrads, host_lengths, initial_centroid_positions,
 };
 
 /// Panics unless `1 ≤ bits ≤ 32`.
@@ -257,17 +257,7 @@ pub fn centroid_attention<B: ClusteringBackend>(
     let [_, _, keys_len, _] = keys.dims();
     check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), topk);
     let device = centroids.device();
-    let mut scores = centroids.matmul(keys.swap_dims(2, 3));
-    if let Some(lengths) = key_lengths {
-        let positions = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
-            .reshape([1, 1, 1, keys_len])
-            .expand([batch, 1, 1, keys_len]);
-        let padded = padded_keys(lengths, positions);
-        scores = scores.mask_fill(
-            padded.expand([batch, heads, clusters, keys_len]),
-            f32::NEG_INFINITY,
-        );
-    }
+    let scores = centroid_scores(centroids, keys, key_lengths);
     let weights = float(B::attention_softmax(
         scores.clone().into_primitive().tensor(),
     ));
@@ -288,6 +278,91 @@ pub fn centroid_attention<B: ClusteringBackend>(
     CentroidAttention {
         values: weights.matmul(values).into_primitive().tensor(),
         top,
+    }
+}
+
+/// `centroids · keysᵀ` with the keys at or past `key_lengths[b]` at `-inf`,
+/// `[batch, heads, C, S]`.
+fn centroid_scores<B: Backend>(
+    centroids: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    key_lengths: Option<IntTensor<B>>,
+) -> Tensor<B, 4> {
+    let [batch, heads, clusters, _] = centroids.dims();
+    let keys_len = keys.dims()[2];
+    let device = centroids.device();
+    let scores = centroids.matmul(keys.swap_dims(2, 3));
+    let Some(lengths) = key_lengths else {
+        return scores;
+    };
+    let positions = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
+        .reshape([1, 1, 1, keys_len])
+        .expand([batch, 1, 1, keys_len]);
+    let padded = padded_keys(lengths, positions);
+    scores.mask_fill(
+        padded.expand([batch, heads, clusters, keys_len]),
+        f32::NEG_INFINITY,
+    )
+}
+
+/// Default body of [`ClusteringBackend::centroid_attention_backward`]: `Aᶜ` recomputed as
+/// [`centroid_attention`] computes it, then the softmax's Jacobian and three products.
+///
+/// # Panics
+/// If the shapes disagree, or `top` and `grad_top_weights` are not both given or both `None`.
+pub fn centroid_attention_backward<B: ClusteringBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    top: Option<IntTensor<B>>,
+    grad_values: FloatTensor<B>,
+    grad_top_weights: Option<FloatTensor<B>>,
+) -> CentroidAttentionGrads<B> {
+    let (centroids, keys, values) = (
+        float4::<B>(centroids),
+        float4::<B>(keys),
+        float4::<B>(values),
+    );
+    let grad_values = float4::<B>(grad_values);
+    let [batch, heads, clusters, _] = centroids.dims();
+    let dim_v = values.dims()[3];
+    check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), 0);
+    assert!(
+        grad_values.dims() == [batch, heads, clusters, dim_v],
+        "grad_values {:?} must be [batch, heads, C, D] = {:?}",
+        grad_values.dims(),
+        [batch, heads, clusters, dim_v]
+    );
+    let scores = centroid_scores(centroids.clone(), keys.clone(), key_lengths);
+    let weights = float4::<B>(B::attention_softmax(scores.into_primitive().tensor()));
+    let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
+    match (top, grad_top_weights) {
+        (Some(top), Some(grad_top)) => {
+            let (top, grad_top) = (
+                Tensor::<B, 4, Int>::from_primitive(top),
+                float4::<B>(grad_top),
+            );
+            assert!(
+                top.dims() == grad_top.dims() && top.dims()[..3] == [batch, heads, clusters],
+                "top {:?} and grad_top_weights {:?} must both be [batch, heads, C, k] with \
+                 [batch, heads, C] = {:?}",
+                top.dims(),
+                grad_top.dims(),
+                [batch, heads, clusters]
+            );
+            // A row's top-k keys are distinct, so each adds to its own entry.
+            grad_weights = grad_weights.scatter(3, top, grad_top, IndexingUpdateOp::Add);
+        }
+        (None, None) => {}
+        _ => panic!("top and grad_top_weights must be both given or both None"),
+    }
+    let delta = (weights.clone() * grad_weights.clone()).sum_dim(3);
+    let grad_scores = weights.clone() * (grad_weights - delta);
+    CentroidAttentionGrads {
+        centroids: float_out(grad_scores.clone().matmul(keys)),
+        keys: float_out(grad_scores.swap_dims(2, 3).matmul(centroids)),
+        values: float_out(weights.swap_dims(2, 3).matmul(grad_values)),
     }
 }
 

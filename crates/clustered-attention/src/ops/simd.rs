@@ -445,6 +445,37 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
 }
 
 multiversion! {
+    /// The softmax's Jacobian applied in place to every row of `width` values of `grads`,
+    /// over its first `valid` entries: with `a` the matching row of `weights` (a softmax) and
+    /// `δ = Σ a ⊙ g`, `g ← a ⊙ (g − δ)`.
+    pub(crate) fn softmax_backward_rows<FMA>(
+        weights: &[f32],
+        grads: &mut [f32],
+        width: usize,
+        valid: usize,
+    ) {
+        for (a, g) in weights.chunks_exact(width).zip(grads.chunks_exact_mut(width)) {
+            let (a, g) = (&a[..valid], &mut g[..valid]);
+            let mut lanes = [0f32; LANES];
+            let mut chunks = a.chunks_exact(LANES).zip(g.chunks_exact(LANES));
+            for (a, g) in &mut chunks {
+                for l in 0..LANES {
+                    lanes[l] = madd::<FMA>(a[l], g[l], lanes[l]);
+                }
+            }
+            let tail = valid - valid % LANES;
+            let delta = a[tail..]
+                .iter()
+                .zip(&g[tail..])
+                .fold(lanes.iter().sum::<f32>(), |acc, (&a, &g)| madd::<FMA>(a, g, acc));
+            for (g, &a) in g.iter_mut().zip(a) {
+                *g = a * (*g - delta);
+            }
+        }
+    }
+}
+
+multiversion! {
     /// Softmax, in place, of every row of `width` values of `rows`:
     /// `x ← e^(x − max) / Σ e^(x − max)`, with `−∞` giving 0. A row whose maximum is not
     /// finite, or that holds a NaN, gives NaN, as the decomposed softmax does.

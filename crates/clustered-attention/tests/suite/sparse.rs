@@ -500,6 +500,104 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
     }
 }
 
+/// Under Autodiff, the gradients of the centroid attention with respect to the centroids, keys
+/// and values, through the backend's `centroid_attention_backward` and through the default body
+/// of that op, equal autodiff through the default forward body (matmul, the attention softmax,
+/// a gather): both outputs weighted (`Aᶜ V` and the top-k weights), padded keys, `topk` 0 and
+/// above 0, and more clusters than one block of the host loops (128 rows).
+fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
+    type A<B> = Autodiff<B>;
+    let device = Default::default();
+    // ([batch, heads, C, E], S, D, key lengths, topk)
+    type Case = ([usize; 4], usize, usize, &'static [usize], usize);
+    let cases: [Case; 3] = [
+        ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
+        ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
+        ([1, 1, 130, 8], 40, 5, &[33], 3),
+    ];
+    for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
+        let [batch, heads, clusters, dim] = centroid_dims;
+        let seed = 110 + 7 * n as u64;
+        let inputs = [
+            normal(centroid_dims, seed),
+            normal([batch, heads, keys_len, dim], seed + 1),
+            normal([batch, heads, keys_len, dim_v], seed + 2),
+        ];
+        let outer_values = normal([batch, heads, clusters, dim_v], seed + 3);
+        let outer_top = normal([batch, heads, clusters, topk], seed + 4);
+        type Forward<B> = fn(
+            [FloatTensor<A<B>>; 3],
+            Option<burn::tensor::ops::IntTensor<A<B>>>,
+            usize,
+        ) -> clustered_attention::ops::CentroidAttention<A<B>>;
+        // Gradients of Σ Aᶜ V ⊙ outer_values + Σ top weights ⊙ outer_top.
+        let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
+            let x: Vec<Tensor<A<B>, 4>> = inputs
+                .iter()
+                .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+                .collect();
+            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
+            let out = forward(
+                [float_in(0), float_in(1), float_in(2)],
+                Some(lengths::<A<B>>(key_lengths, &device).into_primitive()),
+                topk,
+            );
+            let mut loss =
+                (float::<A<B>>(out.values) * outer_values.to_tensor::<A<B>>(&device)).sum();
+            if let Some((_, weights)) = out.top {
+                loss = loss + (float::<A<B>>(weights) * outer_top.to_tensor::<A<B>>(&device)).sum();
+            }
+            let grads = loss.backward();
+            x.iter()
+                .map(|x| x.grad(&grads).expect("a gradient"))
+                .collect()
+        };
+        let expected =
+            gradients(|[c, k, v], l, topk| reference::centroid_attention::<A<B>>(c, k, v, l, topk));
+        let backend = gradients(|[c, k, v], l, topk| A::<B>::centroid_attention(c, k, v, l, topk));
+        let default_body = {
+            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
+            // The top-k indices as the default forward body picks them.
+            let top = reference::centroid_attention::<B>(
+                float_in(0),
+                float_in(1),
+                float_in(2),
+                Some(lengths::<B>(key_lengths, &device).into_primitive()),
+                topk,
+            )
+            .top
+            .map(|(top, _)| top);
+            let grads = reference::centroid_attention_backward::<B>(
+                float_in(0),
+                float_in(1),
+                float_in(2),
+                Some(lengths::<B>(key_lengths, &device).into_primitive()),
+                top,
+                outer_values
+                    .to_tensor::<B>(&device)
+                    .into_primitive()
+                    .tensor(),
+                (topk > 0).then(|| outer_top.to_tensor::<B>(&device).into_primitive().tensor()),
+            );
+            [grads.centroids, grads.keys, grads.values]
+                .into_iter()
+                .map(float::<B>)
+                .collect::<Vec<_>>()
+        };
+        let names = ["centroids", "keys", "values"];
+        for (body, got) in [("backend", backend), ("default body", default_body)] {
+            for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
+                assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
+                let diff = max_diff(got, expected.clone());
+                assert!(
+                    diff <= 1e-4,
+                    "case {n}, {body}: the gradients of {name} differ by {diff}"
+                );
+            }
+        }
+    }
+}
+
 /// Under Autodiff, the gradients of the per-query top-k attention with respect to its five
 /// float inputs, through the backend's `top_attention_backward` and through the default body of
 /// that op, equal autodiff through the default forward body (whose sparse products have their
@@ -734,6 +832,11 @@ macro_rules! sparse_tests {
             $(#[$ignore])?
             fn sparse_gradients_match_reference() {
                 super::sparse_gradients_match_reference::<$backend>();
+            }
+            #[test]
+            $(#[$ignore])?
+            fn centroid_attention_gradients_match_reference() {
+                super::centroid_attention_gradients_match_reference::<$backend>();
             }
             #[test]
             $(#[$ignore])?
