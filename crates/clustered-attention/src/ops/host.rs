@@ -980,10 +980,15 @@ impl Sparse {
     /// `[width, padded(k)]`, leaving the padding columns as they are.
     fn gather_transposed(&self, row: usize, j: usize, x: &[f32], width: usize, block: &mut [f32]) {
         let kp = padded(self.k);
+        assert!(
+            block.len() >= width * kp,
+            "a transposed block holds width × padded(k)"
+        );
         for (r, &t) in self.top(row, j).iter().enumerate() {
             let t = t as usize;
-            for (e, &v) in x[t * width..(t + 1) * width].iter().enumerate() {
-                block[e * kp + r] = v;
+            let column = block[r..].iter_mut().step_by(kp);
+            for (out, &v) in column.zip(&x[t * width..(t + 1) * width]) {
+                *out = v;
             }
         }
     }
