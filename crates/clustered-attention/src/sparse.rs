@@ -35,7 +35,8 @@ pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Ten
 /// `Aᶜ = softmax(centroids · keysᵀ)` (keys at or past `key_lengths[b]` masked out), and with
 /// `topk > 0` the indices of each row's `topk` highest scores in descending order and the
 /// weights `Aᶜ` at them. The centroids come scaled by the softmax temperature. Differentiable
-/// only where the backend computes it with Burn ops (the default body, and so `Autodiff`).
+/// on `Autodiff` with respect to the centroids, keys and values (by
+/// [`ClusteringBackend::centroid_attention_backward`]).
 ///
 /// # Shapes
 /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -71,8 +72,8 @@ pub fn centroid_attention<B: ClusteringBackend>(
 /// [`ClusteringBackend::top_attention`]): for every query `i` of cluster `j`,
 /// `m̂_j · Σ_r softmax_r(scale · q_i · k_{t_r}) · v_{t_r} + rest_j` over the cluster's top-k
 /// keys `t_r` (keys at or past `key_lengths[b]` take no weight), zero for padded queries.
-/// Differentiable only where the backend computes it with Burn ops (the default body, and so
-/// `Autodiff`).
+/// Differentiable on `Autodiff` with respect to the queries, keys, values, mass and rest (by
+/// [`ClusteringBackend::top_attention_backward`]).
 ///
 /// # Shapes
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
