@@ -626,6 +626,9 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// One `(batch, head)`'s gradients of the centroids, and of the keys and values.
+type CentroidGradRows<'a> = (&'a mut [f32], (&'a mut [f32], &'a mut [f32]));
+
 /// Host
 /// [`ClusteringBackend::centroid_attention_backward`](super::ClusteringBackend::centroid_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per block of
@@ -707,10 +710,7 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
                         None => f(&no_top),
                     };
                     with_top(&mut |grad_top: &[f32]| {
-                        let task = |(bh, (dc, (dk, dv))): (
-                            usize,
-                            (&mut [f32], (&mut [f32], &mut [f32])),
-                        )| {
+                        let task = |(bh, (dc, (dk, dv))): (usize, CentroidGradRows)| {
                             let valid = lengths[bh / heads];
                             let centroids = &centroids[bh * clusters * dim..][..clusters * dim];
                             let grad_values =
