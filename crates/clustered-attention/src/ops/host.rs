@@ -456,7 +456,8 @@ unsafe fn matmul_add(
     lhs: (*const f32, isize, isize),
     rhs: (*const f32, isize, isize),
 ) {
-    // SAFETY: forwarded from the caller; `read_dst = false` ignores dst's old contents.
+    // SAFETY: forwarded from the caller; without `accumulate` (gemm's `read_dst`), dst's old
+    // contents are ignored.
     unsafe {
         gemm::gemm(
             m,
