@@ -128,10 +128,12 @@ pub trait ClusteringBackend: Backend {
     }
 
     /// The centroid attention of clustered and improved clustered attention in one op (paper
-    /// eqs. 4–5 and 9): `Aᶜ = softmax(centroids · keysᵀ)` over the keys, with the keys at or
-    /// past `key_lengths[b]` masked out, and `Aᶜ · values`; with `topk > 0` also the indices
-    /// of the `topk` highest scores of every row, as [`Self::topk_indices`] picks them, and
-    /// the weights `Aᶜ` at those keys. The centroids come scaled by the softmax temperature.
+    /// eqs. 4–5 and 9–10): `Aᶜ = softmax(centroids · keysᵀ)` over the keys, with the keys at
+    /// or past `key_lengths[b]` masked out, and `Aᶜ · values`; with `topk > 0` also the
+    /// indices of the `topk` highest scores of every row, as [`Self::topk_indices`] picks
+    /// them, and the weights `Aᶜ` at those keys, and then `values` is the rest of `Aᶜ · values`,
+    /// over the keys outside the row's top-k (the second case of eq. 10, times `values`). The
+    /// centroids come scaled by the softmax temperature.
     ///
     /// The default body composes `matmul`, [`Self::attention_softmax`] and
     /// [`Self::topk_indices`]; the host loops of the CPU backends compute a block of cluster
@@ -161,12 +163,13 @@ pub trait ClusteringBackend: Backend {
     }
 
     /// The gradients of [`Self::centroid_attention`] with respect to `centroids`, `keys` and
-    /// `values`, given the gradients of its two float outputs: `grad_values` of `Aᶜ · values`
-    /// and, with `top`, `grad_top_weights` of the weights at the top-k keys. With
-    /// `dA = grad_values · valuesᵀ`, plus `grad_top_weights` at the top-k keys, and
-    /// `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's Jacobian):
+    /// `values`, given the gradients of its two float outputs: `grad_values` of its `values`
+    /// (`R · values`, where `R` is `Aᶜ` without the top-k keys' entries, or all of `Aᶜ`
+    /// without `top`) and, with `top`, `grad_top_weights` of the weights at the top-k keys.
+    /// With `dA = grad_values · valuesᵀ` outside the top-k keys and `grad_top_weights` at
+    /// them, and `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's Jacobian):
     /// `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
-    /// `Aᶜᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
+    /// `Rᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
     /// keeps no `[C, S]` tensor.
     ///
     /// The default body is made of Burn tensor ops; the host loops of the CPU backends compute
@@ -363,7 +366,8 @@ pub trait ClusteringBackend: Backend {
 
 /// The result of [`ClusteringBackend::centroid_attention`].
 pub struct CentroidAttention<B: Backend> {
-    /// `Aᶜ · values`, `[batch, heads, C, D]` (paper eq. 5).
+    /// `Aᶜ · values` (paper eq. 5), over the keys outside each row's top-k when `top` is
+    /// given (eq. 10, second case), `[batch, heads, C, D]`.
     pub values: FloatTensor<B>,
     /// With `topk > 0`: the `[batch, heads, C, topk]` indices of each cluster's top-k keys in
     /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their

@@ -78,13 +78,12 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 
     // Centroids (eq. 3), scaled: C × E products instead of C × S.
     let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
-    let half = matches!(centroids.dtype(), DType::F16 | DType::BF16);
     // Dropout applies only under autodiff; without it, the fused ops serve both passes.
     let fused = options.dropout == 0.0 || !B::ad_enabled(&centroids.device());
     // Per cluster: the top-k keys, [batch, heads, C, k], their mass m̂ (eq. 9),
     // [batch, heads, C, 1], and the rest of Aᶜ V, the keys outside the top-k keeping Aᶜ
     // (eq. 10, second case), [batch, heads, C, D].
-    let (top, top_mass, rest_values) = if !fused || half {
+    let (top, top_mass, rest_values) = if !fused {
         // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S].
         let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
         let weights = attention_softmax(scores.clone());
@@ -93,7 +92,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
         let weights = dropout(weights, options.dropout);
         let top_weights = weights.clone().gather(3, top.clone());
-        let rest_values = if half {
+        let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
             // Aᶜ with its top-k entries set to exactly zero (w + (−w) = 0; the keys of a row
             // are distinct), times V: subtracting the top-k share from Aᶜ V would cancel when
             // the top-k mass is near 1 and lose most of the rest's 8 or 11 bits.
@@ -105,9 +104,9 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         };
         (top, top_mass, rest_values)
     } else {
-        // Without dropout, eqs. 4, 5 and 9 in one op.
+        // Without dropout, eqs. 4, 5, 9 and the rest of 10 in one op.
         let k = topk.min(keys.dims()[2]);
-        let (all_values, top) = centroid_attention(
+        let (rest_values, top) = centroid_attention(
             centroids,
             keys.clone(),
             values.clone(),
@@ -115,9 +114,7 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
             k,
         );
         let (top, top_weights) = top.expect("k ≥ 1 gives the top-k");
-        let top_mass = top_weights.clone().sum_dim(3);
-        let rest_values = all_values - top_share(&grouping, top_weights, &values, &top);
-        (top, top_mass, rest_values)
+        (top, top_weights.sum_dim(3), rest_values)
     };
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).

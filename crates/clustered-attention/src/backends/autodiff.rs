@@ -138,7 +138,7 @@ impl<B: ClusteringBackend> Backward<B, 5> for TopAttention {
 }
 
 /// Backward state of the centroid attention: its float inputs (of the inner backend), the key
-/// lengths, the top-k indices and `D`, the width of `Aᶜ V` in the joined output.
+/// lengths, the top-k indices and `D`, the width of (the rest of) `Aᶜ V` in the joined output.
 type CentroidState<B> = (
     [FloatTensor<B>; 3],
     Option<IntTensor<B>>,
@@ -146,7 +146,7 @@ type CentroidState<B> = (
     usize,
 );
 
-/// `[Aᶜ V, Aᶜ at the top-k keys] = centroid_attention(centroids, keys, values)`, the two
+/// `[rest of Aᶜ V, Aᶜ at the top-k keys] = centroid_attention(centroids, keys, values)`, the two
 /// float outputs joined along the last dimension: the three gradients by the inner backend's
 /// `centroid_attention_backward`.
 #[derive(Debug)]

@@ -417,6 +417,13 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
 /// softmaxed in a per-thread scratch buffer.
 const CENTROID_ROWS: usize = 128;
 
+/// Cluster rows per block against `keys_len` keys: [`CENTROID_ROWS`], fewer where a block's
+/// `rows × S` scores would outgrow [`KEPT_SCRATCH`], so that long sequences reuse the
+/// per-thread scratch instead of mapping (and zeroing) fresh pages on every call.
+fn centroid_rows(keys_len: usize) -> usize {
+    (KEPT_SCRATCH / keys_len.max(1)).clamp(1, CENTROID_ROWS)
+}
+
 /// Largest scratch buffer, in floats, a thread keeps between calls (16 MiB: 128 rows of
 /// 32768 keys); a larger one is freed after use.
 const KEPT_SCRATCH: usize = 4 << 20;
@@ -484,10 +491,11 @@ unsafe fn matmul_add(
 }
 
 /// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
-/// in `f32` (`f16` and `bf16` widened): for every block of `CENTROID_ROWS` (128) cluster rows of a
-/// `(batch, head)`, on rayon's pool, the scores of the valid keys (a `gemm` product into a
+/// in `f32` (`f16` and `bf16` widened): for every block of up to 128 cluster rows
+/// ([`centroid_rows`]) of a `(batch, head)`, on rayon's pool, the scores of the valid keys (a `gemm` product into a
 /// per-thread scratch block, the padded keys set to `-inf`), the top-k of each row, the
-/// softmax in place, and `Aᶜ · values` of the valid keys (a second product).
+/// softmax in place, and `Aᶜ · values` of the valid keys outside the row's top-k (a second
+/// product).
 pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -552,10 +560,14 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                             }
                         }
                         simd::softmax_rows(scores, keys_len);
+                        // The top-k weights move out of the row: the product below is the
+                        // rest of Aᶜ V.
                         if topk > 0 {
-                            for (r, row) in scores.chunks_exact(keys_len).enumerate() {
+                            for (r, row) in scores.chunks_exact_mut(keys_len).enumerate() {
                                 for i in r * topk..(r + 1) * topk {
-                                    top_weights[i] = row[top[i] as usize];
+                                    let t = top[i] as usize;
+                                    top_weights[i] = row[t];
+                                    row[t] = 0.0;
                                 }
                             }
                         }
@@ -576,7 +588,8 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                         }
                     });
                 };
-                let (out_rows, top_rows) = (CENTROID_ROWS * dim_v, CENTROID_ROWS * top_k);
+                let block = centroid_rows(keys_len);
+                let (out_rows, top_rows) = (block * dim_v, block * top_k);
                 if batch * heads * clusters * keys_len * (dim + dim_v) < PARALLEL_THRESHOLD {
                     for (bh, ((o, t), w)) in out
                         .chunks_mut(clusters * dim_v)
@@ -590,7 +603,7 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                             .zip(w.chunks_mut(top_rows))
                             .enumerate()
                         {
-                            task(bh, i * CENTROID_ROWS, o, t, w);
+                            task(bh, i * block, o, t, w);
                         }
                     }
                     return;
@@ -604,7 +617,7 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                             .zip(t.par_chunks_mut(top_rows))
                             .zip(w.par_chunks_mut(top_rows))
                             .enumerate()
-                            .for_each(|(i, ((o, t), w))| task(bh, i * CENTROID_ROWS, o, t, w));
+                            .for_each(|(i, ((o, t), w))| task(bh, i * block, o, t, w));
                     });
             })
         })
@@ -633,11 +646,12 @@ type CentroidGradRows<'a> = (&'a mut [f32], (&'a mut [f32], &'a mut [f32]));
 /// Host
 /// [`ClusteringBackend::centroid_attention_backward`](super::ClusteringBackend::centroid_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per block of
-/// `CENTROID_ROWS` (128) cluster rows, `Aᶜ` recomputed into a per-thread scratch block (a
-/// `gemm` product and the softmax in place), `dA = grad_values · valuesᵀ` into a second one
-/// plus the top-k weights' gradient, the softmax's Jacobian in place, then `dS · keys` into
-/// the centroids' gradient and `dSᵀ · centroids` and `Aᶜᵀ · grad_values` added to the keys'
-/// and values' gradients (three more products).
+/// up to 128 cluster rows ([`centroid_rows`]), `Aᶜ` recomputed into a per-thread scratch
+/// block (a `gemm` product and the softmax in place), `dA = grad_values · valuesᵀ` into a
+/// second one with the top-k weights' gradients at the top-k keys, the softmax's Jacobian in
+/// place, then `dS · keys` into the centroids' gradient, and `dSᵀ · centroids` and
+/// `Rᵀ · grad_values` (`R`: `Aᶜ` without the top-k keys) added to the keys' and values'
+/// gradients (three more products).
 #[allow(clippy::too_many_arguments)]
 pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
@@ -720,11 +734,12 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
                             let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
                             SCRATCH.with_borrow_mut(|weights| {
                                 GRAD_SCRATCH.with_borrow_mut(|grads| {
-                                    let rows = clusters.min(CENTROID_ROWS);
+                                    let block_rows = centroid_rows(keys_len);
+                                    let rows = clusters.min(block_rows);
                                     weights.resize(rows * keys_len, 0.0);
                                     grads.resize(rows * keys_len, 0.0);
-                                    for r0 in (0..clusters).step_by(CENTROID_ROWS) {
-                                        let rows = (clusters - r0).min(CENTROID_ROWS);
+                                    for r0 in (0..clusters).step_by(block_rows) {
+                                        let rows = (clusters - r0).min(block_rows);
                                         let block = CentroidBlock {
                                             centroids: &centroids[r0 * dim..(r0 + rows) * dim],
                                             grad_values: &grad_values
@@ -785,7 +800,7 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
 }
 
 /// One block of cluster rows of a `(batch, head)` in the centroid attention's backward: the
-/// scaled centroids `[rows, E]`, the gradient of `Aᶜ V` `[rows, D]`, and the top-k indices and
+/// scaled centroids `[rows, E]`, the gradient of the rest of `Aᶜ V` `[rows, D]`, and the top-k indices and
 /// their weights' gradient `[rows, k]` (empty without top-k).
 struct CentroidBlock<'a> {
     centroids: &'a [f32],
@@ -835,15 +850,22 @@ fn centroid_block_backward(
         row[valid..].fill(f32::NEG_INFINITY);
     }
     simd::softmax_rows(weights, keys_len);
+    // A top-k key's weight reaches the output through the top-k weights only, not the rest.
     for (r, g) in grads.chunks_exact_mut(keys_len).enumerate() {
         for i in r * k..(r + 1) * k {
             let t = block.top[i] as usize;
             if t < valid {
-                g[t] += block.grad_top[i];
+                g[t] = block.grad_top[i];
             }
         }
     }
     simd::softmax_backward_rows(weights, grads, keys_len, valid);
+    // The rest's weights for the values' gradient: Aᶜ without the top-k keys.
+    for (r, w) in weights.chunks_exact_mut(keys_len).enumerate() {
+        for &t in &block.top[r * k..(r + 1) * k] {
+            w[t as usize] = 0.0;
+        }
+    }
     unsafe {
         // The centroids' gradient dS · keys.
         matmul_into(
@@ -860,7 +882,7 @@ fn centroid_block_backward(
             (grads.as_ptr(), stride, 1),
             (block.centroids.as_ptr(), 1, dim as isize),
         );
-        // The values' gradient Aᶜᵀ · grad_values.
+        // The values' gradient Rᵀ · grad_values.
         matmul_add(
             accumulate,
             [valid, dim_v, rows],

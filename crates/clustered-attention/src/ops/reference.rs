@@ -273,12 +273,28 @@ pub fn centroid_attention<B: ClusteringBackend>(
             ))
         };
         let top_weights = weights.clone().gather(3, top.clone());
-        (top.into_primitive(), top_weights.into_primitive().tensor())
+        (top, top_weights)
     });
-    CentroidAttention {
-        values: weights.matmul(values).into_primitive().tensor(),
-        top,
+    let values = match &top {
+        Some((top, top_weights)) => rest_weights(weights, top.clone(), top_weights.clone()),
+        None => weights,
     }
+    .matmul(values);
+    CentroidAttention {
+        values: values.into_primitive().tensor(),
+        top: top.map(|(top, weights)| (top.into_primitive(), weights.into_primitive().tensor())),
+    }
+}
+
+/// `weights` with each row's top-k entries set to exactly zero (`w + (−w) = 0`; a row's top-k
+/// keys are distinct), the weights of the rest of `Aᶜ V`: subtracting the top-k share from all
+/// of `Aᶜ V` instead would cancel when the top-k mass is near 1.
+fn rest_weights<B: Backend>(
+    weights: Tensor<B, 4>,
+    top: Tensor<B, 4, Int>,
+    top_weights: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    weights.scatter(3, top, top_weights.neg(), IndexingUpdateOp::Add)
 }
 
 /// `centroids · keysᵀ` with the keys at or past `key_lengths[b]` at `-inf`,
@@ -337,6 +353,7 @@ pub fn centroid_attention_backward<B: ClusteringBackend>(
     let scores = centroid_scores(centroids.clone(), keys.clone(), key_lengths);
     let weights = float4::<B>(B::attention_softmax(scores.into_primitive().tensor()));
     let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
+    let mut rest = weights.clone();
     match (top, grad_top_weights) {
         (Some(top), Some(grad_top)) => {
             let (top, grad_top) = (
@@ -351,8 +368,20 @@ pub fn centroid_attention_backward<B: ClusteringBackend>(
                 grad_top.dims(),
                 [batch, heads, clusters]
             );
-            // A row's top-k keys are distinct, so each adds to its own entry.
-            grad_weights = grad_weights.scatter(3, top, grad_top, IndexingUpdateOp::Add);
+            // A top-k key's weight reaches the output through the top-k weights only: its
+            // entry of dA is its weight's gradient, and the rest's weights leave it out (a
+            // row's top-k keys are distinct, so each adds to its own entry).
+            let in_top = weights
+                .zeros_like()
+                .scatter(3, top.clone(), grad_top.ones_like(), IndexingUpdateOp::Add)
+                .greater_elem(0.5);
+            grad_weights = grad_weights.mask_fill(in_top.clone(), 0.0).scatter(
+                3,
+                top,
+                grad_top,
+                IndexingUpdateOp::Add,
+            );
+            rest = rest.mask_fill(in_top, 0.0);
         }
         (None, None) => {}
         _ => panic!("top and grad_top_weights must be both given or both None"),
@@ -362,7 +391,7 @@ pub fn centroid_attention_backward<B: ClusteringBackend>(
     CentroidAttentionGrads {
         centroids: float_out(grad_scores.clone().matmul(keys)),
         keys: float_out(grad_scores.swap_dims(2, 3).matmul(centroids)),
-        values: float_out(weights.swap_dims(2, 3).matmul(grad_values)),
+        values: float_out(rest.swap_dims(2, 3).matmul(grad_values)),
     }
 }
 

@@ -278,10 +278,11 @@ fn attention_softmax_matches_reference<B: ClusteringBackend>() {
     }
 }
 
-/// The backend's centroid attention against plain f64 loops: `Aᶜ V` and the top-k weights to
-/// 1e-5, the top-k sets by score (a chosen key may differ only among scores within 1e-5 of the
-/// k-th best), with padded keys, `topk` from 0 to S, and shapes small enough for one thread
-/// and large enough for several.
+/// The backend's centroid attention against plain f64 loops: `Aᶜ V` over the keys outside the
+/// returned top-k (all of it with `topk` 0) and the top-k weights to 1e-5, the top-k sets by
+/// score (a chosen key may differ only among scores within 1e-5 of the k-th best), with padded
+/// keys, `topk` from 0 to S, and shapes small enough for one thread and large enough for
+/// several.
 fn centroid_attention_matches_loops<B: ClusteringBackend>() {
     let device = Default::default();
     // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
@@ -327,8 +328,14 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
                             })
                             .collect();
                         let weights = softmax(&scores);
+                        let row = ((b * heads + h) * clusters + c) * topk;
+                        let in_top = |j: usize| match &top {
+                            Some((indices, _)) => indices[row..row + topk].contains(&(j as i64)),
+                            None => false,
+                        };
                         for d in 0..dim_v {
                             let expected: f64 = (0..keys_len)
+                                .filter(|&j| !in_top(j))
                                 .map(|j| weights[j] * values.at(b, h, j, d))
                                 .sum();
                             let got = out.at(b, h, c, d);
@@ -340,7 +347,6 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
                         let Some((indices, top_weights)) = &top else {
                             continue;
                         };
-                        let row = ((b * heads + h) * clusters + c) * topk;
                         let chosen = &indices[row..row + topk];
                         let mut sorted = scores.clone();
                         sorted.sort_by(|a, b| b.total_cmp(a));
@@ -503,8 +509,9 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
 /// Under Autodiff, the gradients of the centroid attention with respect to the centroids, keys
 /// and values, through the backend's `centroid_attention_backward` and through the default body
 /// of that op, equal autodiff through the default forward body (matmul, the attention softmax,
-/// a gather): both outputs weighted (`Aᶜ V` and the top-k weights), padded keys, `topk` 0 and
-/// above 0, and more clusters than one block of the host loops (128 rows).
+/// a gather, a scatter): both outputs weighted (the rest of `Aᶜ V` and the top-k weights),
+/// padded keys, `topk` 0 and above 0, and more clusters than one block of the host loops (128
+/// rows).
 fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
     type A<B> = Autodiff<B>;
     let device = Default::default();
