@@ -59,6 +59,10 @@ pub struct Record {
     /// Linux: `VmHWM` after releasing the allocator's free pages and resetting it through
     /// `/proc/self/clear_refs`): the inputs and the program itself included.
     pub peak_rss_mib: Option<f64>,
+    /// `--mode train`: the median wall time of the forward pass alone, in seconds, timed in
+    /// the same run (each timed forward pass right before a timed forward + backward), so that
+    /// `median_s / forward_median_s` compares the two under the same conditions.
+    pub forward_median_s: Option<f64>,
     /// Why the measurement was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -142,6 +146,30 @@ struct Stats {
     median: f64,
     min: f64,
     max: f64,
+    /// The forward pass's median where it was timed beside (`--mode train`).
+    forward_median: Option<f64>,
+}
+
+/// Median, minimum and maximum of `times` (not empty).
+fn stats(mut times: Vec<f64>) -> Stats {
+    times.sort_by(f64::total_cmp);
+    Stats {
+        median: times[times.len() / 2],
+        min: times[0],
+        max: times[times.len() - 1],
+        forward_median: None,
+    }
+}
+
+/// Wall time of one call of `f`, the device synchronised inside the timed region and the
+/// result kept alive until it has been.
+fn time_once<B: Backend, R>(device: &B::Device, f: &mut impl FnMut() -> R) -> f64 {
+    let start = Instant::now();
+    let out = f();
+    B::sync(device).expect("device sync");
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(out);
+    elapsed
 }
 
 /// Runs `f` `warmup` times untimed, then `runs` times timed; the device is synchronised
@@ -152,21 +180,36 @@ fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R
         B::sync(device).expect("device sync");
         drop(out);
     }
-    let mut times: Vec<f64> = (0..args.runs.max(1))
+    stats(
+        (0..args.runs.max(1))
+            .map(|_| time_once::<B, _>(device, &mut f))
+            .collect(),
+    )
+}
+
+/// [`time`] for `train`, with `forward` timed right before each run of it (and warmed up
+/// likewise): the train statistics, with the forward pass's median.
+fn time_beside<B: Backend, R, S>(
+    device: &B::Device,
+    args: &Args,
+    mut forward: impl FnMut() -> R,
+    mut train: impl FnMut() -> S,
+) -> Stats {
+    for _ in 0..args.warmup {
+        time_once::<B, _>(device, &mut forward);
+        time_once::<B, _>(device, &mut train);
+    }
+    let (forward_times, train_times): (Vec<f64>, Vec<f64>) = (0..args.runs.max(1))
         .map(|_| {
-            let start = Instant::now();
-            let out = f();
-            B::sync(device).expect("device sync");
-            let elapsed = start.elapsed().as_secs_f64();
-            drop(out);
-            elapsed
+            (
+                time_once::<B, _>(device, &mut forward),
+                time_once::<B, _>(device, &mut train),
+            )
         })
-        .collect();
-    times.sort_by(f64::total_cmp);
+        .unzip();
     Stats {
-        median: times[times.len() / 2],
-        min: times[0],
-        max: times[times.len() - 1],
+        forward_median: Some(stats(forward_times).median),
+        ..stats(train_times)
     }
 }
 
@@ -333,6 +376,7 @@ fn run_all(
                 gflops_per_s: None,
                 peak_device_mib: None,
                 peak_rss_mib: None,
+                forward_median_s: None,
                 skipped: None,
             };
             let largest = largest_tensor_bytes(op, args, limits.gpu, len);
@@ -368,10 +412,14 @@ fn run_all(
                     .as_ref()
                     .map(|memory| (memory.reserved)() as f64 / 1024f64.powi(2));
                 eprintln!(
-                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}",
+                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}{}",
                     stats.median,
                     stats.min,
                     stats.max,
+                    stats
+                        .forward_median
+                        .map(|f| format!(", forward alone {f:.4} s"))
+                        .unwrap_or_default(),
                     record
                         .peak_device_mib
                         .map(|mib| format!(", device memory {mib:.0} MiB"))
@@ -383,6 +431,7 @@ fn run_all(
                 record.median_s = Some(stats.median);
                 record.min_s = Some(stats.min);
                 record.max_s = Some(stats.max);
+                record.forward_median_s = stats.forward_median;
                 record.gflops_per_s = Some(flops / stats.median / 1e9);
                 if stats.median > args.time_limit_s {
                     slow.push((op, stats.median));
@@ -427,7 +476,9 @@ pub fn run_forward<B: ClusteringBackend>(
     }))
 }
 
-/// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v.
+/// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v,
+/// each run right after a run of the forward pass alone (inputs not tracked, so no autodiff
+/// graph is built).
 pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
     backend: &str,
     device: B::Device,
@@ -441,10 +492,15 @@ pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
             cache = Some((len, inputs::<B>(args, len, &device)));
         }
         let [q, k, v] = cache.as_ref().unwrap().1.clone();
-        time::<B, _>(&device, args, || {
-            let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
-            attend(op, args, q, k, v).sum().backward()
-        })
+        time_beside::<B, _, _>(
+            &device,
+            args,
+            || attend(op, args, q.clone(), k.clone(), v.clone()),
+            || {
+                let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
+                attend(op, args, q, k, v).sum().backward()
+            },
+        )
     }))
 }
 

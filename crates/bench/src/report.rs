@@ -62,9 +62,13 @@ fn cell(record: Option<&Record>) -> String {
                 } else {
                     format!("{t:.2} s")
                 };
-                match r.peak_device_mib.or(r.peak_rss_mib) {
+                let time = match r.peak_device_mib.or(r.peak_rss_mib) {
                     Some(mib) if mib >= 1024.0 => format!("{time} ({:.1} GiB)", mib / 1024.0),
                     Some(mib) => format!("{time} ({mib:.0} MiB)"),
+                    None => time,
+                };
+                match r.forward_median_s {
+                    Some(forward) => format!("{time}, {:.2}×", t / forward),
                     None => time,
                 }
             }
@@ -84,7 +88,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
     let mut out = String::new();
     if let Some(r) = records.first() {
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs{}. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs{}{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -99,6 +103,11 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
                 "; in parentheses, the device memory held by the backend's pools (a bound on the peak, inputs included)"
             } else if records.iter().any(|r| r.peak_rss_mib.is_some()) {
                 "; in parentheses, the process's peak resident memory during the measurement (inputs and the program included)"
+            } else {
+                ""
+            },
+            if records.iter().any(|r| r.forward_median_s.is_some()) {
+                "; after the comma, the time over the forward pass's median, the forward pass timed in the same run right before each forward + backward"
             } else {
                 ""
             },
