@@ -176,9 +176,7 @@ fn time_once<B: Backend, R>(device: &B::Device, f: &mut impl FnMut() -> R) -> f6
 /// inside the timed region, and the result is kept alive until it has been.
 fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R) -> Stats {
     for _ in 0..args.warmup {
-        let out = f();
-        B::sync(device).expect("device sync");
-        drop(out);
+        time_once::<B, _>(device, &mut f);
     }
     stats(
         (0..args.runs.max(1))

@@ -35,9 +35,9 @@ pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Ten
 /// `Aᶜ = softmax(centroids · keysᵀ)` (keys at or past `key_lengths[b]` masked out), and with
 /// `topk > 0` the indices of each row's `topk` highest scores in descending order and the
 /// weights `Aᶜ` at them; then the first output leaves those keys out (the rest of eq. 10,
-/// `Σ_{l ∉ T_j} Aᶜ_jl v_l`, with no cancellation). The centroids come scaled by the softmax temperature. Differentiable
-/// on `Autodiff` with respect to the centroids, keys and values (by
-/// [`ClusteringBackend::centroid_attention_backward`]).
+/// `Σ_{l ∉ T_j} Aᶜ_jl v_l`, with no cancellation). The centroids come scaled by the softmax
+/// temperature. Differentiable on `Autodiff` with respect to the centroids, keys and values
+/// (by [`ClusteringBackend::centroid_attention_backward`]).
 ///
 /// # Shapes
 /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,

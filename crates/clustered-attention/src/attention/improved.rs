@@ -1,8 +1,9 @@
-use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 
 use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::ops::reference::rest_weights;
 use crate::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_weighted_sum, top_attention,
 };
@@ -93,12 +94,9 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         let weights = dropout(weights, options.dropout);
         let top_weights = weights.clone().gather(3, top.clone());
         let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
-            // Aᶜ with its top-k entries set to exactly zero (w + (−w) = 0; the keys of a row
-            // are distinct), times V: subtracting the top-k share from Aᶜ V would cancel when
-            // the top-k mass is near 1 and lose most of the rest's 8 or 11 bits.
-            let rest_weights =
-                weights.scatter(3, top.clone(), top_weights.neg(), IndexingUpdateOp::Add);
-            rest_weights.matmul(values.clone())
+            // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
+            // 1 and lose most of the rest's 8 or 11 bits.
+            rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
         } else {
             weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
         };

@@ -492,9 +492,9 @@ unsafe fn matmul_add(
 
 /// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
 /// in `f32` (`f16` and `bf16` widened): for every block of up to 128 cluster rows
-/// ([`centroid_rows`]) of a `(batch, head)`, on rayon's pool, the scores of the valid keys (a `gemm` product into a
-/// per-thread scratch block, the padded keys set to `-inf`), the top-k of each row, the
-/// softmax in place, and `Aᶜ · values` of the valid keys outside the row's top-k (a second
+/// ([`centroid_rows`]) of a `(batch, head)`, on rayon's pool, the scores of the valid keys (a
+/// `gemm` product into a per-thread scratch block, the padded keys set to `-inf`), the top-k
+/// of each row, the softmax in place, and `Aᶜ · values` of the valid keys outside the row's top-k (a second
 /// product).
 pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,

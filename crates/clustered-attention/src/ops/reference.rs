@@ -289,7 +289,7 @@ pub fn centroid_attention<B: ClusteringBackend>(
 /// `weights` with each row's top-k entries set to exactly zero (`w + (−w) = 0`; a row's top-k
 /// keys are distinct), the weights of the rest of `Aᶜ V`: subtracting the top-k share from all
 /// of `Aᶜ V` instead would cancel when the top-k mass is near 1.
-fn rest_weights<B: Backend>(
+pub(crate) fn rest_weights<B: Backend>(
     weights: Tensor<B, 4>,
     top: Tensor<B, 4, Int>,
     top_weights: Tensor<B, 4>,
