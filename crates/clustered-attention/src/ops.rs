@@ -163,33 +163,36 @@ pub trait ClusteringBackend: Backend {
     }
 
     /// The gradients of [`Self::centroid_attention`] with respect to `centroids`, `keys` and
-    /// `values`, given the gradients of its two float outputs: `grad_values` of its `values`
-    /// (`R · values`, where `R` is `Aᶜ` without the top-k keys' entries, or all of `Aᶜ`
-    /// without `top`) and, with `top`, `grad_top_weights` of the weights at the top-k keys.
-    /// With `dA = grad_values · valuesᵀ` outside the top-k keys and `grad_top_weights` at
-    /// them, and `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's Jacobian):
-    /// `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
+    /// `values`, given its result `forward` and the gradients of its two float outputs:
+    /// `grad_values` of its `values` (`R · values`, where `R` is `Aᶜ` without the top-k keys'
+    /// entries, or all of `Aᶜ` without `top`) and, with `top`, `grad_top_weights` of the
+    /// weights at the top-k keys. With `dA = grad_values · valuesᵀ` outside the top-k keys and
+    /// `grad_top_weights` at them, and `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's
+    /// Jacobian): `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
     /// `Rᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
     /// keeps no `[C, S]` tensor.
     ///
-    /// The default body is made of Burn tensor ops; the host loops of the CPU backends compute
-    /// each `(batch, head)` a block of cluster rows at a time in per-thread scratch memory.
+    /// The default body is made of Burn tensor ops and uses `forward`'s top-k indices only;
+    /// the host loops of the CPU backends take `Aᶜ` from the scores and `forward`'s
+    /// log-sum-exp, and `rowsum(Aᶜ ⊙ dA)` from `forward`'s outputs (`grad_values · values` of
+    /// the rest plus `grad_top_weights · weights`), so that one pass over the keys, a block of
+    /// cluster rows against a part of the keys at a time, gives the three gradients.
     ///
     /// # Shapes
-    /// As [`Self::centroid_attention`]; `top`, `grad_top_weights`: `[batch, heads, C, topk]`,
-    /// `grad_values`: `[batch, heads, C, D]`; the gradients have the shapes of their inputs
-    /// ([`CentroidAttentionGrads`]).
+    /// As [`Self::centroid_attention`]; `forward`: its result for these inputs,
+    /// `grad_top_weights`: `[batch, heads, C, topk]`, `grad_values`: `[batch, heads, C, D]`;
+    /// the gradients have the shapes of their inputs ([`CentroidAttentionGrads`]).
     ///
     /// # Panics
-    /// As [`Self::centroid_attention`]; if `top` and `grad_top_weights` are not both given or
-    /// both `None`, or the gradients' shapes disagree with the inputs'.
+    /// As [`Self::centroid_attention`]; if `forward.top` and `grad_top_weights` are not both
+    /// given or both `None`, or the gradients' shapes disagree with the inputs'.
     #[allow(clippy::too_many_arguments)]
     fn centroid_attention_backward(
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         key_lengths: Option<IntTensor<Self>>,
-        top: Option<IntTensor<Self>>,
+        forward: CentroidAttention<Self>,
         grad_values: FloatTensor<Self>,
         grad_top_weights: Option<FloatTensor<Self>>,
     ) -> CentroidAttentionGrads<Self> {
@@ -198,7 +201,7 @@ pub trait ClusteringBackend: Backend {
             keys,
             values,
             key_lengths,
-            top,
+            forward,
             grad_values,
             grad_top_weights,
         )
@@ -373,6 +376,10 @@ pub struct CentroidAttention<B: Backend> {
     /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
     /// sum is the mass `m̂` of paper eq. 9).
     pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
+    /// Where the op computes it (the host loops of the CPU backends): each row's log-sum-exp
+    /// of the scores, `log Σ_l e^(centroids_j · keys_l)` over the valid keys,
+    /// `[batch, heads, C, 1]` in `f32`, so that the backward pass has `Aᶜ` from one product.
+    pub log_sum_exp: Option<FloatTensor<B>>,
 }
 
 /// The gradients of [`ClusteringBackend::centroid_attention`] with respect to its inputs,

@@ -138,12 +138,20 @@ impl<B: ClusteringBackend> Backward<B, 5> for TopAttention {
 }
 
 /// Backward state of the centroid attention: its float inputs (of the inner backend), the key
-/// lengths, the top-k indices and `D`, the width of (the rest of) `Aᶜ V` in the joined output.
+/// lengths, its result (the rest of `Aᶜ V`, the top-k indices and weights, the log-sum-exps)
+/// and `D`, the width of (the rest of) `Aᶜ V` in the joined output.
 type CentroidState<B> = (
     [FloatTensor<B>; 3],
     Option<IntTensor<B>>,
-    Option<IntTensor<B>>,
+    CentroidOutput<B>,
     usize,
+);
+
+/// The parts of a [`CentroidAttention`] (which is not `Clone`).
+type CentroidOutput<B> = (
+    FloatTensor<B>,
+    Option<(IntTensor<B>, FloatTensor<B>)>,
+    Option<FloatTensor<B>>,
 );
 
 /// `[rest of Aᶜ V, Aᶜ at the top-k keys] = centroid_attention(centroids, keys, values)`, the two
@@ -157,7 +165,8 @@ impl<B: ClusteringBackend> Backward<B, 3> for CentroidAttentionOp {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let ([centroids, keys, values], key_lengths, top, dim_v) = ops.state;
+        let ([centroids, keys, values], key_lengths, (out_values, top, log_sum_exp), dim_v) =
+            ops.state;
         let (grad_values, grad_top) = match top {
             Some(_) => {
                 let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
@@ -168,12 +177,17 @@ impl<B: ClusteringBackend> Backward<B, 3> for CentroidAttentionOp {
             }
             None => (grad, None),
         };
+        let forward = CentroidAttention {
+            values: out_values,
+            top,
+            log_sum_exp,
+        };
         let out = B::centroid_attention_backward(
             centroids,
             keys,
             values,
             key_lengths,
-            top,
+            forward,
             grad_values,
             grad_top,
         );
@@ -214,20 +228,23 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
         let [c, k, v] = floats.clone();
         let out = B::centroid_attention(c, k, v, key_lengths.clone(), topk);
         let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
-        let (top, joined) = match out.top {
-            Some((top, weights)) => {
-                let joined = Tensor::cat(vec![float(out.values), float(weights)], 3);
-                (Some(top), joined.into_primitive().tensor())
+        let joined = match &out.top {
+            Some((_, weights)) => {
+                let joined =
+                    Tensor::cat(vec![float(out.values.clone()), float(weights.clone())], 3);
+                joined.into_primitive().tensor()
             }
-            None => (None, out.values),
+            None => out.values.clone(),
         };
+        let top = out.top.as_ref().map(|(top, _)| top.clone());
         let joined = match CentroidAttentionOp
             .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                prep.finish((floats, key_lengths, top.clone(), dim_v), joined)
+                let output = (out.values, out.top, out.log_sum_exp);
+                prep.finish((floats, key_lengths, output, dim_v), joined)
             }
             OpsKind::UnTracked(prep) => prep.finish(joined),
         };
@@ -242,6 +259,7 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
         CentroidAttention {
             values: part(0, dim_v),
             top: top.map(|top| (top, part(dim_v, topk))),
+            log_sum_exp: None,
         }
     }
 

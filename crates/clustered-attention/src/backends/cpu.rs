@@ -54,7 +54,7 @@ macro_rules! host_ops {
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             key_lengths: Option<IntTensor<Self>>,
-            top: Option<IntTensor<Self>>,
+            forward: CentroidAttention<Self>,
             grad_values: FloatTensor<Self>,
             grad_top_weights: Option<FloatTensor<Self>>,
         ) -> CentroidAttentionGrads<Self> {
@@ -63,7 +63,7 @@ macro_rules! host_ops {
                 keys,
                 values,
                 key_lengths,
-                top,
+                forward,
                 grad_values,
                 grad_top_weights,
             )

@@ -411,26 +411,19 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
 // ---------------------------------------------------------------------------------------------
 // Centroid attention
 
-/// Cluster rows per block of the host centroid attention. `gemm` packs the keys and the values
-/// again for every product, so a block holds up to this many rows (all the clusters of a head
-/// in the paper's settings): its scores, `rows × S` floats, are computed, ranked and
-/// softmaxed in a per-thread scratch buffer.
+/// Cluster rows per block of the host centroid attention: all the clusters of a head in the
+/// paper's settings, so that each part of the keys and values is packed for `gemm` once per
+/// head.
 const CENTROID_ROWS: usize = 128;
 
-/// Cluster rows per block against `keys_len` keys: [`CENTROID_ROWS`], fewer where a block's
-/// `rows × S` scores would outgrow [`KEPT_SCRATCH`], so that long sequences reuse the
-/// per-thread scratch instead of mapping (and zeroing) fresh pages on every call.
-fn centroid_rows(keys_len: usize) -> usize {
-    (KEPT_SCRATCH / keys_len.max(1)).clamp(1, CENTROID_ROWS)
-}
-
-/// Largest scratch buffer, in floats, a thread keeps between calls (16 MiB: 128 rows of
-/// 32768 keys); a larger one is freed after use.
-const KEPT_SCRATCH: usize = 4 << 20;
+/// Keys per part of the host centroid attention: a block's scores against one part,
+/// `128 × 512` floats (256 KiB), and the part's keys and values stay in a core's L2 cache
+/// through the top-k, the softmax and the products, whatever the sequence length (as in
+/// flash attention).
+const KEY_PART: usize = 512;
 
 thread_local! {
-    /// The scores block of the host centroid attention, reused so that no call pays for
-    /// fresh pages.
+    /// The scores block of the host centroid attention, reused between calls.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -491,11 +484,15 @@ unsafe fn matmul_add(
 }
 
 /// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
-/// in `f32` (`f16` and `bf16` widened): for every block of up to 128 cluster rows
-/// ([`centroid_rows`]) of a `(batch, head)`, on rayon's pool, the scores of the valid keys (a
-/// `gemm` product into a per-thread scratch block, the padded keys set to `-inf`), the top-k
-/// of each row, the softmax in place, and `Aᶜ · values` of the valid keys outside the row's top-k (a second
-/// product).
+/// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention makes it:
+/// for every block of up to 128 cluster rows of a `(batch, head)`, on rayon's pool, and every
+/// part of 512 valid keys, the part's scores (a `gemm` product into a per-thread scratch
+/// block), each row's top-k so far updated, the online softmax (the rows' running maxima and
+/// sums, `e^(scores − max)` in place), and the product of the part's weights outside the
+/// current top-k with its values added to the rescaled output rows. A key that leaves a
+/// row's top-k in a later part adds its weight times its value then, so the output is the
+/// rest of `Aᶜ V` without a subtraction. Also returns each row's log-sum-exp of the scores
+/// (`f32`), which the backward pass uses.
 pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -525,100 +522,59 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     let mut out = vec![0f32; batch * heads * clusters * dim_v];
     let mut top = vec![0i64; batch * heads * clusters * top_k];
     let mut top_weights = vec![0f32; batch * heads * clusters * top_k];
+    let mut log_sum_exp = vec![0f32; batch * heads * clusters];
     B::with_f32(&centroids, |centroids| {
         B::with_f32(&keys, |keys| {
             B::with_f32(&values, |values| {
-                let task = |bh: usize,
-                            r0: usize,
-                            out: &mut [f32],
-                            top: &mut [i64],
-                            top_weights: &mut [f32]| {
-                    let rows = out.len() / dim_v;
+                let task = |bh: usize, r0: usize, block: CentroidRows| {
                     let valid = lengths[bh / heads];
+                    let rows = block.log_sum_exp.len();
                     let centroids = &centroids[(bh * clusters + r0) * dim..][..rows * dim];
                     let keys = &keys[bh * keys_len * dim..][..valid * dim];
                     let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
                     SCRATCH.with_borrow_mut(|scores| {
-                        scores.resize(rows * keys_len, 0.0);
-                        let scores = &mut scores[..rows * keys_len];
-                        // SAFETY: scores [rows × S] (row stride S) takes the valid columns of
-                        // centroids [rows × E] · keys[..valid]ᵀ, all within their slices.
-                        unsafe {
-                            matmul_into(
-                                [rows, valid, dim],
-                                (scores.as_mut_ptr(), 1, keys_len as isize),
-                                (centroids.as_ptr(), 1, dim as isize),
-                                (keys.as_ptr(), dim as isize, 1),
-                            );
-                        }
-                        let mut best = Vec::with_capacity(top_k + 1);
-                        for (r, row) in scores.chunks_exact_mut(keys_len).enumerate() {
-                            row[valid..].fill(f32::NEG_INFINITY);
-                            if topk > 0 {
-                                let top = &mut top[r * topk..(r + 1) * topk];
-                                simd::topk_row(row, top, &mut best);
-                            }
-                        }
-                        simd::softmax_rows(scores, keys_len);
-                        // The top-k weights move out of the row: the product below is the
-                        // rest of Aᶜ V.
-                        if topk > 0 {
-                            for (r, row) in scores.chunks_exact_mut(keys_len).enumerate() {
-                                for i in r * topk..(r + 1) * topk {
-                                    let t = top[i] as usize;
-                                    top_weights[i] = row[t];
-                                    row[t] = 0.0;
-                                }
-                            }
-                        }
-                        // SAFETY: out [rows × D] = weights[.., ..valid] · values[..valid], all
-                        // within their slices.
-                        unsafe {
-                            matmul_into(
-                                [rows, dim_v, valid],
-                                (out.as_mut_ptr(), 1, dim_v as isize),
-                                (scores.as_ptr(), 1, keys_len as isize),
-                                (values.as_ptr(), 1, dim_v as isize),
-                            );
-                        }
-                    });
-                    SCRATCH.with_borrow_mut(|scores| {
-                        if scores.capacity() > KEPT_SCRATCH {
-                            *scores = Vec::new();
-                        }
+                        scores.resize(rows * KEY_PART, 0.0);
+                        centroid_rows_forward(
+                            centroids,
+                            keys,
+                            values,
+                            [dim, dim_v, topk],
+                            scores,
+                            block,
+                        );
                     });
                 };
-                let block = centroid_rows(keys_len);
-                let (out_rows, top_rows) = (block * dim_v, block * top_k);
-                if batch * heads * clusters * keys_len * (dim + dim_v) < PARALLEL_THRESHOLD {
-                    for (bh, ((o, t), w)) in out
-                        .chunks_mut(clusters * dim_v)
-                        .zip(top.chunks_mut(clusters * top_k))
-                        .zip(top_weights.chunks_mut(clusters * top_k))
-                        .enumerate()
-                    {
-                        for (i, ((o, t), w)) in o
-                            .chunks_mut(out_rows)
-                            .zip(t.chunks_mut(top_rows))
-                            .zip(w.chunks_mut(top_rows))
-                            .enumerate()
-                        {
-                            task(bh, i * block, o, t, w);
-                        }
-                    }
-                    return;
-                }
-                out.par_chunks_mut(clusters * dim_v)
-                    .zip(top.par_chunks_mut(clusters * top_k))
-                    .zip(top_weights.par_chunks_mut(clusters * top_k))
+                let parts = out
+                    .chunks_mut(clusters * dim_v)
+                    .zip(top.chunks_mut(clusters * top_k))
+                    .zip(top_weights.chunks_mut(clusters * top_k))
+                    .zip(log_sum_exp.chunks_mut(clusters))
                     .enumerate()
-                    .for_each(|(bh, ((o, t), w))| {
-                        o.par_chunks_mut(out_rows)
-                            .zip(t.par_chunks_mut(top_rows))
-                            .zip(w.par_chunks_mut(top_rows))
+                    .flat_map(|(bh, (((o, t), w), l))| {
+                        let rows = CENTROID_ROWS;
+                        o.chunks_mut(rows * dim_v)
+                            .zip(t.chunks_mut(rows * top_k))
+                            .zip(w.chunks_mut(rows * top_k))
+                            .zip(l.chunks_mut(rows))
                             .enumerate()
-                            .for_each(|(i, ((o, t), w))| task(bh, i * block, o, t, w));
+                            .map(move |(i, (((o, t), w), l))| {
+                                let block = CentroidRows {
+                                    out: o,
+                                    top: t,
+                                    top_weights: w,
+                                    log_sum_exp: l,
+                                };
+                                (bh, i * rows, block)
+                            })
                     });
+                if batch * heads * clusters * keys_len * (dim + dim_v) < PARALLEL_THRESHOLD {
+                    parts.for_each(|(bh, r0, block)| task(bh, r0, block));
+                } else {
+                    parts
+                        .collect::<Vec<_>>()
+                        .into_par_iter()
+                        .for_each(|(bh, r0, block)| task(bh, r0, block));
+                }
             })
         })
     });
@@ -631,6 +587,117 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                 write_float::<B, 4>(top_weights, shape, &device, dtype),
             )
         }),
+        log_sum_exp: Some(write_float::<B, 4>(
+            log_sum_exp,
+            [batch, heads, clusters, 1],
+            &device,
+            DType::F32,
+        )),
+    }
+}
+
+/// The outputs of one block of cluster rows of the host centroid attention: the rest of
+/// `Aᶜ V` `[rows, D]`, the top-k keys and their weights `[rows, k]` (one ignored column when
+/// `k = 0`), and the log-sum-exp of the scores `[rows]`.
+struct CentroidRows<'a> {
+    out: &'a mut [f32],
+    top: &'a mut [i64],
+    top_weights: &'a mut [f32],
+    log_sum_exp: &'a mut [f32],
+}
+
+/// The centroid attention of one block of cluster rows against the `valid` keys and values
+/// of its `(batch, head)`, one part of [`KEY_PART`] keys at a time; `scores` is scratch of at
+/// least `rows × KEY_PART` floats.
+fn centroid_rows_forward(
+    centroids: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    [dim, dim_v, topk]: [usize; 3],
+    scores: &mut [f32],
+    block: CentroidRows,
+) {
+    let rows = block.log_sum_exp.len();
+    let valid = keys.len() / dim;
+    let mut max = vec![f32::NEG_INFINITY; rows];
+    let mut sum = vec![0f32; rows];
+    let mut best: Vec<Vec<(f32, u32)>> = (0..rows).map(|_| Vec::with_capacity(topk + 1)).collect();
+    let mut evicted = Vec::new();
+    for offset in (0..valid).step_by(KEY_PART) {
+        let n = (valid - offset).min(KEY_PART);
+        let part = &mut scores[..rows * n];
+        let part_keys = &keys[offset * dim..(offset + n) * dim];
+        let part_values = &values[offset * dim_v..(offset + n) * dim_v];
+        // SAFETY: part [rows × n] = centroids [rows × E] · keysᵀ [E × n], within their slices.
+        unsafe {
+            matmul_into(
+                [rows, n, dim],
+                (part.as_mut_ptr(), 1, n as isize),
+                (centroids.as_ptr(), 1, dim as isize),
+                (part_keys.as_ptr(), dim as isize, 1),
+            );
+        }
+        for (r, row) in part.chunks_exact_mut(n).enumerate() {
+            let best = &mut best[r];
+            evicted.clear();
+            simd::topk_offer(row, offset, topk, best, &mut evicted);
+            let (new_max, part_sum) = simd::exp_row(row, max[r]);
+            let out = &mut block.out[r * dim_v..(r + 1) * dim_v];
+            if offset > 0 && new_max != max[r] {
+                let factor = simd::exp_f32(max[r] - new_max);
+                sum[r] *= factor;
+                out.iter_mut().for_each(|o| *o *= factor);
+            }
+            sum[r] += part_sum;
+            max[r] = new_max;
+            // Keys of earlier parts that left the top-k join the rest now.
+            for &(score, key) in &evicted {
+                let weight = simd::exp_f32(score - new_max);
+                let value = &values[key as usize * dim_v..(key as usize + 1) * dim_v];
+                out.iter_mut()
+                    .zip(value)
+                    .for_each(|(o, &v)| *o += weight * v);
+            }
+            // The weights of this part's keys in the top-k so far stay out of the product.
+            for &(_, key) in best.iter() {
+                if let Some(i) = (key as usize).checked_sub(offset).filter(|&i| i < n) {
+                    row[i] = 0.0;
+                }
+            }
+        }
+        // SAFETY: out [rows × D] (+)= part [rows × n] · values [n × D], within their slices.
+        unsafe {
+            matmul_add(
+                offset > 0,
+                [rows, dim_v, n],
+                (block.out.as_mut_ptr(), 1, dim_v as isize),
+                (part.as_ptr(), 1, n as isize),
+                (part_values.as_ptr(), 1, dim_v as isize),
+            );
+        }
+    }
+    for r in 0..rows {
+        let inv = 1.0 / sum[r];
+        block.out[r * dim_v..(r + 1) * dim_v]
+            .iter_mut()
+            .for_each(|o| *o *= inv);
+        block.log_sum_exp[r] = max[r] + sum[r].ln();
+        if topk == 0 {
+            continue;
+        }
+        let top = &mut block.top[r * topk..(r + 1) * topk];
+        let weights = &mut block.top_weights[r * topk..(r + 1) * topk];
+        // With fewer valid keys than k, the padded keys follow in order, with weight 0 (as
+        // a ranking of the whole row with the padded scores at -inf gives them).
+        let padded = (valid..).map(|key| (f32::NEG_INFINITY, key as u32));
+        for ((t, w), (score, key)) in top
+            .iter_mut()
+            .zip(weights.iter_mut())
+            .zip(best[r].iter().copied().chain(padded))
+        {
+            *t = key as i64;
+            *w = simd::exp_f32(score - max[r]) * inv;
+        }
     }
 }
 
@@ -645,36 +712,43 @@ type CentroidGradRows<'a> = (&'a mut [f32], (&'a mut [f32], &'a mut [f32]));
 
 /// Host
 /// [`ClusteringBackend::centroid_attention_backward`](super::ClusteringBackend::centroid_attention_backward)
-/// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per block of
-/// up to 128 cluster rows ([`centroid_rows`]), `Aᶜ` recomputed into a per-thread scratch
-/// block (a `gemm` product and the softmax in place), `dA = grad_values · valuesᵀ` into a
-/// second one with the top-k weights' gradients at the top-k keys, the softmax's Jacobian in
-/// place, then `dS · keys` into the centroids' gradient, and `dSᵀ · centroids` and
-/// `Rᵀ · grad_values` (`R`: `Aᶜ` without the top-k keys) added to the keys' and values'
-/// gradients (three more products).
+/// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention's backward
+/// makes it: `rowsum(Aᶜ ⊙ dA)` of every cluster row from the forward outputs, then per
+/// `(batch, head)` on rayon's pool, per block of up to 128 cluster rows and per part of 512
+/// valid keys, the part's scores and `dA = grad_values · valuesᵀ` (two `gemm` products into
+/// per-thread scratch blocks), the top-k weights' gradients at the top-k keys, `Aᶜ` from the
+/// scores and the forward's log-sum-exps with the softmax's Jacobian in place, then
+/// `dS · keys` added to the centroids' gradient and `dSᵀ · centroids` and `Rᵀ · grad_values`
+/// (`R`: `Aᶜ` without the top-k keys) to the part's keys' and values' gradients. Falls back
+/// to the default body when `forward` has no log-sum-exps.
 #[allow(clippy::too_many_arguments)]
 pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     key_lengths: Option<IntTensor<B>>,
-    top: Option<IntTensor<B>>,
+    forward: super::CentroidAttention<B>,
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
 ) -> super::CentroidAttentionGrads<B> {
     let empty = [&centroids, &values]
         .iter()
         .any(|x| x.shape().num_elements() == 0);
-    let floats = [&centroids, &keys, &values, &grad_values];
+    let floats = [&centroids, &keys, &values, &grad_values, &forward.values];
     let on_host_all = floats.iter().all(|x| on_host::<B>(x))
-        && grad_top_weights.as_ref().is_none_or(|x| on_host::<B>(x));
-    if empty || !on_host_all || top.is_some() != grad_top_weights.is_some() {
+        && grad_top_weights.as_ref().is_none_or(|x| on_host::<B>(x))
+        && forward.top.as_ref().is_none_or(|(_, w)| on_host::<B>(w))
+        && forward
+            .log_sum_exp
+            .as_ref()
+            .is_some_and(|x| on_host::<B>(x));
+    if empty || !on_host_all || forward.top.is_some() != grad_top_weights.is_some() {
         return reference::centroid_attention_backward::<B>(
             centroids,
             keys,
             values,
             key_lengths,
-            top,
+            forward,
             grad_values,
             grad_top_weights,
         );
@@ -688,30 +762,67 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
         [batch, heads, keys_len, dim_v],
         0,
     );
+    for (name, x) in [
+        ("grad_values", &grad_values),
+        ("forward.values", &forward.values),
+    ] {
+        assert!(
+            dims::<B, 4>(x) == [batch, heads, clusters, dim_v],
+            "{name} {:?} must be [batch, heads, C, D] = {:?}",
+            dims::<B, 4>(x),
+            [batch, heads, clusters, dim_v]
+        );
+    }
+    let log_sum_exp = forward.log_sum_exp.expect("checked above");
     assert!(
-        dims::<B, 4>(&grad_values) == [batch, heads, clusters, dim_v],
-        "grad_values {:?} must be [batch, heads, C, D] = {:?}",
-        dims::<B, 4>(&grad_values),
-        [batch, heads, clusters, dim_v]
+        dims::<B, 4>(&log_sum_exp) == [batch, heads, clusters, 1],
+        "forward.log_sum_exp {:?} must be [batch, heads, C, 1] = {:?}",
+        dims::<B, 4>(&log_sum_exp),
+        [batch, heads, clusters, 1]
     );
-    let (top, k) = match top {
-        Some(top) => {
+    let (top, top_weights, k) = match forward.top {
+        Some((top, weights)) => {
             let (top, shape) = read_ints::<B, 4>(top);
             let grad_shape = dims::<B, 4>(grad_top_weights.as_ref().expect("checked above"));
             assert!(
-                shape == grad_shape && shape[..3] == [batch, heads, clusters],
-                "top {shape:?} and grad_top_weights {grad_shape:?} must both be \
-                 [batch, heads, C, k] with [batch, heads, C] = {:?}",
+                shape == grad_shape
+                    && shape == dims::<B, 4>(&weights)
+                    && shape[..3] == [batch, heads, clusters],
+                "forward.top {shape:?}, its weights {:?} and grad_top_weights {grad_shape:?} \
+                 must all be [batch, heads, C, k] with [batch, heads, C] = {:?}",
+                dims::<B, 4>(&weights),
                 [batch, heads, clusters]
             );
             if let Some(t) = top.iter().find(|&&t| !(0..keys_len as i64).contains(&t)) {
-                panic!("top holds {t}, outside 0..{keys_len} (the number of keys)");
+                panic!("forward.top holds {t}, outside 0..{keys_len} (the number of keys)");
             }
-            (top, shape[3])
+            (top, Some(weights), shape[3])
         }
-        None => (Vec::new(), 0),
+        None => (Vec::new(), None, 0),
     };
     let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
+    // δ = rowsum(Aᶜ ⊙ dA) = grad_values · rest + grad_top_weights · top weights, per row.
+    let mut delta = vec![0f32; batch * heads * clusters];
+    B::with_f32(&grad_values, |grad_values| {
+        B::with_f32(&forward.values, |rest| {
+            let rows = grad_values
+                .chunks_exact(dim_v)
+                .zip(rest.chunks_exact(dim_v));
+            for (d, (g, r)) in delta.iter_mut().zip(rows) {
+                *d = g.iter().zip(r).map(|(&g, &r)| g * r).sum();
+            }
+        })
+    });
+    if let (Some(weights), Some(grad_top)) = (&top_weights, &grad_top_weights) {
+        B::with_f32(weights, |weights| {
+            B::with_f32(grad_top, |grad_top| {
+                let rows = weights.chunks_exact(k).zip(grad_top.chunks_exact(k));
+                for (d, (w, g)) in delta.iter_mut().zip(rows) {
+                    *d += w.iter().zip(g).map(|(&w, &g)| w * g).sum::<f32>();
+                }
+            })
+        });
+    }
     let mut grad_centroids = vec![0f32; batch * heads * clusters * dim];
     let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];
     let mut grad_vals = vec![0f32; batch * heads * keys_len * dim_v];
@@ -720,68 +831,56 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
         B::with_f32(&keys, |keys| {
             B::with_f32(&values, |values| {
                 B::with_f32(&grad_values, |grad_values| {
-                    let with_top = |f: &mut dyn FnMut(&[f32])| match &grad_top_weights {
-                        Some(g) => B::with_f32(g, f),
-                        None => f(&no_top),
-                    };
-                    with_top(&mut |grad_top: &[f32]| {
-                        let task = |(bh, (dc, (dk, dv))): (usize, CentroidGradRows)| {
-                            let valid = lengths[bh / heads];
-                            let centroids = &centroids[bh * clusters * dim..][..clusters * dim];
-                            let grad_values =
-                                &grad_values[bh * clusters * dim_v..][..clusters * dim_v];
-                            let keys = &keys[bh * keys_len * dim..][..valid * dim];
-                            let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
-                            SCRATCH.with_borrow_mut(|weights| {
-                                GRAD_SCRATCH.with_borrow_mut(|grads| {
-                                    let block_rows = centroid_rows(keys_len);
-                                    let rows = clusters.min(block_rows);
-                                    weights.resize(rows * keys_len, 0.0);
-                                    grads.resize(rows * keys_len, 0.0);
-                                    for r0 in (0..clusters).step_by(block_rows) {
-                                        let rows = (clusters - r0).min(block_rows);
-                                        let block = CentroidBlock {
-                                            centroids: &centroids[r0 * dim..(r0 + rows) * dim],
-                                            grad_values: &grad_values
-                                                [r0 * dim_v..(r0 + rows) * dim_v],
-                                            top: &top[(bh * clusters + r0) * k..]
-                                                [..(rows * k).min(top.len())],
-                                            grad_top: &grad_top[(bh * clusters + r0) * k..]
-                                                [..(rows * k).min(grad_top.len())],
-                                        };
-                                        centroid_block_backward(
-                                            &block,
+                    B::with_f32(&log_sum_exp, |log_sum_exp| {
+                        let with_top = |f: &mut dyn FnMut(&[f32])| match &grad_top_weights {
+                            Some(g) => B::with_f32(g, f),
+                            None => f(&no_top),
+                        };
+                        with_top(&mut |grad_top: &[f32]| {
+                            let task = |(bh, (dc, (dk, dv))): (usize, CentroidGradRows)| {
+                                let valid = lengths[bh / heads];
+                                let keys = &keys[bh * keys_len * dim..][..valid * dim];
+                                let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
+                                let head = CentroidHead {
+                                    centroids: head_rows(centroids, bh, clusters * dim),
+                                    grad_values: head_rows(grad_values, bh, clusters * dim_v),
+                                    top: &top[bh * clusters * k..][..clusters * k],
+                                    grad_top: head_rows(grad_top, bh, clusters * k),
+                                    log_sum_exp: head_rows(log_sum_exp, bh, clusters),
+                                    delta: head_rows(&delta, bh, clusters),
+                                };
+                                SCRATCH.with_borrow_mut(|scores| {
+                                    GRAD_SCRATCH.with_borrow_mut(|grads| {
+                                        let rows = clusters.min(CENTROID_ROWS);
+                                        scores.resize(rows * KEY_PART, 0.0);
+                                        grads.resize(rows * KEY_PART, 0.0);
+                                        centroid_head_backward(
+                                            &head,
                                             keys,
                                             values,
-                                            [keys_len, valid, dim, dim_v, k],
-                                            &mut weights[..rows * keys_len],
-                                            &mut grads[..rows * keys_len],
-                                            (&mut dc[r0 * dim..(r0 + rows) * dim], dk, dv),
-                                            r0 > 0,
+                                            [dim, dim_v, k],
+                                            (scores, grads),
+                                            (dc, dk, dv),
                                         );
-                                    }
-                                    if weights.capacity() > KEPT_SCRATCH {
-                                        *weights = Vec::new();
-                                        *grads = Vec::new();
-                                    }
-                                })
-                            });
-                        };
-                        let parts: Vec<_> = grad_centroids
-                            .chunks_mut(clusters * dim)
-                            .zip(
-                                grad_keys
-                                    .chunks_mut(keys_len * dim)
-                                    .zip(grad_vals.chunks_mut(keys_len * dim_v)),
-                            )
-                            .enumerate()
-                            .collect();
-                        let cost = clusters * keys_len * (dim + dim_v);
-                        if batch * heads == 1 || batch * heads * cost < PARALLEL_THRESHOLD {
-                            parts.into_iter().for_each(task);
-                        } else {
-                            parts.into_par_iter().for_each(task);
-                        }
+                                    })
+                                });
+                            };
+                            let parts: Vec<_> = grad_centroids
+                                .chunks_mut(clusters * dim)
+                                .zip(
+                                    grad_keys
+                                        .chunks_mut(keys_len * dim)
+                                        .zip(grad_vals.chunks_mut(keys_len * dim_v)),
+                                )
+                                .enumerate()
+                                .collect();
+                            let cost = clusters * keys_len * (dim + dim_v);
+                            if batch * heads == 1 || batch * heads * cost < PARALLEL_THRESHOLD {
+                                parts.into_iter().for_each(task);
+                            } else {
+                                parts.into_par_iter().for_each(task);
+                            }
+                        })
                     })
                 })
             })
@@ -799,97 +898,121 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     }
 }
 
-/// One block of cluster rows of a `(batch, head)` in the centroid attention's backward: the
-/// scaled centroids `[rows, E]`, the gradient of the rest of `Aᶜ V` `[rows, D]`, and the top-k indices and
-/// their weights' gradient `[rows, k]` (empty without top-k).
-struct CentroidBlock<'a> {
+/// The `bh`-th run of `n` values of `x`.
+fn head_rows(x: &[f32], bh: usize, n: usize) -> &[f32] {
+    &x[bh * n..(bh + 1) * n]
+}
+
+/// One `(batch, head)` of the centroid attention's backward: the scaled centroids `[C, E]`,
+/// the gradient of the rest of `Aᶜ V` `[C, D]`, the top-k indices and their weights'
+/// gradient `[C, k]` (empty without top-k), and each row's log-sum-exp of the scores and
+/// `rowsum(Aᶜ ⊙ dA)` `[C]`.
+struct CentroidHead<'a> {
     centroids: &'a [f32],
     grad_values: &'a [f32],
     top: &'a [i64],
     grad_top: &'a [f32],
+    log_sum_exp: &'a [f32],
+    delta: &'a [f32],
 }
 
-/// The backward of one [`CentroidBlock`] against the `valid` keys and values of its
-/// `(batch, head)`; `weights` and `grads` are `[rows, S]` scratch blocks. Writes the block's
-/// centroid gradients and adds to the keys' and values' gradients (`accumulate`: whether an
-/// earlier block already wrote them).
-#[allow(clippy::too_many_arguments)]
-fn centroid_block_backward(
-    block: &CentroidBlock,
+/// The backward of one [`CentroidHead`] against its `valid` keys and values, a block of up
+/// to [`CENTROID_ROWS`] rows against a part of [`KEY_PART`] keys at a time; `scratch` is two
+/// blocks of at least `min(C, 128) × KEY_PART` floats. Writes the centroids' gradients and
+/// the valid keys' and values' gradients.
+fn centroid_head_backward(
+    head: &CentroidHead,
     keys: &[f32],
     values: &[f32],
-    [keys_len, valid, dim, dim_v, k]: [usize; 5],
-    weights: &mut [f32],
-    grads: &mut [f32],
+    [dim, dim_v, k]: [usize; 3],
+    (scores, grads): (&mut [f32], &mut [f32]),
     (grad_centroids, grad_keys, grad_values): (&mut [f32], &mut [f32], &mut [f32]),
-    accumulate: bool,
 ) {
-    let rows = block.centroids.len() / dim;
-    let stride = keys_len as isize;
-    // SAFETY (all five products): every operand is addressed within its slice, `weights` and
-    // `grads` as [rows × valid] with row stride S, keys [valid × E], values [valid × D],
-    // centroids and their gradient [rows × E], grad_values [rows × D], and the keys' and
-    // values' gradients [valid × E] and [valid × D]; no destination overlaps an operand.
-    unsafe {
-        // Aᶜ: the scores, then the softmax in place (padded keys at -inf give 0).
-        matmul_into(
-            [rows, valid, dim],
-            (weights.as_mut_ptr(), 1, stride),
-            (block.centroids.as_ptr(), 1, dim as isize),
-            (keys.as_ptr(), dim as isize, 1),
-        );
-        // dA = grad_values · valuesᵀ.
-        matmul_into(
-            [rows, valid, dim_v],
-            (grads.as_mut_ptr(), 1, stride),
-            (block.grad_values.as_ptr(), 1, dim_v as isize),
-            (values.as_ptr(), dim_v as isize, 1),
-        );
-    }
-    for row in weights.chunks_exact_mut(keys_len) {
-        row[valid..].fill(f32::NEG_INFINITY);
-    }
-    simd::softmax_rows(weights, keys_len);
-    // A top-k key's weight reaches the output through the top-k weights only, not the rest.
-    for (r, g) in grads.chunks_exact_mut(keys_len).enumerate() {
-        for i in r * k..(r + 1) * k {
-            let t = block.top[i] as usize;
-            if t < valid {
-                g[t] = block.grad_top[i];
+    let clusters = head.log_sum_exp.len();
+    let valid = keys.len() / dim;
+    for r0 in (0..clusters).step_by(CENTROID_ROWS) {
+        let rows = (clusters - r0).min(CENTROID_ROWS);
+        let centroids = &head.centroids[r0 * dim..(r0 + rows) * dim];
+        let grad_out = &head.grad_values[r0 * dim_v..(r0 + rows) * dim_v];
+        let grad_centroids = &mut grad_centroids[r0 * dim..(r0 + rows) * dim];
+        for offset in (0..valid).step_by(KEY_PART) {
+            let n = (valid - offset).min(KEY_PART);
+            let (weights, grads) = (&mut scores[..rows * n], &mut grads[..rows * n]);
+            let part_keys = &keys[offset * dim..(offset + n) * dim];
+            let part_values = &values[offset * dim_v..(offset + n) * dim_v];
+            // SAFETY (all five products): every operand is addressed within its slice, the
+            // scratch blocks as [rows × n], the part's keys [n × E] and values [n × D], the
+            // block's centroids and their gradient [rows × E], grad_out [rows × D], and the
+            // part's keys' and values' gradients [n × E] and [n × D]; no destination overlaps
+            // an operand.
+            unsafe {
+                // The scores, and dA = grad_out · valuesᵀ.
+                matmul_into(
+                    [rows, n, dim],
+                    (weights.as_mut_ptr(), 1, n as isize),
+                    (centroids.as_ptr(), 1, dim as isize),
+                    (part_keys.as_ptr(), dim as isize, 1),
+                );
+                matmul_into(
+                    [rows, n, dim_v],
+                    (grads.as_mut_ptr(), 1, n as isize),
+                    (grad_out.as_ptr(), 1, dim_v as isize),
+                    (part_values.as_ptr(), dim_v as isize, 1),
+                );
+            }
+            for (r, (w, g)) in weights
+                .chunks_exact_mut(n)
+                .zip(grads.chunks_exact_mut(n))
+                .enumerate()
+            {
+                let c = r0 + r;
+                let top = &head.top[c * k..(c + 1) * k];
+                let in_part = |t: i64| (t as usize).checked_sub(offset).filter(|&i| i < n);
+                // A top-k key's weight reaches the output through the top-k weights only.
+                for (&t, &g_top) in top.iter().zip(&head.grad_top[c * k..(c + 1) * k]) {
+                    if let Some(i) = in_part(t) {
+                        g[i] = g_top;
+                    }
+                }
+                simd::softmax_backward_part(w, g, head.log_sum_exp[c], head.delta[c]);
+                // The rest's weights for the values' gradient: Aᶜ without the top-k keys.
+                for &t in top {
+                    if let Some(i) = in_part(t) {
+                        w[i] = 0.0;
+                    }
+                }
+            }
+            let (grad_keys, grad_values) = (
+                &mut grad_keys[offset * dim..(offset + n) * dim],
+                &mut grad_values[offset * dim_v..(offset + n) * dim_v],
+            );
+            unsafe {
+                // The centroids' gradient dS · keys.
+                matmul_add(
+                    offset > 0,
+                    [rows, dim, n],
+                    (grad_centroids.as_mut_ptr(), 1, dim as isize),
+                    (grads.as_ptr(), 1, n as isize),
+                    (part_keys.as_ptr(), 1, dim as isize),
+                );
+                // The keys' gradient dSᵀ · centroids.
+                matmul_add(
+                    r0 > 0,
+                    [n, dim, rows],
+                    (grad_keys.as_mut_ptr(), 1, dim as isize),
+                    (grads.as_ptr(), n as isize, 1),
+                    (centroids.as_ptr(), 1, dim as isize),
+                );
+                // The values' gradient Rᵀ · grad_out.
+                matmul_add(
+                    r0 > 0,
+                    [n, dim_v, rows],
+                    (grad_values.as_mut_ptr(), 1, dim_v as isize),
+                    (weights.as_ptr(), n as isize, 1),
+                    (grad_out.as_ptr(), 1, dim_v as isize),
+                );
             }
         }
-    }
-    simd::softmax_backward_rows(weights, grads, keys_len, valid);
-    // The rest's weights for the values' gradient: Aᶜ without the top-k keys.
-    for (r, w) in weights.chunks_exact_mut(keys_len).enumerate() {
-        for &t in &block.top[r * k..(r + 1) * k] {
-            w[t as usize] = 0.0;
-        }
-    }
-    unsafe {
-        // The centroids' gradient dS · keys.
-        matmul_into(
-            [rows, dim, valid],
-            (grad_centroids.as_mut_ptr(), 1, dim as isize),
-            (grads.as_ptr(), 1, stride),
-            (keys.as_ptr(), 1, dim as isize),
-        );
-        // The keys' gradient dSᵀ · centroids.
-        matmul_add(
-            accumulate,
-            [valid, dim, rows],
-            (grad_keys.as_mut_ptr(), 1, dim as isize),
-            (grads.as_ptr(), stride, 1),
-            (block.centroids.as_ptr(), 1, dim as isize),
-        );
-        // The values' gradient Rᵀ · grad_values.
-        matmul_add(
-            accumulate,
-            [valid, dim_v, rows],
-            (grad_values.as_mut_ptr(), 1, dim_v as isize),
-            (weights.as_ptr(), stride, 1),
-            (block.grad_values.as_ptr(), 1, dim_v as isize),
-        );
     }
 }
 

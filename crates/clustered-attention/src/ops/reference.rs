@@ -283,6 +283,7 @@ pub fn centroid_attention<B: ClusteringBackend>(
     CentroidAttention {
         values: values.into_primitive().tensor(),
         top: top.map(|(top, weights)| (top.into_primitive(), weights.into_primitive().tensor())),
+        log_sum_exp: None,
     }
 }
 
@@ -324,14 +325,17 @@ fn centroid_scores<B: Backend>(
 /// Default body of [`ClusteringBackend::centroid_attention_backward`]: `Aᶜ` recomputed as
 /// [`centroid_attention`] computes it, then the softmax's Jacobian and three products.
 ///
+/// Uses `forward`'s top-k indices only.
+///
 /// # Panics
-/// If the shapes disagree, or `top` and `grad_top_weights` are not both given or both `None`.
+/// If the shapes disagree, or `forward.top` and `grad_top_weights` are not both given or both
+/// `None`.
 pub fn centroid_attention_backward<B: ClusteringBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     key_lengths: Option<IntTensor<B>>,
-    top: Option<IntTensor<B>>,
+    forward: CentroidAttention<B>,
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
 ) -> CentroidAttentionGrads<B> {
@@ -354,7 +358,7 @@ pub fn centroid_attention_backward<B: ClusteringBackend>(
     let weights = float4::<B>(B::attention_softmax(scores.into_primitive().tensor()));
     let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
     let mut rest = weights.clone();
-    match (top, grad_top_weights) {
+    match (forward.top.map(|(top, _)| top), grad_top_weights) {
         (Some(top), Some(grad_top)) => {
             let (top, grad_top) = (
                 Tensor::<B, 4, Int>::from_primitive(top),

@@ -445,32 +445,28 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
 }
 
 multiversion! {
-    /// The softmax's Jacobian applied in place to every row of `width` values of `grads`,
-    /// over its first `valid` entries: with `a` the matching row of `weights` (a softmax) and
-    /// `δ = Σ a ⊙ g`, `g ← a ⊙ (g − δ)`.
-    pub(crate) fn softmax_backward_rows<FMA>(
-        weights: &[f32],
+    /// The softmax's Jacobian on one part of a row, given the row's log-sum-exp `lse` and
+    /// `δ = Σ a ⊙ g` over the whole row (as flash attention's backward pass has them): with
+    /// `a = e^(scores − lse)`, the part's weights, `scores ← a` and `grads ← a ⊙ (grads − δ)`.
+    pub(crate) fn softmax_backward_part<FMA>(
+        scores: &mut [f32],
         grads: &mut [f32],
-        width: usize,
-        valid: usize,
+        lse: f32,
+        delta: f32,
     ) {
-        for (a, g) in weights.chunks_exact(width).zip(grads.chunks_exact_mut(width)) {
-            let (a, g) = (&a[..valid], &mut g[..valid]);
-            let mut lanes = [0f32; LANES];
-            let mut chunks = a.chunks_exact(LANES).zip(g.chunks_exact(LANES));
-            for (a, g) in &mut chunks {
-                for l in 0..LANES {
-                    lanes[l] = madd::<FMA>(a[l], g[l], lanes[l]);
-                }
+        let mut chunks = scores.chunks_exact_mut(LANES).zip(grads.chunks_exact_mut(LANES));
+        for (s, g) in &mut chunks {
+            for l in 0..LANES {
+                let a = exp::<FMA>(s[l] - lse);
+                s[l] = a;
+                g[l] = a * (g[l] - delta);
             }
-            let tail = valid - valid % LANES;
-            let delta = a[tail..]
-                .iter()
-                .zip(&g[tail..])
-                .fold(lanes.iter().sum::<f32>(), |acc, (&a, &g)| madd::<FMA>(a, g, acc));
-            for (g, &a) in g.iter_mut().zip(a) {
-                *g = a * (*g - delta);
-            }
+        }
+        let tail = scores.len() - scores.len() % LANES;
+        for (s, g) in scores[tail..].iter_mut().zip(&mut grads[tail..]) {
+            let a = exp::<FMA>(*s - lse);
+            *s = a;
+            *g = a * (*g - delta);
         }
     }
 }
@@ -533,44 +529,117 @@ multiversion! {
     /// buffer of the best so far, skipping each block of [`LANES`] scores that holds none
     /// above the current k-th best.
     pub(crate) fn topk_row<FMA>(scores: &[f32], out: &mut [i64], best: &mut Vec<(f32, u32)>) {
-        use std::cmp::Ordering;
-        let k = out.len();
         best.clear();
-        let offer = |best: &mut Vec<(f32, u32)>, i: usize, score: f32| {
-            if best.len() == k {
-                if score.total_cmp(&best[k - 1].0) != Ordering::Greater {
-                    return;
-                }
-                best.pop();
-            }
-            let at = best.partition_point(|e| e.0.total_cmp(&score) != Ordering::Less);
-            best.insert(at, (score, i as u32));
-        };
-        let mut chunks = scores.chunks_exact(LANES);
-        for (c, chunk) in (&mut chunks).enumerate() {
-            if best.len() == k {
-                // Keeps every score total_cmp could rank above t (NaN included).
-                let threshold = best[k - 1].0;
-                let mut candidates = 0u32;
-                for &s in chunk {
-                    candidates |= u32::from(s >= threshold || s.is_nan());
-                }
-                if candidates == 0 {
-                    continue;
-                }
-            }
-            for (l, &score) in chunk.iter().enumerate() {
-                offer(best, c * LANES + l, score);
-            }
-        }
-        let tail = scores.len() - chunks.remainder().len();
-        for (l, &score) in chunks.remainder().iter().enumerate() {
-            offer(best, tail + l, score);
-        }
+        offer_scores(scores, 0, out.len(), best, &mut Vec::new());
         for (o, e) in out.iter_mut().zip(best.iter()) {
             *o = e.1 as i64;
         }
     }
+}
+
+multiversion! {
+    /// Offers `scores`, those of keys `offset..offset + scores.len()`, to `best`: the (score,
+    /// key) pairs of the `k` highest scores seen so far in descending order (by
+    /// [`f32::total_cmp`]), lower key first among equal scores, so that offering a row's
+    /// scores in consecutive parts gives the same buffer as [`topk_row`] over the whole row.
+    /// Pairs of keys before `offset` that leave the buffer are pushed to `evicted`.
+    pub(crate) fn topk_offer<FMA>(
+        scores: &[f32],
+        offset: usize,
+        k: usize,
+        best: &mut Vec<(f32, u32)>,
+        evicted: &mut Vec<(f32, u32)>,
+    ) {
+        offer_scores(scores, offset, k, best, evicted);
+    }
+}
+
+/// The body of [`topk_row`] and [`topk_offer`].
+#[inline(always)]
+fn offer_scores(
+    scores: &[f32],
+    offset: usize,
+    k: usize,
+    best: &mut Vec<(f32, u32)>,
+    evicted: &mut Vec<(f32, u32)>,
+) {
+    use std::cmp::Ordering;
+    if k == 0 {
+        return;
+    }
+    let mut offer = |best: &mut Vec<(f32, u32)>, i: usize, score: f32| {
+        if best.len() == k {
+            if score.total_cmp(&best[k - 1].0) != Ordering::Greater {
+                return;
+            }
+            let out = best.pop().expect("k > 0");
+            if (out.1 as usize) < offset {
+                evicted.push(out);
+            }
+        }
+        let at = best.partition_point(|e| e.0.total_cmp(&score) != Ordering::Less);
+        best.insert(at, (score, i as u32));
+    };
+    let mut chunks = scores.chunks_exact(LANES);
+    for (c, chunk) in (&mut chunks).enumerate() {
+        if best.len() == k {
+            // Keeps every score total_cmp could rank above t (NaN included).
+            let threshold = best[k - 1].0;
+            let mut candidates = 0u32;
+            for &s in chunk {
+                candidates |= u32::from(s >= threshold || s.is_nan());
+            }
+            if candidates == 0 {
+                continue;
+            }
+        }
+        for (l, &score) in chunk.iter().enumerate() {
+            offer(best, offset + c * LANES + l, score);
+        }
+    }
+    let tail = offset + scores.len() - chunks.remainder().len();
+    for (l, &score) in chunks.remainder().iter().enumerate() {
+        offer(best, tail + l, score);
+    }
+}
+
+multiversion! {
+    /// The online softmax's step over one part of a row (as in flash attention): with `max`
+    /// the row's largest score so far, `m = max(max, max(scores))`, replaces `scores` by
+    /// `e^(scores − m)` and returns `(m, Σ e^(scores − m))`; the caller rescales what it
+    /// accumulated by `e^(max − m)`. A NaN score or an infinite maximum gives NaN sums.
+    pub(crate) fn exp_row<FMA>(scores: &mut [f32], max: f32) -> (f32, f32) {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let mut chunks = scores.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for l in 0..LANES {
+                lanes[l] = lanes[l].max(chunk[l]);
+            }
+        }
+        let max = chunks
+            .remainder()
+            .iter()
+            .fold(lanes.iter().copied().fold(max, f32::max), |m, &v| m.max(v));
+        let mut sums = [0f32; LANES];
+        let mut chunks = scores.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            for l in 0..LANES {
+                chunk[l] = exp::<FMA>(chunk[l] - max);
+                sums[l] += chunk[l];
+            }
+        }
+        let mut sum: f32 = sums.iter().sum();
+        for v in chunks.into_remainder() {
+            *v = exp::<FMA>(*v - max);
+            sum += *v;
+        }
+        (max, sum)
+    }
+}
+
+/// `e^x` as the softmax kernels compute it, for single values.
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    exp::<false>(x)
 }
 
 // ---------------------------------------------------------------------------------------------

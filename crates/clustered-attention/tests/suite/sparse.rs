@@ -510,17 +510,18 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
 /// and values, through the backend's `centroid_attention_backward` and through the default body
 /// of that op, equal autodiff through the default forward body (matmul, the attention softmax,
 /// a gather, a scatter): both outputs weighted (the rest of `Aᶜ V` and the top-k weights),
-/// padded keys, `topk` 0 and above 0, and more clusters than one block of the host loops (128
-/// rows).
+/// padded keys, `topk` 0 and above 0, more clusters than one block of the host loops (128
+/// rows), and more keys than one of their parts (512 keys).
 fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
     type A<B> = Autodiff<B>;
     let device = Default::default();
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 3] = [
+    let cases: [Case; 4] = [
         ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
         ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
         ([1, 1, 130, 8], 40, 5, &[33], 3),
+        ([2, 1, 9, 8], 1300, 6, &[1300, 700], 5),
     ];
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
@@ -565,21 +566,19 @@ fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
         let default_body = {
             let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
             // The top-k indices as the default forward body picks them.
-            let top = reference::centroid_attention::<B>(
+            let forward = reference::centroid_attention::<B>(
                 float_in(0),
                 float_in(1),
                 float_in(2),
                 Some(lengths::<B>(key_lengths, &device).into_primitive()),
                 topk,
-            )
-            .top
-            .map(|(top, _)| top);
+            );
             let grads = reference::centroid_attention_backward::<B>(
                 float_in(0),
                 float_in(1),
                 float_in(2),
                 Some(lengths::<B>(key_lengths, &device).into_primitive()),
-                top,
+                forward,
                 outer_values
                     .to_tensor::<B>(&device)
                     .into_primitive()
