@@ -74,6 +74,9 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 // Sparse products
 
 /// Dot products of `G` query rows with the columns `c..c + LANES` of `key_t` (`[dim, kp]`).
+///
+/// # Panics
+/// If `c + LANES > kp` or a row is shorter than `dim`.
 #[inline(always)]
 fn dot_group<const FMA: bool, const G: usize>(
     rows: [&[f32]; G],
@@ -82,13 +85,17 @@ fn dot_group<const FMA: bool, const G: usize>(
     c: usize,
 ) -> [[f32; LANES]; G] {
     let mut acc = [[0f32; LANES]; G];
-    // Rows of one length, known to cover the columns: no bounds check in the loop.
     let dim = key_t.len() / kp;
+    assert!(c + LANES <= kp, "columns {c}..{} past {kp}", c + LANES);
     let rows = rows.map(|row| &row[..dim]);
-    for (e, column) in key_t.chunks_exact(kp).enumerate().take(dim) {
-        let keys: &[f32; LANES] = column[c..c + LANES].try_into().unwrap();
+    // Indices checked above, so that nothing in the loop can panic: a panic edge would keep
+    // the accumulators in memory instead of registers.
+    for e in 0..dim {
+        // SAFETY: e < dim and c + LANES ≤ kp, so the block lies in key_t ([dim × kp]).
+        let keys = unsafe { &*key_t.as_ptr().add(e * kp + c).cast::<[f32; LANES]>() };
         for g in 0..G {
-            let q = rows[g][e];
+            // SAFETY: e < dim, the length of every row.
+            let q = unsafe { *rows[g].get_unchecked(e) };
             for l in 0..LANES {
                 acc[g][l] = madd::<FMA>(q, keys[l], acc[g][l]);
             }
@@ -137,6 +144,9 @@ multiversion! {
 
 /// Weighted sums `Σ_r w[g][r] · block[r, c..c + LANES]` of `G` weight rows over a
 /// `[k, dp]` block.
+///
+/// # Panics
+/// If `c + LANES > dp` or a weight row is shorter than `k`.
 #[inline(always)]
 fn weighted_group<const FMA: bool, const G: usize>(
     w: [&[f32]; G],
@@ -145,13 +155,16 @@ fn weighted_group<const FMA: bool, const G: usize>(
     c: usize,
 ) -> [[f32; LANES]; G] {
     let mut acc = [[0f32; LANES]; G];
-    // Weight rows of one length, known to cover the block: no bounds check in the loop.
     let k = block.len() / dp;
+    assert!(c + LANES <= dp, "columns {c}..{} past {dp}", c + LANES);
     let w = w.map(|w| &w[..k]);
-    for (r, row) in block.chunks_exact(dp).enumerate().take(k) {
-        let values: &[f32; LANES] = row[c..c + LANES].try_into().unwrap();
+    // Indices checked above, so that nothing in the loop can panic (see `dot_group`).
+    for r in 0..k {
+        // SAFETY: r < k and c + LANES ≤ dp, so the block's row part lies in block ([k × dp]).
+        let values = unsafe { &*block.as_ptr().add(r * dp + c).cast::<[f32; LANES]>() };
         for g in 0..G {
-            let weight = w[g][r];
+            // SAFETY: r < k, the length of every weight row.
+            let weight = unsafe { *w[g].get_unchecked(r) };
             for l in 0..LANES {
                 acc[g][l] = madd::<FMA>(weight, values[l], acc[g][l]);
             }
