@@ -596,6 +596,26 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     }
 }
 
+/// `scores [rows × n] = centroids [rows × E] · part_keysᵀ`: the scores of a block of cluster
+/// rows against a part of `n` keys, row stride `n`.
+///
+/// # Panics
+/// If `scores` holds fewer than `rows × n` floats.
+fn part_scores(centroids: &[f32], part_keys: &[f32], dim: usize, scores: &mut [f32]) {
+    let (rows, n) = (centroids.len() / dim, part_keys.len() / dim);
+    let scores = &mut scores[..rows * n];
+    // SAFETY: scores [rows × n], centroids [rows × E] and part_keys [n × E] are addressed
+    // within their slices, and scores overlaps neither operand.
+    unsafe {
+        matmul_into(
+            [rows, n, dim],
+            (scores.as_mut_ptr(), 1, n as isize),
+            (centroids.as_ptr(), 1, dim as isize),
+            (part_keys.as_ptr(), dim as isize, 1),
+        );
+    }
+}
+
 /// The outputs of one block of cluster rows of the host centroid attention: the rest of
 /// `Aᶜ V` `[rows, D]`, the top-k keys and their weights `[rows, k]` (one ignored column when
 /// `k = 0`), and the log-sum-exp of the scores `[rows]`.
@@ -628,15 +648,7 @@ fn centroid_rows_forward(
         let part = &mut scores[..rows * n];
         let part_keys = &keys[offset * dim..(offset + n) * dim];
         let part_values = &values[offset * dim_v..(offset + n) * dim_v];
-        // SAFETY: part [rows × n] = centroids [rows × E] · keysᵀ [E × n], within their slices.
-        unsafe {
-            matmul_into(
-                [rows, n, dim],
-                (part.as_mut_ptr(), 1, n as isize),
-                (centroids.as_ptr(), 1, dim as isize),
-                (part_keys.as_ptr(), dim as isize, 1),
-            );
-        }
+        part_scores(centroids, part_keys, dim, part);
         for (r, row) in part.chunks_exact_mut(n).enumerate() {
             let best = &mut best[r];
             evicted.clear();
@@ -940,19 +952,14 @@ fn centroid_head_backward(
             let (weights, grads) = (&mut scores[..rows * n], &mut grads[..rows * n]);
             let part_keys = &keys[offset * dim..(offset + n) * dim];
             let part_values = &values[offset * dim_v..(offset + n) * dim_v];
-            // SAFETY (all five products): every operand is addressed within its slice, the
-            // scratch blocks as [rows × n], the part's keys [n × E] and values [n × D], the
-            // block's centroids and their gradient [rows × E], grad_out [rows × D], and the
-            // part's keys' and values' gradients [n × E] and [n × D]; no destination overlaps
-            // an operand.
+            part_scores(centroids, part_keys, dim, weights);
+            // SAFETY (the other four products): every operand is addressed within its slice,
+            // the scratch blocks as [rows × n], the part's keys [n × E] and values [n × D],
+            // the block's centroids and their gradient [rows × E], grad_out [rows × D], and
+            // the part's keys' and values' gradients [n × E] and [n × D]; no destination
+            // overlaps an operand.
             unsafe {
-                // The scores, and dA = grad_out · valuesᵀ.
-                matmul_into(
-                    [rows, n, dim],
-                    (weights.as_mut_ptr(), 1, n as isize),
-                    (centroids.as_ptr(), 1, dim as isize),
-                    (part_keys.as_ptr(), dim as isize, 1),
-                );
+                // dA = grad_out · valuesᵀ.
                 matmul_into(
                     [rows, n, dim_v],
                     (grads.as_mut_ptr(), 1, n as isize),

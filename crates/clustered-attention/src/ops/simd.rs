@@ -495,10 +495,9 @@ multiversion! {
     }
 }
 
-/// `row ← factor · e^(row − max) / Σ e^(row − max)` in place, with `−∞` giving 0; a row whose
-/// maximum is not finite, or that holds a NaN, becomes NaN.
+/// The largest of `init` and the values of `row` (NaNs ignored, as `f32::max` does).
 #[inline(always)]
-fn softmax_scaled<const FMA: bool>(row: &mut [f32], factor: f32) {
+fn row_max(row: &[f32], init: f32) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = row.chunks_exact(LANES);
     for chunk in &mut chunks {
@@ -506,14 +505,15 @@ fn softmax_scaled<const FMA: bool>(row: &mut [f32], factor: f32) {
             lanes[l] = lanes[l].max(chunk[l]);
         }
     }
-    let max = chunks.remainder().iter().fold(
-        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-        |m, &v| m.max(v),
-    );
-    if !max.is_finite() {
-        row.fill(f32::NAN);
-        return;
-    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(lanes.iter().copied().fold(init, f32::max), |m, &v| m.max(v))
+}
+
+/// `row ← e^(row − max)` in place; returns the sum.
+#[inline(always)]
+fn exp_sum<const FMA: bool>(row: &mut [f32], max: f32) -> f32 {
     let mut sums = [0f32; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
@@ -527,6 +527,19 @@ fn softmax_scaled<const FMA: bool>(row: &mut [f32], factor: f32) {
         *v = exp::<FMA>(*v - max);
         sum += *v;
     }
+    sum
+}
+
+/// `row ← factor · e^(row − max) / Σ e^(row − max)` in place, with `−∞` giving 0; a row whose
+/// maximum is not finite, or that holds a NaN, becomes NaN.
+#[inline(always)]
+fn softmax_scaled<const FMA: bool>(row: &mut [f32], factor: f32) {
+    let max = row_max(row, f32::NEG_INFINITY);
+    if !max.is_finite() {
+        row.fill(f32::NAN);
+        return;
+    }
+    let sum = exp_sum::<FMA>(row, max);
     let scale = factor / sum;
     for v in row.iter_mut() {
         *v *= scale;
@@ -622,31 +635,8 @@ multiversion! {
     /// `e^(scores − m)` and returns `(m, Σ e^(scores − m))`; the caller rescales what it
     /// accumulated by `e^(max − m)`. A NaN score or an infinite maximum gives NaN sums.
     pub(crate) fn exp_row<FMA>(scores: &mut [f32], max: f32) -> (f32, f32) {
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        let mut chunks = scores.chunks_exact(LANES);
-        for chunk in &mut chunks {
-            for l in 0..LANES {
-                lanes[l] = lanes[l].max(chunk[l]);
-            }
-        }
-        let max = chunks
-            .remainder()
-            .iter()
-            .fold(lanes.iter().copied().fold(max, f32::max), |m, &v| m.max(v));
-        let mut sums = [0f32; LANES];
-        let mut chunks = scores.chunks_exact_mut(LANES);
-        for chunk in &mut chunks {
-            for l in 0..LANES {
-                chunk[l] = exp::<FMA>(chunk[l] - max);
-                sums[l] += chunk[l];
-            }
-        }
-        let mut sum: f32 = sums.iter().sum();
-        for v in chunks.into_remainder() {
-            *v = exp::<FMA>(*v - max);
-            sum += *v;
-        }
-        (max, sum)
+        let max = row_max(scores, max);
+        (max, exp_sum::<FMA>(scores, max))
     }
 }
 
