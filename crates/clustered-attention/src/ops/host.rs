@@ -1272,6 +1272,7 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                             let mut value_block = vec![0f32; k * dp];
                             let mut bias = vec![f32::NEG_INFINITY; kp];
                             let mut scratch = vec![0f32; 4 * kp];
+                            let mut rest_row = vec![0f32; dp];
                             for j in 0..num_clusters {
                                 let members = members.of(j);
                                 if members.is_empty() {
@@ -1287,11 +1288,14 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                                     };
                                 }
                                 let c = row * num_clusters + j;
+                                rest_row[..dim_v]
+                                    .copy_from_slice(&rest[c * dim_v..(c + 1) * dim_v]);
                                 let cluster = simd::ClusterBlock {
                                     key_t: &key_t,
                                     bias: &bias,
                                     values: &value_block,
-                                    rest: &rest[c * dim_v..(c + 1) * dim_v],
+                                    rest: &rest_row,
+                                    dv: dim_v,
                                     mass: mass[c],
                                     scale: scale as f32,
                                 };

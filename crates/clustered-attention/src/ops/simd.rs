@@ -221,8 +221,10 @@ pub(crate) struct ClusterBlock<'a> {
     pub bias: &'a [f32],
     /// The `k` top values, `[k, padded(dv)]`, columns `≥ dv` zero.
     pub values: &'a [f32],
-    /// `[dv]`: added to every output row.
+    /// `[padded(dv)]`: the first `dv` added to every output row, the rest zero.
     pub rest: &'a [f32],
+    /// Width of the output rows.
+    pub dv: usize,
     /// Multiplies the softmax.
     pub mass: f32,
     /// Multiplies the dot products.
@@ -239,8 +241,7 @@ fn attend_group<const FMA: bool, const G: usize>(
     out: &mut [f32],
 ) {
     let kp = cluster.bias.len();
-    let dv = cluster.rest.len();
-    let dp = padded(dv);
+    let (dv, dp) = (cluster.dv, cluster.rest.len());
     let k = cluster.values.len() / dp;
     for c in (0..kp).step_by(LANES) {
         let acc = dot_group::<FMA, G>(rows, cluster.key_t, kp, c);
@@ -257,23 +258,15 @@ fn attend_group<const FMA: bool, const G: usize>(
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
     for c in (0..dp).step_by(LANES) {
         let acc = weighted_group::<FMA, G>(weights, cluster.values, dp, c);
-        let start = |g: usize| ids[g] as usize * dv + c;
-        if c + LANES <= dv {
-            let rest: &[f32; LANES] = cluster.rest[c..c + LANES].try_into().unwrap();
-            for (g, acc) in acc.iter().enumerate() {
-                let row: &mut [f32; LANES] =
-                    (&mut out[start(g)..start(g) + LANES]).try_into().unwrap();
-                for l in 0..LANES {
-                    row[l] = acc[l] + rest[l];
-                }
-            }
-        } else {
-            for (g, acc) in acc.iter().enumerate() {
-                let row = &mut out[start(g)..start(g) + dv - c];
-                for ((o, a), r) in row.iter_mut().zip(acc).zip(&cluster.rest[c..]) {
-                    *o = a + r;
-                }
-            }
+        let rest: &[f32; LANES] = cluster.rest[c..c + LANES].try_into().unwrap();
+        // All lanes summed, then the first `n` stored (as `dot_members` does): a partial
+        // loop over the lanes here makes the compiler split the accumulators into 128-bit
+        // registers that spill.
+        let n = LANES.min(dv - c);
+        for (&i, acc) in ids.iter().zip(&acc) {
+            let sum: [f32; LANES] = std::array::from_fn(|l| acc[l] + rest[l]);
+            let start = i as usize * dv + c;
+            out[start..start + n].copy_from_slice(&sum[..n]);
         }
     }
 }
@@ -308,7 +301,7 @@ multiversion! {
         out: &mut [f32],
     ) {
         let row = |i: u32| &x[i as usize * dim..(i as usize + 1) * dim];
-        let dv = cluster.rest.len();
+        let dv = cluster.dv;
         // The members are scattered over the sequence: the rows of the group after next are
         // fetched while this one is computed.
         let ahead = 2 * GROUP;
