@@ -2,8 +2,8 @@
 //!
 //! The tensors already live in host memory on these backends, so each op borrows its float
 //! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
-//! all hash planes at once, vector popcounts over sixteen codes for the K-means, a vectorised
-//! `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
+//! all hash planes at once, for the K-means vector popcounts over sixteen codes (AVX-512) or
+//! per-byte distance tables (elsewhere), a vectorised `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
 //! blocks of gathered keys for the sparse products and the per-query top-k attention, all in
 //! the private `simd` module, and the `gemm` crate's products for the centroid attention — split
 //! over rows on rayon's global pool (the one the backends use), and writes the result back
@@ -225,10 +225,128 @@ fn assign(codes: &[u32], centroids: &[u32], out: &mut [u32]) {
     }
 }
 
-/// K-means of one `(batch, head)` row: `codes` are the `n` valid codes; writes the
-/// assignments of the whole row (padded ones `-1`).
+/// Most clusters [`NearestTable`] handles: a centroid index takes the low 10 bits of its keys.
+const TABLE_CLUSTERS: usize = 1 << 10;
+
+/// The assignment step by table lookups, for CPUs without vector popcounts: a code's distance
+/// to every centroid is the sum of four table rows, one per byte of the code.
+///
+/// Row `(p, v)` holds, for each centroid `j`, the Hamming distance of the byte value `v` to
+/// byte `p` of centroid `j`, times 2¹⁰; the rows of byte 0 also hold `j` in the low 10 bits.
+/// The sum of a code's four rows is then `distance · 2¹⁰ + j` (at most 32 · 2¹⁰ + 1023), and
+/// its minimum picks the nearest centroid with ties to the lowest index, as [`assign`] does.
+/// The columns past the last centroid, up to a multiple of 16, hold distance 33 and never win.
+struct NearestTable {
+    /// `[4, 256, padded]` keys.
+    rows: Vec<u16>,
+    /// Columns per row: the number of clusters rounded up to 16.
+    padded: usize,
+}
+
+impl NearestTable {
+    /// Lanes of the minimum (one AVX2 register of `u16`).
+    const W: usize = 16;
+
+    fn new(clusters: usize) -> Self {
+        assert!(
+            clusters <= TABLE_CLUSTERS,
+            "a nearest-centroid table holds at most {TABLE_CLUSTERS} clusters, got {clusters}"
+        );
+        let padded = clusters.div_ceil(Self::W) * Self::W;
+        Self {
+            rows: vec![0; 4 * 256 * padded],
+            padded,
+        }
+    }
+
+    /// Fills the rows for `centroids` (as many as the table was made for). Row `v` of a byte
+    /// is row `v & (v − 1)` (`v` without its lowest set bit `b`) plus or minus 2¹⁰ where bit
+    /// `b` of the centroid's byte is clear or set.
+    #[inline(always)]
+    fn fill(&mut self, centroids: &[u32]) {
+        let cp = self.padded;
+        const ONE: u16 = 1 << 10;
+        let mut step = vec![0u16; 8 * cp];
+        for (p, byte_rows) in self.rows.chunks_exact_mut(256 * cp).enumerate() {
+            let (first, later) = byte_rows.split_at_mut(cp);
+            for j in 0..cp {
+                let byte = centroids.get(j).map(|&c| (c >> (8 * p)) & 0xFF);
+                first[j] = match (byte, p) {
+                    (Some(byte), 0) => ((byte.count_ones() << 10) | j as u32) as u16,
+                    (Some(byte), _) => (byte.count_ones() << 10) as u16,
+                    (None, 0) => ((33 << 10) | j as u32) as u16,
+                    (None, _) => 0,
+                };
+                for b in 0..8 {
+                    step[b * cp + j] = match byte {
+                        Some(byte) if byte >> b & 1 == 1 => ONE.wrapping_neg(),
+                        Some(_) => ONE,
+                        None => 0,
+                    };
+                }
+            }
+            for v in 1..256 {
+                let (done, rest) = later.split_at_mut((v - 1) * cp);
+                let base = v & (v - 1);
+                let from = if base == 0 {
+                    &*first
+                } else {
+                    &done[(base - 1) * cp..base * cp]
+                };
+                let b = v.trailing_zeros() as usize;
+                let step = &step[b * cp..(b + 1) * cp];
+                for ((out, &from), &step) in rest[..cp].iter_mut().zip(from).zip(step) {
+                    *out = from.wrapping_add(step);
+                }
+            }
+        }
+    }
+
+    /// Writes the index of the nearest centroid of each code to `out`.
+    #[inline(always)]
+    fn assign(&self, codes: &[u32], out: &mut [u32]) {
+        const W: usize = NearestTable::W;
+        let cp = self.padded;
+        for (&code, out) in codes.iter().zip(out) {
+            let row = |p: usize| {
+                let v = (code >> (8 * p)) as usize & 0xFF;
+                &self.rows[(p * 256 + v) * cp..(p * 256 + v + 1) * cp]
+            };
+            let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+            let mut best = [u16::MAX; W];
+            for (((a, b), c), d) in r0
+                .chunks_exact(W)
+                .zip(r1.chunks_exact(W))
+                .zip(r2.chunks_exact(W))
+                .zip(r3.chunks_exact(W))
+            {
+                for l in 0..W {
+                    best[l] = best[l].min(a[l] + b[l] + c[l] + d[l]);
+                }
+            }
+            let key = best.iter().fold(u16::MAX, |m, &k| m.min(k));
+            *out = u32::from(key) & (TABLE_CLUSTERS as u32 - 1);
+        }
+    }
+}
+
+/// The assignment step: by `table` when there is one, else by [`assign`].
 #[inline(always)]
-fn kmeans_row_body(
+fn assign_all(table: &mut Option<NearestTable>, codes: &[u32], centroids: &[u32], out: &mut [u32]) {
+    match table {
+        Some(table) => {
+            table.fill(centroids);
+            table.assign(codes, out);
+        }
+        None => assign(codes, centroids, out),
+    }
+}
+
+/// K-means of one `(batch, head)` row: `codes` are the `n` valid codes; writes the
+/// assignments of the whole row (padded ones `-1`). With `TABLE`, the assignment steps use a
+/// [`NearestTable`] when there are at most [`TABLE_CLUSTERS`] clusters.
+#[inline(always)]
+fn kmeans_row_body<const TABLE: bool>(
     codes: &[u32],
     n: usize,
     initial: &[i64],
@@ -248,8 +366,9 @@ fn kmeans_row_body(
     let mut nearest = vec![0u32; n];
     let mut ones = vec![0u32; clusters * 32];
     let mut counts = vec![0u32; clusters];
+    let mut table = (TABLE && clusters <= TABLE_CLUSTERS).then(|| NearestTable::new(clusters));
     for _ in 0..iterations {
-        assign(codes, &centroids, &mut nearest);
+        assign_all(&mut table, codes, &centroids, &mut nearest);
         ones.fill(0);
         counts.fill(0);
         for (&code, &c) in codes.iter().zip(&nearest) {
@@ -271,7 +390,7 @@ fn kmeans_row_body(
             }
         }
     }
-    assign(codes, &centroids, &mut nearest);
+    assign_all(&mut table, codes, &centroids, &mut nearest);
     for (a, &c) in assignments.iter_mut().zip(&nearest) {
         *a = c as i64;
     }
@@ -287,10 +406,10 @@ fn kmeans_row_avx512(
     iterations: usize,
     assignments: &mut [i64],
 ) {
-    kmeans_row_body(codes, n, initial, iterations, assignments)
+    kmeans_row_body::<false>(codes, n, initial, iterations, assignments)
 }
 
-/// [`kmeans_row_body`] with AVX2 (popcounts by nibble lookup).
+/// [`kmeans_row_body`] with AVX2 and a [`NearestTable`] (AVX2 has no vector popcount).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
 fn kmeans_row_avx2(
@@ -300,7 +419,7 @@ fn kmeans_row_avx2(
     iterations: usize,
     assignments: &mut [i64],
 ) {
-    kmeans_row_body(codes, n, initial, iterations, assignments)
+    kmeans_row_body::<true>(codes, n, initial, iterations, assignments)
 }
 
 /// K-means of one row, compiled for the best vector instructions the CPU has.
@@ -329,7 +448,7 @@ fn kmeans_row(
             return unsafe { kmeans_row_avx2(codes, n, initial, iterations, assignments) };
         }
     }
-    kmeans_row_body(codes, n, initial, iterations, assignments)
+    kmeans_row_body::<true>(codes, n, initial, iterations, assignments)
 }
 
 /// Host [`ClusteringBackend::hamming_kmeans`](super::ClusteringBackend::hamming_kmeans).
@@ -1563,4 +1682,50 @@ pub fn sparse_scatter<B: HostAccess>(
         &device,
         dtype,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SplitMix64: a fixed stream of test codes.
+    fn codes(n: usize, seed: u64, mask: u32) -> Vec<u32> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (z ^ (z >> 31)) as u32 & mask
+            })
+            .collect()
+    }
+
+    /// The table assignment picks the same centroid as a scan of popcounts with ties to the
+    /// lowest index, for cluster counts around the 16-column padding and at the table's limit,
+    /// with full 32-bit codes and with codes of 3 bits (many exact ties, repeated centroids).
+    #[test]
+    fn nearest_table_matches_popcount_scan() {
+        for clusters in [1, 2, 15, 16, 17, 100, TABLE_CLUSTERS] {
+            for (seed, mask) in [(1, u32::MAX), (2, 0b111), (3, 0xF0F0_0F0F)] {
+                let codes = codes(2000, seed + clusters as u64, mask);
+                let centroids = self::codes(clusters, seed + 99, mask);
+                let expected: Vec<u32> = codes
+                    .iter()
+                    .map(|&x| {
+                        (0..clusters)
+                            .min_by_key(|&j| ((x ^ centroids[j]).count_ones(), j))
+                            .unwrap() as u32
+                    })
+                    .collect();
+                let mut table = Some(NearestTable::new(clusters));
+                let mut out = vec![u32::MAX; codes.len()];
+                assign_all(&mut table, &codes, &centroids, &mut out);
+                assert_eq!(out, expected, "table, clusters {clusters}, mask {mask:#x}");
+                assign_all(&mut None, &codes, &centroids, &mut out);
+                assert_eq!(out, expected, "scan, clusters {clusters}, mask {mask:#x}");
+            }
+        }
+    }
 }
