@@ -1,16 +1,17 @@
 //! Host implementations of the ops for CPU backends (NdArray, Flex).
 //!
-//! The tensors already live in host memory on these backends, so each op borrows its float
-//! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
-//! all hash planes at once, for the K-means vector popcounts over sixteen codes (AVX-512) or
-//! per-byte distance tables (elsewhere), a vectorised `exp` for the softmax, a single pass with a small sorted buffer for the top-k, per-cluster
-//! blocks of gathered keys for the sparse products and the per-query top-k attention, all in
-//! the private `simd` module, and the `gemm` crate's products for the centroid attention — split
-//! over rows on rayon's global pool (the one the backends use), and writes the result back
-//! with `from_data`. They reproduce the default bodies ([`super::reference`]): bit for bit for
-//! the integer outputs, to rounding for the float ones. Float ops compute and accumulate in
-//! `f32`: `f16` and `bf16` inputs are widened on the way in and the results rounded to the
-//! input's dtype on the way out; `f64` inputs fall back to the default bodies.
+//! The tensors already live in host memory on these backends, so each op borrows its float inputs
+//! (copying only non-contiguous ones), runs loops — the projections of four queries on all hash
+//! planes at once, for the K-means vector popcounts over sixteen codes (AVX-512) or per-byte
+//! distance tables (elsewhere), a vectorised `exp` for the softmax, a single pass with a small
+//! sorted buffer for the top-k, per-cluster blocks of gathered keys for the sparse products and the
+//! per-query top-k attention, all in the private `simd` module, and the `gemm` crate's products for
+//! the centroid attention — split over rows on rayon's global pool (the one the backends use), and
+//! writes the result back with `from_data`. They reproduce the default bodies
+//! ([`super::reference`]): bit for bit for the integer outputs, to rounding for the float ones.
+//! Float ops compute and accumulate in `f32`: `f16` and `bf16` inputs are widened on the way in and
+//! the results rounded to the input's dtype on the way out; `f64` inputs fall back to the default
+//! bodies.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
