@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
+use clustered_attention::ops::{CentroidAttention, ClusterTop};
 use clustered_attention::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
     top_attention, topk_indices,
@@ -133,6 +134,46 @@ fn run<B: ClusteringBackend>(len: usize) {
             cluster_values.clone(),
             None,
             0.125,
+        )
+    });
+    let float = |x: &Tensor<B, 4>| x.clone().into_primitive().tensor();
+    let normal =
+        |shape: [usize; 4]| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device);
+    let forward = B::centroid_attention(float(&centroids), float(&k), float(&v), None, topk);
+    let (grad_rest, grad_top_weights) = (
+        normal([1, heads, clusters, dim]),
+        normal([1, heads, clusters, topk]),
+    );
+    stage::<B, _>("centroid attention backward", &device, || {
+        B::centroid_attention_backward(
+            float(&centroids),
+            float(&k),
+            float(&v),
+            None,
+            CentroidAttention {
+                values: forward.values.clone(),
+                top: forward.top.clone(),
+                log_sum_exp: forward.log_sum_exp.clone(),
+            },
+            float(&grad_rest),
+            Some(float(&grad_top_weights)),
+        )
+    });
+    let grad = normal(shape);
+    stage::<B, _>("top attention backward", &device, || {
+        B::top_attention_backward(
+            float(&q),
+            float(&k),
+            float(&v),
+            ClusterTop {
+                assignments: assignments.clone().into_primitive(),
+                topk: top.clone().into_primitive(),
+                mass: float(&mass),
+                rest: float(&cluster_values),
+            },
+            None,
+            0.125,
+            float(&grad),
         )
     });
     let none = AttentionOptions::new();

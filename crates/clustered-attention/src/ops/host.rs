@@ -1437,6 +1437,16 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
     write_float::<B, 4>(out, [batch, heads, len, dim_v], &device, dtype)
 }
 
+/// Copies the rows `members` (`width` wide) of `x` into the first `width` columns of `rows`,
+/// `[members.len(), padded]`, leaving the padding columns as they are.
+fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
+    let padded = rows.len() / members.len();
+    for (&i, row) in members.iter().zip(rows.chunks_exact_mut(padded)) {
+        let i = i as usize;
+        row[..width].copy_from_slice(&x[i * width..(i + 1) * width]);
+    }
+}
+
 /// One `(batch, head)`'s gradients of the queries and keys, and of the values, mass and rest.
 type GradRows<'a> = (
     (&'a mut [f32], &'a mut [f32]),
@@ -1510,19 +1520,35 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                             let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
                             let values =
                                 &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v];
-                            let mut key_t = vec![0f32; dim * kp];
-                            let mut value_t = vec![0f32; dim_v * kp];
+                            // The cluster's blocks: its top keys and values transposed
+                            // (`[ep, kp]`, `[dp, kp]`) and as rows (`[k, ep]`), its members'
+                            // query and gradient rows (`[n, ep]`, `[n, dp]`), their scores and
+                            // gradient dot products (`[n, k]`) and queries' gradient
+                            // (`[n, dim]`); padding stays zero.
+                            let mut key_t = vec![0f32; ep * kp];
+                            let mut value_t = vec![0f32; dp * kp];
                             let mut key_block = vec![0f32; k * ep];
                             let mut block = vec![0f32; k * ep.max(dp)];
                             let mut bias = vec![0f32; k];
-                            let mut probs = vec![0f32; len * k];
-                            let mut grad_scores = vec![0f32; len * k];
-                            let mut gathered = Vec::new();
+                            // Sized for the largest cluster, zeroed once: the loops below
+                            // overwrite what they read.
+                            let most = (0..num_clusters)
+                                .map(|j| members.of(j).len())
+                                .max()
+                                .unwrap_or(0);
+                            let mut query_rows = vec![0f32; most * ep];
+                            let mut grad_rows = vec![0f32; most * dp];
+                            let mut probs = vec![0f32; most * k];
+                            let mut grad_scores = vec![0f32; most * k];
+                            let mut grad_query_rows = vec![0f32; most * dim];
+                            let positions: Vec<u32> = (0..most as u32).collect();
                             for j in 0..num_clusters {
                                 let members = members.of(j);
                                 if members.is_empty() {
                                     continue;
                                 }
+                                let n = members.len();
+                                let local = &positions[..n];
                                 let top = sparse.top(row, j);
                                 sparse.gather_transposed(row, j, keys, dim, &mut key_t);
                                 sparse.gather_transposed(row, j, values, dim_v, &mut value_t);
@@ -1534,47 +1560,45 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                         f32::NEG_INFINITY
                                     };
                                 }
-                                simd::dot_members(queries, dim, members, &key_t, k, &mut probs);
-                                simd::dot_members(
-                                    grad,
-                                    dim_v,
-                                    members,
-                                    &value_t,
-                                    k,
-                                    &mut grad_scores,
-                                );
+                                let query_rows = &mut query_rows[..n * ep];
+                                let grad_rows = &mut grad_rows[..n * dp];
+                                gather_rows(queries, dim, members, query_rows);
+                                gather_rows(grad, dim_v, members, grad_rows);
+                                let probs = &mut probs[..n * k];
+                                let grad_scores = &mut grad_scores[..n * k];
+                                simd::dot_members(query_rows, ep, local, &key_t, k, probs);
+                                simd::dot_members(grad_rows, dp, local, &value_t, k, grad_scores);
                                 dm[j] = simd::softmax_backward_members(
-                                    &mut probs,
-                                    &mut grad_scores,
-                                    members,
+                                    probs,
+                                    grad_scores,
+                                    local,
                                     &bias,
                                     scale as f32,
                                     mass[row * num_clusters + j],
                                 );
+                                let grad_query_rows = &mut grad_query_rows[..n * dim];
                                 simd::weighted_members(
-                                    &grad_scores,
+                                    grad_scores,
                                     k,
-                                    members,
+                                    local,
                                     &key_block,
                                     dim,
-                                    dq,
+                                    grad_query_rows,
                                 );
+                                for (&i, g) in members.iter().zip(grad_query_rows.chunks_exact(dim))
+                                {
+                                    let i = i as usize;
+                                    dq[i * dim..(i + 1) * dim].copy_from_slice(g);
+                                }
                                 // Keys: Σ_i ds_ir · q_i; values: Σ_i w_ir · g_i; rest: Σ_i g_i.
                                 let products = [
-                                    (&grad_scores, queries, dim, &mut *dk),
-                                    (&probs, grad, dim_v, &mut *dv),
+                                    (&*grad_scores, &*query_rows, dim, &mut *dk),
+                                    (&*probs, &*grad_rows, dim_v, &mut *dv),
                                 ];
-                                for (weights, x, width, out) in products {
+                                for (weights, rows, width, out) in products {
                                     let wp = padded(width);
-                                    gathered.clear();
-                                    gathered.resize(members.len() * wp, 0.0);
-                                    for (t, &i) in members.iter().enumerate() {
-                                        let i = i as usize;
-                                        gathered[t * wp..t * wp + width]
-                                            .copy_from_slice(&x[i * width..(i + 1) * width]);
-                                    }
                                     let block = &mut block[..k * wp];
-                                    simd::scatter_members(weights, k, members, &gathered, block);
+                                    simd::scatter_members(weights, k, local, rows, block);
                                     for (r, &t) in top.iter().enumerate() {
                                         let t = t as usize;
                                         let row = &mut out[t * width..(t + 1) * width];
@@ -1583,9 +1607,8 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                         }
                                     }
                                 }
-                                // `gathered` holds the members' gradient rows, `dp` wide.
                                 let rest = &mut dr[j * dim_v..(j + 1) * dim_v];
-                                for row in gathered.chunks_exact(dp) {
+                                for row in grad_rows.chunks_exact(dp) {
                                     for (o, &g) in rest.iter_mut().zip(row) {
                                         *o += g;
                                     }
