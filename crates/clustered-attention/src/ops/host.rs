@@ -1233,6 +1233,22 @@ impl Sparse {
         )
     }
 
+    /// With `k = 1`: for each query of `row`, the one key of its cluster, `u32::MAX` for a
+    /// padded query.
+    fn single_keys(&self, row: usize) -> Vec<u32> {
+        debug_assert_eq!(self.k, 1);
+        self.assignments[row * self.len..(row + 1) * self.len]
+            .iter()
+            .map(|&a| {
+                if a == NO_CLUSTER {
+                    u32::MAX
+                } else {
+                    self.top(row, a as usize)[0] as u32
+                }
+            })
+            .collect()
+    }
+
     /// Key indices of cluster `j` of `row`.
     fn top(&self, row: usize, j: usize) -> &[i64] {
         let start = (row * self.clusters + j) * self.k;
@@ -1318,13 +1334,19 @@ pub fn sparse_weighted_sum<B: HostAccess>(
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, keys_len, dim] = dims::<B, 4>(&values);
     let sparse = Sparse::read::<B>(topk, assignments);
+    sparse.check(keys_len);
     let mut out = vec![0f32; sparse.rows() * len * dim];
     B::with_f32(&weights, |weights| {
         B::with_f32(&values, |values| {
             for_each_row(&mut out, sparse.rows(), len * k * dim, |row, out| {
-                let members = sparse.members(row);
                 let weights = &weights[row * len * k..(row + 1) * len * k];
                 let values = &values[row * keys_len * dim..(row + 1) * keys_len * dim];
+                if k == 1 {
+                    let sources = sparse.single_keys(row);
+                    simd::scale_rows(weights, values, dim, &sources, out);
+                    return;
+                }
+                let members = sparse.members(row);
                 let mut block = vec![0f32; k * padded(dim)];
                 for j in 0..sparse.clusters {
                     let members = members.of(j);
@@ -1667,13 +1689,19 @@ pub fn sparse_scatter<B: HostAccess>(
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, _, dim] = dims::<B, 4>(&x);
     let sparse = Sparse::read::<B>(topk, assignments);
+    sparse.check(keys_len);
     let mut out = vec![0f32; sparse.rows() * keys_len * dim];
     B::with_f32(&weights, |weights| {
         B::with_f32(&x, |x| {
             for_each_row(&mut out, sparse.rows(), len * k * dim, |row, out| {
-                let members = sparse.members(row);
                 let weights = &weights[row * len * k..(row + 1) * len * k];
                 let x = &x[row * len * dim..(row + 1) * len * dim];
+                if k == 1 {
+                    let targets = sparse.single_keys(row);
+                    simd::scatter_rows(weights, x, dim, &targets, out);
+                    return;
+                }
+                let members = sparse.members(row);
                 let fp = padded(dim);
                 let mut block = vec![0f32; k * fp];
                 let mut rows = Vec::new();

@@ -417,6 +417,58 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `out[targets[i]] += weights[i] · x[i]` (rows of `dim`) for every `i` with
+    /// `targets[i] != u32::MAX`, in increasing `i`: the sparse scatter with one key per
+    /// cluster (`k = 1`, e.g. the centroids' sums), one pass over `x` in order.
+    ///
+    /// # Panics
+    /// If `weights` or `x` holds fewer rows than `targets`, or a target row is outside `out`.
+    pub(crate) fn scatter_rows<FMA>(
+        weights: &[f32],
+        x: &[f32],
+        dim: usize,
+        targets: &[u32],
+        out: &mut [f32],
+    ) {
+        for ((&t, &w), x) in targets.iter().zip(weights).zip(x.chunks_exact(dim)) {
+            if t == u32::MAX {
+                continue;
+            }
+            let t = t as usize;
+            for (o, &v) in out[t * dim..(t + 1) * dim].iter_mut().zip(x) {
+                *o = madd::<FMA>(w, v, *o);
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `out[i] = weights[i] · x[sources[i]]` (rows of `dim`) for every `i` with
+    /// `sources[i] != u32::MAX`, other rows left as they are: the sparse weighted sum with one
+    /// key per cluster (`k = 1`, e.g. clustered attention's broadcast), written in order.
+    ///
+    /// # Panics
+    /// If `weights` or `out` holds fewer rows than `sources`, or a source row is outside `x`.
+    pub(crate) fn scale_rows<FMA>(
+        weights: &[f32],
+        x: &[f32],
+        dim: usize,
+        sources: &[u32],
+        out: &mut [f32],
+    ) {
+        for ((&s, &w), out) in sources.iter().zip(weights).zip(out.chunks_exact_mut(dim)) {
+            if s == u32::MAX {
+                continue;
+            }
+            let s = s as usize;
+            for (o, &v) in out.iter_mut().zip(&x[s * dim..(s + 1) * dim]) {
+                *o = w * v;
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Softmax
 
