@@ -1712,10 +1712,7 @@ pub fn sparse_scatter<B: HostAccess>(
                     }
                     rows.clear();
                     rows.resize(members.len() * fp, 0.0);
-                    for (t, &i) in members.iter().enumerate() {
-                        let i = i as usize;
-                        rows[t * fp..t * fp + dim].copy_from_slice(&x[i * dim..(i + 1) * dim]);
-                    }
+                    gather_rows(x, dim, members, &mut rows);
                     simd::scatter_members(weights, k, members, &rows, &mut block);
                     for (r, &t) in sparse.top(row, j).iter().enumerate() {
                         let t = t as usize;
