@@ -88,7 +88,9 @@ pub trait ClusteringBackend: Backend {
     ///   (popcount of xor), ties going to the lowest cluster index;
     /// - an update step sets each centroid bit to the majority of its members' bits; an exact
     ///   tie keeps the previous bit, so an empty cluster keeps its previous centroid;
-    /// - exactly `iterations` (assign, update) rounds run, then a final assignment.
+    /// - exactly `iterations` (assign, update) rounds run, then a final assignment; an
+    ///   implementation may stop once an update leaves every centroid unchanged, since the
+    ///   remaining rounds would then repeat it and the result is the same.
     ///
     /// Padded queries belong to no cluster: their assignment is [`NO_CLUSTER`] (`-1`).
     ///

@@ -7,15 +7,16 @@ use rand::RngExt;
 
 use crate::common::*;
 
-/// The K-means definition of `ClusteringBackend::hamming_kmeans`, with integer loops:
-/// returns (assignments, counts) for one sequence's codes.
+/// The K-means definition of `ClusteringBackend::hamming_kmeans`, with integer loops and all
+/// `iterations` run: returns (assignments, counts) for one sequence's codes, and the first
+/// round (from 0) whose update left every centroid unchanged, if one did.
 fn kmeans_reference(
     codes: &[u32],
     n: usize,
     clusters: usize,
     iterations: usize,
     initial: &[i64],
-) -> (Vec<i64>, Vec<i64>) {
+) -> (Vec<i64>, Vec<i64>, Option<usize>) {
     let len = codes.len();
     let mut assignments = vec![-1i64; len];
     let mut counts = vec![0i64; clusters];
@@ -24,7 +25,7 @@ fn kmeans_reference(
             assignments[i] = i as i64;
             counts[i] = 1;
         }
-        return (assignments, counts);
+        return (assignments, counts, None);
     }
     let mut centroids: Vec<u32> = initial.iter().map(|&p| codes[p as usize]).collect();
     let assign = |centroids: &[u32], assignments: &mut [i64]| {
@@ -39,8 +40,10 @@ fn kmeans_reference(
             assignments[i] = best.1 as i64;
         }
     };
-    for _ in 0..iterations {
+    let mut fixed_point = None;
+    for round in 0..iterations {
         assign(&centroids, &mut assignments);
+        let before = centroids.clone();
         for (c, centroid) in centroids.iter_mut().enumerate() {
             let members: Vec<u32> = (0..n)
                 .filter(|&i| assignments[i] == c as i64)
@@ -56,12 +59,15 @@ fn kmeans_reference(
                 }
             }
         }
+        if centroids == before {
+            fixed_point.get_or_insert(round);
+        }
     }
     assign(&centroids, &mut assignments);
     for &a in &assignments[..n] {
         counts[a as usize] += 1;
     }
-    (assignments, counts)
+    (assignments, counts, fixed_point)
 }
 
 fn codes_tensor<B: ClusteringBackend>(codes: &[u32], dims: [usize; 3]) -> Tensor<B, 3, Int> {
@@ -113,15 +119,19 @@ fn run<B: ClusteringBackend>(
 }
 
 /// The default bodies reproduce the loop reference bit for bit, with and without padding,
-/// with more, as many and fewer valid queries than clusters.
+/// with more, as many and fewer valid queries than clusters. The 1500-query case reaches a
+/// fixed point of the updates after a few rounds that change centroids and before its last
+/// round (checked below), where an implementation may stop early.
 fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation) {
     let mut rng = rng(21);
+    let mut early_fixed_points = 0;
     for (len, clusters, iterations, bits) in [
         (50, 6, 10, 32),
         (37, 37, 3, 8),
         (64, 100, 10, 31),
         (80, 3, 0, 5),
         (90, 12, 4, 1),
+        (1500, 40, 12, 32),
     ] {
         let (batch, heads) = (3, 2);
         let mask = if bits == 32 {
@@ -148,7 +158,7 @@ fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation
             for b in 0..batch {
                 for h in 0..heads {
                     let row = (b * heads + h) * len;
-                    let (ea, ec) = kmeans_reference(
+                    let (ea, ec, fixed_point) = kmeans_reference(
                         &codes[row..row + len],
                         lens[b],
                         clusters,
@@ -167,10 +177,20 @@ fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation
                     );
                     let total: i64 = ec.iter().sum();
                     assert_eq!(total, lens[b] as i64, "counts must sum to the valid length");
+                    if len == 1500 && fixed_point.is_some_and(|r| r >= 2 && r + 1 < iterations) {
+                        early_fixed_points += 1;
+                    }
                 }
             }
         }
     }
+    // 10 sequences of the 1500-query case have more valid queries than clusters: 6 without
+    // query lengths, 4 with lengths 1500 and 750.
+    assert!(
+        early_fixed_points >= 8,
+        "only {early_fixed_points} of the 10 sequences of 750 or 1500 queries reached a fixed \
+         point between rounds 2 and 10: the case no longer tests stopping early"
+    );
 }
 
 /// Hand-made case pinning the tie rules (8-bit codes, C = 2, one Lloyd iteration):
