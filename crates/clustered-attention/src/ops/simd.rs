@@ -653,19 +653,21 @@ fn offer_scores(
     };
     let mut chunks = scores.chunks_exact(LANES);
     for (c, chunk) in (&mut chunks).enumerate() {
+        // Once the buffer is full, only the lanes whose score total_cmp could rank above the
+        // k-th best (NaN included) are offered, in order; `offer` checks each against the
+        // buffer as it is then.
+        let mut candidates = u32::MAX >> (32 - LANES);
         if best.len() == k {
-            // Keeps every score total_cmp could rank above t (NaN included).
             let threshold = best[k - 1].0;
-            let mut candidates = 0u32;
-            for &s in chunk {
-                candidates |= u32::from(s >= threshold || s.is_nan());
-            }
-            if candidates == 0 {
-                continue;
+            candidates = 0;
+            for (l, &s) in chunk.iter().enumerate() {
+                candidates |= u32::from(s >= threshold || s.is_nan()) << l;
             }
         }
-        for (l, &score) in chunk.iter().enumerate() {
-            offer(best, offset + c * LANES + l, score);
+        while candidates != 0 {
+            let l = candidates.trailing_zeros() as usize;
+            candidates &= candidates - 1;
+            offer(best, offset + c * LANES + l, chunk[l]);
         }
     }
     let tail = offset + scores.len() - chunks.remainder().len();
