@@ -103,6 +103,9 @@ fn run<B: ClusteringBackend>(len: usize) {
         )
     });
     let top = stage::<B, _>("topk", &device, || topk_indices(scores.clone(), topk));
+    stage::<B, _>("centroid attention", &device, || {
+        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, 0)
+    });
     stage::<B, _>("centroid attention + topk", &device, || {
         centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk)
     });
