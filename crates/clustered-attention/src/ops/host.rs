@@ -788,7 +788,7 @@ fn centroid_rows_forward(
         for (r, row) in part.chunks_exact_mut(n).enumerate() {
             let best = &mut best[r];
             evicted.clear();
-            simd::topk_offer(row, offset, topk, best, &mut evicted);
+            let entered = simd::topk_offer(row, offset, topk, best, &mut evicted);
             let (new_max, part_sum) = simd::exp_row(row, max[r]);
             let out = &mut block.out[r * dim_v..(r + 1) * dim_v];
             if offset > 0 && new_max != max[r] {
@@ -799,17 +799,15 @@ fn centroid_rows_forward(
             sum[r] += part_sum;
             max[r] = new_max;
             // Keys of earlier parts that left the top-k join the rest now.
-            for &(score, key) in &evicted {
-                let weight = simd::exp_f32(score - new_max);
-                let value = &values[key as usize * dim_v..(key as usize + 1) * dim_v];
-                out.iter_mut()
-                    .zip(value)
-                    .for_each(|(o, &v)| *o += weight * v);
+            if !evicted.is_empty() {
+                simd::add_weighted_rows(&evicted, new_max, values, out);
             }
             // The weights of this part's keys in the top-k so far stay out of the product.
-            for &(_, key) in best.iter() {
-                if let Some(i) = (key as usize).checked_sub(offset).filter(|&i| i < n) {
-                    row[i] = 0.0;
+            if entered {
+                for &(_, key) in best.iter() {
+                    if let Some(i) = (key as usize).checked_sub(offset).filter(|&i| i < n) {
+                        row[i] = 0.0;
+                    }
                 }
             }
         }

@@ -601,7 +601,7 @@ multiversion! {
     /// above the current k-th best.
     pub(crate) fn topk_row<FMA>(scores: &[f32], out: &mut [i64], best: &mut Vec<(f32, u32)>) {
         best.clear();
-        offer_scores(scores, 0, out.len(), best, &mut Vec::new());
+        let _ = offer_scores(scores, 0, out.len(), best, &mut Vec::new());
         for (o, e) in out.iter_mut().zip(best.iter()) {
             *o = e.1 as i64;
         }
@@ -613,15 +613,16 @@ multiversion! {
     /// key) pairs of the `k` highest scores seen so far in descending order (by
     /// [`f32::total_cmp`]), lower key first among equal scores, so that offering a row's
     /// scores in consecutive parts gives the same buffer as [`topk_row`] over the whole row.
-    /// Pairs of keys before `offset` that leave the buffer are pushed to `evicted`.
+    /// Pairs of keys before `offset` that leave the buffer are pushed to `evicted`. Returns
+    /// whether any of these keys entered the buffer (it may have left it again).
     pub(crate) fn topk_offer<FMA>(
         scores: &[f32],
         offset: usize,
         k: usize,
         best: &mut Vec<(f32, u32)>,
         evicted: &mut Vec<(f32, u32)>,
-    ) {
-        offer_scores(scores, offset, k, best, evicted);
+    ) -> bool {
+        offer_scores(scores, offset, k, best, evicted)
     }
 }
 
@@ -633,11 +634,12 @@ fn offer_scores(
     k: usize,
     best: &mut Vec<(f32, u32)>,
     evicted: &mut Vec<(f32, u32)>,
-) {
+) -> bool {
     use std::cmp::Ordering;
     if k == 0 {
-        return;
+        return false;
     }
+    let mut entered = false;
     let mut offer = |best: &mut Vec<(f32, u32)>, i: usize, score: f32| {
         if best.len() == k {
             if score.total_cmp(&best[k - 1].0) != Ordering::Greater {
@@ -650,6 +652,7 @@ fn offer_scores(
         }
         let at = best.partition_point(|e| e.0.total_cmp(&score) != Ordering::Less);
         best.insert(at, (score, i as u32));
+        entered = true;
     };
     let mut chunks = scores.chunks_exact(LANES);
     for (c, chunk) in (&mut chunks).enumerate() {
@@ -674,6 +677,7 @@ fn offer_scores(
     for (l, &score) in chunks.remainder().iter().enumerate() {
         offer(best, tail + l, score);
     }
+    entered
 }
 
 multiversion! {
@@ -684,6 +688,31 @@ multiversion! {
     pub(crate) fn exp_row<FMA>(scores: &mut [f32], max: f32) -> (f32, f32) {
         let max = row_max(scores, max);
         (max, exp_sum::<FMA>(scores, max))
+    }
+}
+
+multiversion! {
+    /// `out += Σ e^(score − max) · x[key]` over the `(score, key)` pairs, `x` holding rows of
+    /// `out.len()`: the online softmax's weights of keys added to a row after their part was
+    /// done (the centroid attention's keys that left the top-k). The rows are fetched
+    /// together first, since they lie anywhere in `x`.
+    pub(crate) fn add_weighted_rows<FMA>(
+        pairs: &[(f32, u32)],
+        max: f32,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        let width = out.len();
+        let row = |key: u32| &x[key as usize * width..(key as usize + 1) * width];
+        for &(_, key) in pairs {
+            prefetch(row(key));
+        }
+        for &(score, key) in pairs {
+            let weight = exp::<FMA>(score - max);
+            for (o, &v) in out.iter_mut().zip(row(key)) {
+                *o = madd::<FMA>(weight, v, *o);
+            }
+        }
     }
 }
 
