@@ -126,8 +126,8 @@ mod ndarray {
     use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
-    use burn::tensor::TensorMetadata;
     use burn::tensor::ops::{FloatTensor, IntTensor};
+    use burn::tensor::{Int, Tensor, TensorMetadata};
 
     impl<E, I, Q> HostAccess for NdArray<E, I, Q>
     where
@@ -150,6 +150,26 @@ mod ndarray {
                 }
                 other => panic!("expected an f32 tensor, got {:?}", other.dtype()),
             }
+        }
+
+        /// Copies the array in one piece when it is in standard layout (`into_data` walks it
+        /// element by element).
+        fn ints_to_vec(x: IntTensor<Self>) -> Vec<i64> {
+            match &x {
+                NdArrayTensor::I64(storage) => {
+                    if let Some(values) = storage.view().as_slice() {
+                        return values.to_vec();
+                    }
+                }
+                NdArrayTensor::I32(storage) => {
+                    if let Some(values) = storage.view().as_slice() {
+                        return values.iter().map(|&v| i64::from(v)).collect();
+                    }
+                }
+                _ => {}
+            }
+            let data = Tensor::<Self, 1, Int>::from_primitive(x).into_data();
+            data.iter::<i64>().collect()
         }
     }
 

@@ -52,7 +52,8 @@ fn for_each_row<T: Send>(
 /// Host-memory access to a CPU backend's tensors.
 ///
 /// The default methods go through `into_data` (a copy when the tensor is shared); NdArray and
-/// Flex override [`HostAccess::with_f32`] to borrow their `f32` storage without copying.
+/// Flex override [`HostAccess::with_f32`] to borrow their `f32` storage without copying, and
+/// NdArray [`HostAccess::ints_to_vec`] to copy its int storage in one piece.
 pub trait HostAccess: Backend {
     /// Calls `f` with the values of `x` in row-major order, as `f32` (`f16` and `bf16` values
     /// are widened exactly).
@@ -67,6 +68,21 @@ pub trait HostAccess: Backend {
             other => panic!("expected an f32, f16 or bf16 tensor, got {other:?}"),
         }
     }
+
+    /// The values of the int tensor `x` in row-major order, as `i64`.
+    fn ints_to_vec(x: IntTensor<Self>) -> Vec<i64> {
+        let data = Tensor::<Self, 1, Int>::from_primitive(x).into_data();
+        match data.dtype {
+            DType::I64 => data.into_vec::<i64>().expect("i64 data"),
+            DType::I32 => data
+                .into_vec::<i32>()
+                .expect("i32 data")
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            _ => data.iter::<i64>().collect(),
+        }
+    }
 }
 
 /// Dims of a float tensor of rank `D`.
@@ -74,21 +90,9 @@ fn dims<B: Backend, const D: usize>(x: &FloatTensor<B>) -> [usize; D] {
     x.shape().dims()
 }
 
-fn read_ints<B: Backend, const D: usize>(x: IntTensor<B>) -> (Vec<i64>, [usize; D]) {
-    let x = Tensor::<B, D, Int>::from_primitive(x);
-    let dims = x.dims();
-    let data = x.into_data();
-    let values = match data.dtype {
-        DType::I64 => data.into_vec::<i64>().expect("i64 data"),
-        DType::I32 => data
-            .into_vec::<i32>()
-            .expect("i32 data")
-            .into_iter()
-            .map(i64::from)
-            .collect(),
-        _ => data.iter::<i64>().collect(),
-    };
-    (values, dims)
+fn read_ints<B: HostAccess, const D: usize>(x: IntTensor<B>) -> (Vec<i64>, [usize; D]) {
+    let dims = x.shape().dims();
+    (B::ints_to_vec(x), dims)
 }
 
 /// A float tensor of `dtype` from `f32` values (rounded to nearest for `f16` and `bf16`).
@@ -469,7 +473,7 @@ fn kmeans_row(
 }
 
 /// Host [`ClusteringBackend::hamming_kmeans`](super::ClusteringBackend::hamming_kmeans).
-pub fn hamming_kmeans<B: Backend>(
+pub fn hamming_kmeans<B: HostAccess>(
     codes: IntTensor<B>,
     query_lengths: Option<IntTensor<B>>,
     clusters: usize,
@@ -1202,7 +1206,7 @@ struct Sparse {
 }
 
 impl Sparse {
-    fn read<B: Backend>(topk: IntTensor<B>, assignments: IntTensor<B>) -> Self {
+    fn read<B: HostAccess>(topk: IntTensor<B>, assignments: IntTensor<B>) -> Self {
         let (topk, [batch, heads, clusters, k]) = read_ints::<B, 4>(topk);
         let (assignments, [_, _, len]) = read_ints::<B, 3>(assignments);
         Self {
