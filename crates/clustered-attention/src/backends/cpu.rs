@@ -126,8 +126,8 @@ mod ndarray {
     use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
+    use burn::tensor::TensorMetadata;
     use burn::tensor::ops::{FloatTensor, IntTensor};
-    use burn::tensor::{Int, Tensor, TensorMetadata};
 
     impl<E, I, Q> HostAccess for NdArray<E, I, Q>
     where
@@ -168,8 +168,7 @@ mod ndarray {
                 }
                 _ => {}
             }
-            let data = Tensor::<Self, 1, Int>::from_primitive(x).into_data();
-            data.iter::<i64>().collect()
+            host::ints_through_data::<Self>(x)
         }
     }
 

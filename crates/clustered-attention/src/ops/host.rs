@@ -71,17 +71,23 @@ pub trait HostAccess: Backend {
 
     /// The values of the int tensor `x` in row-major order, as `i64`.
     fn ints_to_vec(x: IntTensor<Self>) -> Vec<i64> {
-        let data = Tensor::<Self, 1, Int>::from_primitive(x).into_data();
-        match data.dtype {
-            DType::I64 => data.into_vec::<i64>().expect("i64 data"),
-            DType::I32 => data
-                .into_vec::<i32>()
-                .expect("i32 data")
-                .into_iter()
-                .map(i64::from)
-                .collect(),
-            _ => data.iter::<i64>().collect(),
-        }
+        ints_through_data::<Self>(x)
+    }
+}
+
+/// The values of the int tensor `x` in row-major order, as `i64`, through `into_data`: the
+/// default [`HostAccess::ints_to_vec`].
+pub(crate) fn ints_through_data<B: Backend>(x: IntTensor<B>) -> Vec<i64> {
+    let data = Tensor::<B, 1, Int>::from_primitive(x).into_data();
+    match data.dtype {
+        DType::I64 => data.into_vec::<i64>().expect("i64 data"),
+        DType::I32 => data
+            .into_vec::<i32>()
+            .expect("i32 data")
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        _ => data.iter::<i64>().collect(),
     }
 }
 
