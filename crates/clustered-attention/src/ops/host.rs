@@ -1279,6 +1279,18 @@ impl Sparse {
         &self.topk[start..start + self.k]
     }
 
+    /// Asks the CPU to bring the top-k rows (`width` wide) of cluster `j` of `x` into its
+    /// caches: they are scattered over the sequence, so the next cluster's are fetched while
+    /// the current one is computed.
+    fn prefetch_top(&self, row: usize, j: usize, x: &[f32], width: usize) {
+        if j < self.clusters {
+            for &t in self.top(row, j) {
+                let t = t as usize;
+                simd::prefetch(&x[t * width..(t + 1) * width]);
+            }
+        }
+    }
+
     /// Copies the top-k rows (`width` wide) of cluster `j` into `block`, `[k, padded(width)]`,
     /// leaving the padding columns as they are.
     fn gather(&self, row: usize, j: usize, x: &[f32], width: usize, block: &mut [f32]) {
@@ -1336,6 +1348,7 @@ pub fn sparse_dot<B: HostAccess>(
                         continue;
                     }
                     sparse.gather_transposed(row, j, keys, dim, &mut block);
+                    sparse.prefetch_top(row, j + 1, keys, dim);
                     simd::dot_members(queries, dim, members, &block, k, out);
                 }
             })
@@ -1378,6 +1391,7 @@ pub fn sparse_weighted_sum<B: HostAccess>(
                         continue;
                     }
                     sparse.gather(row, j, values, dim, &mut block);
+                    sparse.prefetch_top(row, j + 1, values, dim);
                     simd::weighted_members(weights, k, members, &block, dim, out);
                 }
             })
@@ -1446,6 +1460,8 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                                 }
                                 sparse.gather_transposed(row, j, keys, dim, &mut key_t);
                                 sparse.gather(row, j, values, dim_v, &mut value_block);
+                                sparse.prefetch_top(row, j + 1, keys, dim);
+                                sparse.prefetch_top(row, j + 1, values, dim_v);
                                 for (b, &t) in bias.iter_mut().zip(sparse.top(row, j)) {
                                     *b = if (t as usize) < valid {
                                         0.0
@@ -1483,11 +1499,23 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
     write_float::<B, 4>(out, [batch, heads, len, dim_v], &device, dtype)
 }
 
+/// How many rows ahead the row gathers and scatters ask for the rows they will read or write:
+/// the members of a cluster lie scattered over the sequence.
+const PREFETCH_ROWS: usize = 8;
+
 /// Copies the rows `members` (`width` wide) of `x` into the first `width` columns of `rows`,
 /// `[members.len(), padded]`, leaving the padding columns as they are.
 fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
     let padded = rows.len() / members.len();
-    for (&i, row) in members.iter().zip(rows.chunks_exact_mut(padded)) {
+    for (m, (&i, row)) in members
+        .iter()
+        .zip(rows.chunks_exact_mut(padded))
+        .enumerate()
+    {
+        if let Some(&ahead) = members.get(m + PREFETCH_ROWS) {
+            let ahead = ahead as usize;
+            simd::prefetch(&x[ahead * width..(ahead + 1) * width]);
+        }
         let i = i as usize;
         row[..width].copy_from_slice(&x[i * width..(i + 1) * width]);
     }
@@ -1599,6 +1627,10 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                 sparse.gather_transposed(row, j, keys, dim, &mut key_t);
                                 sparse.gather_transposed(row, j, values, dim_v, &mut value_t);
                                 sparse.gather(row, j, keys, dim, &mut key_block);
+                                for (x, width) in [(keys, dim), (values, dim_v), (&*dk, dim)] {
+                                    sparse.prefetch_top(row, j + 1, x, width);
+                                }
+                                sparse.prefetch_top(row, j + 1, dv, dim_v);
                                 for (b, &t) in bias.iter_mut().zip(top) {
                                     *b = if (t as usize) < valid {
                                         0.0
@@ -1631,8 +1663,12 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                     dim,
                                     grad_query_rows,
                                 );
-                                for (&i, g) in members.iter().zip(grad_query_rows.chunks_exact(dim))
-                                {
+                                let rows = grad_query_rows.chunks_exact(dim);
+                                for (m, (&i, g)) in members.iter().zip(rows).enumerate() {
+                                    if let Some(&ahead) = members.get(m + PREFETCH_ROWS) {
+                                        let ahead = ahead as usize;
+                                        simd::prefetch(&dq[ahead * dim..(ahead + 1) * dim]);
+                                    }
                                     let i = i as usize;
                                     dq[i * dim..(i + 1) * dim].copy_from_slice(g);
                                 }

@@ -273,7 +273,7 @@ fn attend_group<const FMA: bool, const G: usize>(
 
 /// Asks the CPU to bring `x` into its caches ahead of use (nothing on other architectures).
 #[inline(always)]
-fn prefetch(x: &[f32]) {
+pub(crate) fn prefetch(x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     for line in x.chunks(16) {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
