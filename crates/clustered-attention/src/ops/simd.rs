@@ -24,26 +24,38 @@ pub(crate) fn padded(n: usize) -> usize {
 }
 
 /// Defines `fn $name(args) -> ret` that runs `body` compiled for AVX-512, AVX2 + FMA or the
-/// baseline; `body` sees the const `$fma: bool`, true when fused multiply-adds are available.
+/// baseline; `body` sees the const `$fma: bool`, true when fused multiply-adds are available,
+/// and, when declared as `fn $name<$fma, $wide>`, the const `$wide: bool`, true in the AVX-512
+/// version only, for code that calls AVX-512 intrinsics itself (the compiler's own loops use
+/// 256-bit registers there too).
 macro_rules! multiversion {
     (
         $(#[$meta:meta])*
         $vis:vis fn $name:ident<$fma:ident>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
     ) => {
+        multiversion! {
+            $(#[$meta])*
+            $vis fn $name<$fma, _WIDE>($($arg: $ty),*) $(-> $ret)? $body
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident<$fma:ident, $wide:ident>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn body<const $fma: bool>($($arg: $ty),*) $(-> $ret)? $body
+            fn body<const $fma: bool, const $wide: bool>($($arg: $ty),*) $(-> $ret)? $body
 
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
                 fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    body::<true>($($arg),*)
+                    body::<true, true>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    body::<true>($($arg),*)
+                    body::<true, false>($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vl")
@@ -59,7 +71,7 @@ macro_rules! multiversion {
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            body::<false>($($arg),*)
+            body::<false, false>($($arg),*)
         }
     };
 }
@@ -599,9 +611,13 @@ multiversion! {
     /// [`f32::total_cmp`]), lower index first among equal scores: one pass keeping a sorted
     /// buffer of the best so far, skipping each block of [`LANES`] scores that holds none
     /// above the current k-th best.
-    pub(crate) fn topk_row<FMA>(scores: &[f32], out: &mut [i64], best: &mut Vec<(f32, u32)>) {
+    pub(crate) fn topk_row<FMA, WIDE>(
+        scores: &[f32],
+        out: &mut [i64],
+        best: &mut Vec<(f32, u32)>,
+    ) {
         best.clear();
-        let _ = offer_scores(scores, 0, out.len(), best, &mut Vec::new());
+        let _ = offer_scores::<FMA, WIDE>(scores, 0, out.len(), best, &mut Vec::new());
         for (o, e) in out.iter_mut().zip(best.iter()) {
             *o = e.1 as i64;
         }
@@ -615,20 +631,60 @@ multiversion! {
     /// scores in consecutive parts gives the same buffer as [`topk_row`] over the whole row.
     /// Pairs of keys before `offset` that leave the buffer are pushed to `evicted`. Returns
     /// whether any of these keys entered the buffer (it may have left it again).
-    pub(crate) fn topk_offer<FMA>(
+    pub(crate) fn topk_offer<FMA, WIDE>(
         scores: &[f32],
         offset: usize,
         k: usize,
         best: &mut Vec<(f32, u32)>,
         evicted: &mut Vec<(f32, u32)>,
     ) -> bool {
-        offer_scores(scores, offset, k, best, evicted)
+        offer_scores::<FMA, WIDE>(scores, offset, k, best, evicted)
     }
+}
+
+/// Bit `l` set where `chunk[l] < threshold` does not hold: the scores not below the
+/// threshold, NaN scores, and every score when the threshold is NaN. One vector comparison
+/// (AVX-512: into a mask register; AVX2: two, through their sign bits), where the compiler
+/// makes a plain loop build the mask lane by lane.
+#[inline(always)]
+fn not_below<const FMA: bool, const WIDE: bool>(chunk: &[f32; LANES], threshold: f32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        if WIDE {
+            // SAFETY: `WIDE` is true only in the AVX-512 version (`multiversion!`); the load
+            // reads the 16 floats of `chunk`.
+            return unsafe {
+                let scores = _mm512_loadu_ps(chunk.as_ptr());
+                u32::from(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(
+                    scores,
+                    _mm512_set1_ps(threshold),
+                ))
+            };
+        }
+        if FMA {
+            // SAFETY: `FMA` is true only in the AVX2 and AVX-512 versions; the loads read the
+            // two halves of `chunk`.
+            return unsafe {
+                let threshold = _mm256_set1_ps(threshold);
+                let half = |at: usize| {
+                    let scores = _mm256_loadu_ps(chunk.as_ptr().add(at));
+                    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(scores, threshold)) as u32
+                };
+                half(0) | half(8) << 8
+            };
+        }
+    }
+    let mut mask = 0;
+    for (l, &s) in chunk.iter().enumerate() {
+        mask |= u32::from(s >= threshold || s.is_nan() || threshold.is_nan()) << l;
+    }
+    mask
 }
 
 /// The body of [`topk_row`] and [`topk_offer`].
 #[inline(always)]
-fn offer_scores(
+fn offer_scores<const FMA: bool, const WIDE: bool>(
     scores: &[f32],
     offset: usize,
     k: usize,
@@ -661,11 +717,8 @@ fn offer_scores(
         // buffer as it is then.
         let mut candidates = u32::MAX >> (32 - LANES);
         if best.len() == k {
-            let threshold = best[k - 1].0;
-            candidates = 0;
-            for (l, &s) in chunk.iter().enumerate() {
-                candidates |= u32::from(s >= threshold || s.is_nan()) << l;
-            }
+            let chunk: &[f32; LANES] = chunk.try_into().expect("LANES scores");
+            candidates = not_below::<FMA, WIDE>(chunk, best[k - 1].0);
         }
         while candidates != 0 {
             let l = candidates.trailing_zeros() as usize;
