@@ -816,3 +816,68 @@ multiversion! {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every version of the candidate mask (each one the CPU supports, whatever version the
+    /// ops dispatch to here) sets exactly the bits of the scores that `s < threshold` does not
+    /// hold, on scores and thresholds that include ±0, ±∞, NaN and ties.
+    #[test]
+    fn not_below_matches_comparison() {
+        let special = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let mut state = 7u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            state
+        };
+        for round in 0..500 {
+            let chunk: [f32; LANES] = std::array::from_fn(|_| {
+                let r = next();
+                if r % 5 == 0 {
+                    special[(r >> 8) as usize % special.len()]
+                } else {
+                    ((r >> 8) % 9) as f32 - 4.0
+                }
+            });
+            let threshold = if round % 7 == 0 {
+                special[round / 7 % special.len()]
+            } else {
+                ((next() >> 8) % 9) as f32 - 4.0
+            };
+            let expected = (0..LANES)
+                .filter(|&l| {
+                    !matches!(
+                        chunk[l].partial_cmp(&threshold),
+                        Some(std::cmp::Ordering::Less)
+                    )
+                })
+                .fold(0u32, |mask, l| mask | 1 << l);
+            assert_eq!(
+                not_below::<false, false>(&chunk, threshold),
+                expected,
+                "plain loop"
+            );
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    let avx2 = not_below::<true, false>(&chunk, threshold);
+                    assert_eq!(avx2, expected, "AVX2, {chunk:?} against {threshold}");
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    let avx512 = not_below::<true, true>(&chunk, threshold);
+                    assert_eq!(avx512, expected, "AVX-512, {chunk:?} against {threshold}");
+                }
+            }
+        }
+    }
+}
