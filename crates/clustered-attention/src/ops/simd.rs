@@ -358,7 +358,7 @@ multiversion! {
                 *s = madd::<FMA>(*s, scale, b);
             }
             softmax_scaled::<FMA>(p, 1.0);
-            let delta = p.iter().zip(g.iter()).fold(0.0, |acc, (&p, &g)| madd::<FMA>(p, g, acc));
+            let delta = dot::<FMA>(p, g);
             let factor = scale * mass;
             for (g, s) in g.iter_mut().zip(p.iter_mut()) {
                 *g = factor * *s * (*g - delta);
@@ -562,10 +562,48 @@ fn row_max(row: &[f32], init: f32) -> f32 {
             lanes[l] = lanes[l].max(chunk[l]);
         }
     }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            lanes[l] = lanes[l].max(lanes[l + width]);
+        }
+        width /= 2;
+    }
     chunks
         .remainder()
         .iter()
-        .fold(lanes.iter().copied().fold(init, f32::max), |m, &v| m.max(v))
+        .fold(lanes[0].max(init), |m, &v| m.max(v))
+}
+
+/// `Σ_l sums[l]`, added pairwise (half the lanes onto the other half, four times): vector
+/// additions instead of a chain of `LANES` dependent ones.
+#[inline(always)]
+fn lane_sum(mut sums: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            sums[l] += sums[l + width];
+        }
+        width /= 2;
+    }
+    sums[0]
+}
+
+/// `Σ_r a[r] · b[r]` of two rows of one length, in [`LANES`] partial sums added by
+/// [`lane_sum`], then the remainder: a short row's dot product without a chain of dependent
+/// multiply-adds.
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len(), "dot of rows of different lengths");
+    let mut sums = [0f32; LANES];
+    let (mut a, mut b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut a).zip(&mut b) {
+        for l in 0..LANES {
+            sums[l] = madd::<FMA>(x[l], y[l], sums[l]);
+        }
+    }
+    let rest = a.remainder().iter().zip(b.remainder());
+    rest.fold(lane_sum(sums), |sum, (&x, &y)| madd::<FMA>(x, y, sum))
 }
 
 /// `row ← e^(row − max)` in place; returns the sum.
@@ -579,7 +617,7 @@ fn exp_sum<const FMA: bool>(row: &mut [f32], max: f32) -> f32 {
             sums[l] += chunk[l];
         }
     }
-    let mut sum: f32 = sums.iter().sum();
+    let mut sum = lane_sum(sums);
     for v in chunks.into_remainder() {
         *v = exp::<FMA>(*v - max);
         sum += *v;
