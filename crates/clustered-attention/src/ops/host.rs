@@ -1503,6 +1503,15 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
 /// the members of a cluster lie scattered over the sequence.
 const PREFETCH_ROWS: usize = 8;
 
+/// Asks the CPU for the row (`width` wide) of `x` of the member [`PREFETCH_ROWS`] after the
+/// `m`-th, if there is one.
+fn prefetch_ahead(x: &[f32], width: usize, members: &[u32], m: usize) {
+    if let Some(&ahead) = members.get(m + PREFETCH_ROWS) {
+        let ahead = ahead as usize;
+        simd::prefetch(&x[ahead * width..(ahead + 1) * width]);
+    }
+}
+
 /// Copies the rows `members` (`width` wide) of `x` into the first `width` columns of `rows`,
 /// `[members.len(), padded]`, leaving the padding columns as they are.
 fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
@@ -1512,10 +1521,7 @@ fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
         .zip(rows.chunks_exact_mut(padded))
         .enumerate()
     {
-        if let Some(&ahead) = members.get(m + PREFETCH_ROWS) {
-            let ahead = ahead as usize;
-            simd::prefetch(&x[ahead * width..(ahead + 1) * width]);
-        }
+        prefetch_ahead(x, width, members, m);
         let i = i as usize;
         row[..width].copy_from_slice(&x[i * width..(i + 1) * width]);
     }
@@ -1627,10 +1633,11 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                 sparse.gather_transposed(row, j, keys, dim, &mut key_t);
                                 sparse.gather_transposed(row, j, values, dim_v, &mut value_t);
                                 sparse.gather(row, j, keys, dim, &mut key_block);
-                                for (x, width) in [(keys, dim), (values, dim_v), (&*dk, dim)] {
+                                let next =
+                                    [(keys, dim), (values, dim_v), (&*dk, dim), (&*dv, dim_v)];
+                                for (x, width) in next {
                                     sparse.prefetch_top(row, j + 1, x, width);
                                 }
-                                sparse.prefetch_top(row, j + 1, dv, dim_v);
                                 for (b, &t) in bias.iter_mut().zip(top) {
                                     *b = if (t as usize) < valid {
                                         0.0
@@ -1665,10 +1672,7 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                 );
                                 let rows = grad_query_rows.chunks_exact(dim);
                                 for (m, (&i, g)) in members.iter().zip(rows).enumerate() {
-                                    if let Some(&ahead) = members.get(m + PREFETCH_ROWS) {
-                                        let ahead = ahead as usize;
-                                        simd::prefetch(&dq[ahead * dim..(ahead + 1) * dim]);
-                                    }
+                                    prefetch_ahead(dq, dim, members, m);
                                     let i = i as usize;
                                     dq[i * dim..(i + 1) * dim].copy_from_slice(g);
                                 }

@@ -562,31 +562,30 @@ fn row_max(row: &[f32], init: f32) -> f32 {
             lanes[l] = lanes[l].max(chunk[l]);
         }
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            lanes[l] = lanes[l].max(lanes[l + width]);
-        }
-        width /= 2;
-    }
     chunks
         .remainder()
         .iter()
-        .fold(lanes[0].max(init), |m, &v| m.max(v))
+        .fold(lane_fold(lanes, f32::max).max(init), |m, &v| m.max(v))
 }
 
-/// `Σ_l sums[l]`, added pairwise (half the lanes onto the other half, four times): vector
-/// additions instead of a chain of `LANES` dependent ones.
+/// `lanes` folded by `op` pairwise (half the lanes onto the other half, four times): vector
+/// operations instead of a chain of `LANES` dependent ones.
 #[inline(always)]
-fn lane_sum(mut sums: [f32; LANES]) -> f32 {
+fn lane_fold(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
-            sums[l] += sums[l + width];
+            lanes[l] = op(lanes[l], lanes[l + width]);
         }
         width /= 2;
     }
-    sums[0]
+    lanes[0]
+}
+
+/// `Σ_l sums[l]`, added pairwise by [`lane_fold`].
+#[inline(always)]
+fn lane_sum(sums: [f32; LANES]) -> f32 {
+    lane_fold(sums, |a, b| a + b)
 }
 
 /// `Σ_r a[r] · b[r]` of two rows of one length, in [`LANES`] partial sums added by
