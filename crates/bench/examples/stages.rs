@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p bench --example stages -- [L] [backend]` with `backend` one of
 //! `flex` (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads,
-//! E = D = 64, C = 100, topk = 32.
+//! E = D = 64, C = 100, topk = 32. On the CPU backends it then times improved clustered
+//! attention under `Autodiff`, forward alone and forward + backward.
 
 use std::time::Instant;
 
@@ -197,6 +198,35 @@ fn run<B: ClusteringBackend>(len: usize) {
     });
 }
 
+/// The whole improved clustered attention under autodiff: its forward pass, then forward and
+/// backward of the sum of its output with respect to the queries, keys and values.
+fn train<B: ClusteringBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
+    let device = Default::default();
+    let (heads, dim, clusters, topk) = (4, 64, 100, 32);
+    let [q, k, v] = [0, 1, 2].map(|_| {
+        Tensor::<B, 4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
+            .require_grad()
+    });
+    let options = ClusteringOptions::new(clusters);
+    let none = AttentionOptions::new();
+    let attend = || {
+        improved_clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            None,
+            None,
+            &options,
+            topk,
+            &none,
+        )
+    };
+    stage::<B, _>("improved train: forward", &device, attend);
+    stage::<B, _>("improved train: forward + backward", &device, || {
+        attend().sum().backward()
+    });
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let len = args
@@ -204,9 +234,15 @@ fn main() {
         .map_or(16384, |l| l.parse().expect("L must be a number"));
     match args.next().as_deref().unwrap_or("flex") {
         #[cfg(feature = "flex")]
-        "flex" => run::<burn::backend::Flex>(len),
+        "flex" => {
+            run::<burn::backend::Flex>(len);
+            train::<burn::backend::Autodiff<burn::backend::Flex>>(len);
+        }
         #[cfg(feature = "ndarray")]
-        "ndarray" => run::<burn::backend::NdArray>(len),
+        "ndarray" => {
+            run::<burn::backend::NdArray>(len);
+            train::<burn::backend::Autodiff<burn::backend::NdArray>>(len);
+        }
         #[cfg(feature = "wgpu")]
         "wgpu" => run::<burn::backend::Wgpu>(len),
         #[cfg(feature = "cuda")]
