@@ -562,6 +562,11 @@ pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTenso
 /// head.
 const CENTROID_ROWS: usize = 128;
 
+/// Keys per task of the host centroid attention's backward: a `(batch, head)` splits into
+/// tasks of four parts, so that the pool's threads share the work whatever the number of
+/// heads; each task has its own block of the centroids' gradient, summed afterwards.
+const KEY_CHUNK: usize = 4 * KEY_PART;
+
 /// Keys per part of the host centroid attention: a block's scores against one part,
 /// `128 × 512` floats (256 KiB), and the part's keys and values stay in a core's L2 cache
 /// through the top-k, the softmax and the products, whatever the sequence length (as in
@@ -863,15 +868,20 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One `(batch, head)`'s gradients of the centroids, and of the keys and values.
-type CentroidGradRows<'a> = (&'a mut [f32], (&'a mut [f32], &'a mut [f32]));
+/// A task of the host centroid attention's backward: its `(batch, head)`, the first of its
+/// keys, and its share of the centroids' gradient and its keys' and values' gradients.
+type CentroidTask<'a> = (
+    usize,
+    usize,
+    (&'a mut [f32], (&'a mut [f32], &'a mut [f32])),
+);
 
 /// Host
 /// [`ClusteringBackend::centroid_attention_backward`](super::ClusteringBackend::centroid_attention_backward)
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention's backward
 /// makes it: `rowsum(Aᶜ ⊙ dA)` of every cluster row from the forward outputs, then per
-/// `(batch, head)` on rayon's pool, per block of up to 128 cluster rows and per part of 512
-/// valid keys, the part's scores and `dA = grad_values · valuesᵀ` (two `gemm` products into
+/// `(batch, head)` and chunk of 2048 valid keys on rayon's pool, per block of up to 128
+/// cluster rows and per part of 512 keys, the part's scores and `dA = grad_values · valuesᵀ` (two `gemm` products into
 /// per-thread scratch blocks), the top-k weights' gradients at the top-k keys, `Aᶜ` from the
 /// scores and the forward's log-sum-exps with the softmax's Jacobian in place, then
 /// `dS · keys` added to the centroids' gradient and `dSᵀ · centroids` and `Rᵀ · grad_values`
@@ -980,6 +990,9 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
         });
     }
     let mut grad_centroids = vec![0f32; batch * heads * clusters * dim];
+    let chunks_of = |bh: usize| lengths[bh / heads].div_ceil(KEY_CHUNK);
+    let chunks: usize = (0..batch * heads).map(chunks_of).sum();
+    let mut partial = vec![0f32; chunks * clusters * dim];
     let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];
     let mut grad_vals = vec![0f32; batch * heads * keys_len * dim_v];
     let no_top = [];
@@ -993,10 +1006,11 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
                             None => f(&no_top),
                         };
                         with_top(&mut |grad_top: &[f32]| {
-                            let task = |(bh, (dc, (dk, dv))): (usize, CentroidGradRows)| {
-                                let valid = lengths[bh / heads];
-                                let keys = &keys[bh * keys_len * dim..][..valid * dim];
-                                let values = &values[bh * keys_len * dim_v..][..valid * dim_v];
+                            let task = |(bh, first, (dc, (dk, dv))): CentroidTask| {
+                                let n = dk.len() / dim;
+                                let keys = &keys[(bh * keys_len + first) * dim..][..n * dim];
+                                let values =
+                                    &values[(bh * keys_len + first) * dim_v..][..n * dim_v];
                                 let head = CentroidHead {
                                     centroids: head_rows(centroids, bh, clusters * dim),
                                     grad_values: head_rows(grad_values, bh, clusters * dim_v),
@@ -1012,6 +1026,7 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                         grads.resize(rows * KEY_PART, 0.0);
                                         centroid_head_backward(
                                             &head,
+                                            first,
                                             keys,
                                             values,
                                             [dim, dim_v, k],
@@ -1021,20 +1036,29 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
                                     })
                                 });
                             };
-                            let parts: Vec<_> = grad_centroids
-                                .chunks_mut(clusters * dim)
-                                .zip(
-                                    grad_keys
-                                        .chunks_mut(keys_len * dim)
-                                        .zip(grad_vals.chunks_mut(keys_len * dim_v)),
-                                )
-                                .enumerate()
-                                .collect();
-                            let cost = clusters * keys_len * (dim + dim_v);
-                            if batch * heads == 1 || batch * heads * cost < PARALLEL_THRESHOLD {
-                                parts.into_iter().for_each(task);
+                            // One task per chunk of a (batch, head)'s valid keys: the keys' and
+                            // values' gradients of the chunk, and its share of the centroids'
+                            // gradient in a block of its own.
+                            let mut tasks = Vec::with_capacity(partial.len() / (clusters * dim));
+                            let mut blocks = partial.chunks_exact_mut(clusters * dim);
+                            let heads_grads = grad_keys
+                                .chunks_mut(keys_len * dim)
+                                .zip(grad_vals.chunks_mut(keys_len * dim_v));
+                            for (bh, (dk, dv)) in heads_grads.enumerate() {
+                                let valid = lengths[bh / heads];
+                                let chunks = dk[..valid * dim]
+                                    .chunks_mut(KEY_CHUNK * dim)
+                                    .zip(dv[..valid * dim_v].chunks_mut(KEY_CHUNK * dim_v));
+                                for (i, grads) in chunks.enumerate() {
+                                    let dc = blocks.next().expect("a block per chunk");
+                                    tasks.push((bh, i * KEY_CHUNK, (dc, grads)));
+                                }
+                            }
+                            let cost = clusters * KEY_CHUNK * (dim + dim_v);
+                            if tasks.len() == 1 || tasks.len() * cost < PARALLEL_THRESHOLD {
+                                tasks.into_iter().for_each(task);
                             } else {
-                                parts.into_par_iter().for_each(task);
+                                tasks.into_par_iter().for_each(task);
                             }
                         })
                     })
@@ -1042,6 +1066,15 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
             })
         })
     });
+    // The centroids' gradient: the chunks' shares in order of their keys.
+    let mut blocks = partial.chunks_exact(clusters * dim);
+    for (bh, dc) in grad_centroids.chunks_mut(clusters * dim).enumerate() {
+        for block in blocks.by_ref().take(chunks_of(bh)) {
+            for (o, &x) in dc.iter_mut().zip(block) {
+                *o += x;
+            }
+        }
+    }
     super::CentroidAttentionGrads {
         centroids: write_float::<B, 4>(
             grad_centroids,
@@ -1072,12 +1105,13 @@ struct CentroidHead<'a> {
     delta: &'a [f32],
 }
 
-/// The backward of one [`CentroidHead`] against its `valid` keys and values, a block of up
-/// to [`CENTROID_ROWS`] rows against a part of [`KEY_PART`] keys at a time; `scratch` is two
-/// blocks of at least `min(C, 128) × KEY_PART` floats. Writes the centroids' gradients and
-/// the valid keys' and values' gradients.
+/// The backward of one [`CentroidHead`] against a run of its valid keys and values, from key
+/// `first` on, a block of up to [`CENTROID_ROWS`] rows against a part of [`KEY_PART`] keys at
+/// a time; `scratch` is two blocks of at least `min(C, 128) × KEY_PART` floats. Writes the
+/// run's share of the centroids' gradients, and the run's keys' and values' gradients.
 fn centroid_head_backward(
     head: &CentroidHead,
+    first: usize,
     keys: &[f32],
     values: &[f32],
     [dim, dim_v, k]: [usize; 3],
@@ -1118,7 +1152,7 @@ fn centroid_head_backward(
             {
                 let c = r0 + r;
                 let top = &head.top[c * k..(c + 1) * k];
-                let in_part = |t: i64| (t as usize).checked_sub(offset).filter(|&i| i < n);
+                let in_part = |t: i64| (t as usize).checked_sub(first + offset).filter(|&i| i < n);
                 // A top-k key's weight reaches the output through the top-k weights only.
                 for (&t, &g_top) in top.iter().zip(&head.grad_top[c * k..(c + 1) * k]) {
                     if let Some(i) = in_part(t) {

@@ -514,17 +514,19 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
 /// of that op, equal autodiff through the default forward body (matmul, the attention softmax,
 /// a gather, a scatter): both outputs weighted (the rest of `Aᶜ V` and the top-k weights),
 /// padded keys, `topk` 0 and above 0, more clusters than one block of the host loops (128
-/// rows), and more keys than one of their parts (512 keys).
+/// rows), more keys than one of their parts (512 keys) and than one task of their backward
+/// (2048 keys).
 fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
     type A<B> = Autodiff<B>;
     let device = Default::default();
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
         ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
         ([1, 1, 130, 8], 40, 5, &[33], 3),
         ([2, 1, 9, 8], 1300, 6, &[1300, 700], 5),
+        ([2, 2, 7, 8], 4700, 6, &[4700, 2100], 5),
     ];
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
