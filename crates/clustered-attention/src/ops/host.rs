@@ -636,9 +636,9 @@ unsafe fn matmul_add(
 
 /// Host [`ClusteringBackend::centroid_attention`](super::ClusteringBackend::centroid_attention)
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention makes it:
-/// for every block of up to 128 cluster rows of a `(batch, head)`, on rayon's pool, and every
-/// part of 512 valid keys, the part's scores (a `gemm` product into a per-thread scratch
-/// block), each row's top-k so far updated, the online softmax (the rows' running maxima and
+/// for every block of up to 128 cluster rows of a `(batch, head)` (fewer rows when there are
+/// fewer `(batch, head)`s than threads), on rayon's pool, and every part of 512 valid keys,
+/// the part's scores (a `gemm` product into a per-thread scratch block), each row's top-k so far updated, the online softmax (the rows' running maxima and
 /// sums, `e^(scores − max)` in place), and the product of the part's weights outside the
 /// current top-k with its values added to the rescaled output rows. A key that leaves a
 /// row's top-k in a later part adds its weight times its value then, so the output is the
@@ -668,8 +668,14 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
         topk,
     );
     let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
-    // One block of rows of one (batch, head) per task; `top_k` keeps chunks non-empty.
+    // One block of rows of one (batch, head) per task; `top_k` keeps chunks non-empty. With
+    // fewer (batch, head)s than threads, a head's rows split into as many blocks as it takes
+    // to give every thread one (of 16 rows or more): each block packs the keys once more.
     let top_k = topk.max(1);
+    let blocks = rayon::current_num_threads()
+        .div_ceil(batch * heads)
+        .min(clusters.div_ceil(16));
+    let block_rows = clusters.div_ceil(blocks.max(1)).clamp(1, CENTROID_ROWS);
     let mut out = vec![0f32; batch * heads * clusters * dim_v];
     let mut top = vec![0i64; batch * heads * clusters * top_k];
     let mut top_weights = vec![0f32; batch * heads * clusters * top_k];
@@ -702,7 +708,7 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
                     .zip(log_sum_exp.chunks_mut(clusters))
                     .enumerate()
                     .flat_map(|(bh, (((o, t), w), l))| {
-                        let rows = CENTROID_ROWS;
+                        let rows = block_rows;
                         o.chunks_mut(rows * dim_v)
                             .zip(t.chunks_mut(rows * top_k))
                             .zip(w.chunks_mut(rows * top_k))

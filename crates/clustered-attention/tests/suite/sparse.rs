@@ -284,16 +284,18 @@ fn attention_softmax_matches_reference<B: ClusteringBackend>() {
 /// The backend's centroid attention against plain f64 loops: `Aᶜ V` over the keys outside the
 /// returned top-k (all of it with `topk` 0) and the top-k weights to 1e-5, the top-k sets by
 /// score (a chosen key may differ only among scores within 1e-5 of the k-th best), with padded
-/// keys, `topk` from 0 to S, and shapes small enough for one thread and large enough for
-/// several.
+/// keys, `topk` from 0 to S, shapes small enough for one thread and large enough for several,
+/// and one (batch, head) with enough clusters for the host loops to split its rows between
+/// threads (on a machine with two or more).
 fn centroid_attention_matches_loops<B: ClusteringBackend>() {
     let device = Default::default();
     // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
     type Case = ([usize; 4], usize, usize, &'static [usize], &'static [usize]);
-    let cases: [Case; 3] = [
+    let cases: [Case; 4] = [
         ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
         ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
         ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
+        ([1, 1, 45, 8], 1100, 5, &[1050], &[0, 6]),
     ];
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
