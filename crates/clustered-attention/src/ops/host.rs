@@ -638,12 +638,13 @@ unsafe fn matmul_add(
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention makes it:
 /// for every block of up to 128 cluster rows of a `(batch, head)` (fewer rows when there are
 /// fewer `(batch, head)`s than threads), on rayon's pool, and every part of 512 valid keys,
-/// the part's scores (a `gemm` product into a per-thread scratch block), each row's top-k so far updated, the online softmax (the rows' running maxima and
-/// sums, `e^(scores − max)` in place), and the product of the part's weights outside the
-/// current top-k with its values added to the rescaled output rows. A key that leaves a
-/// row's top-k in a later part adds its weight times its value then, so the output is the
-/// rest of `Aᶜ V` without a subtraction. Also returns each row's log-sum-exp of the scores
-/// (`f32`), which the backward pass uses.
+/// the part's scores (a `gemm` product into a per-thread scratch block), each row's top-k so
+/// far updated, the online softmax (the rows' running maxima and sums, `e^(scores − max)` in
+/// place), and the product of the part's weights outside the current top-k with its values
+/// added to the rescaled output rows. A key that leaves a row's top-k in a later part adds
+/// its weight times its value then, so the output is the rest of `Aᶜ V` without a
+/// subtraction. Also returns each row's log-sum-exp of the scores (`f32`), which the backward
+/// pass uses.
 pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
