@@ -888,12 +888,13 @@ type CentroidTask<'a> = (
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention's backward
 /// makes it: `rowsum(Aᶜ ⊙ dA)` of every cluster row from the forward outputs, then per
 /// `(batch, head)` and chunk of 2048 valid keys on rayon's pool, per block of up to 128
-/// cluster rows and per part of 512 keys, the part's scores and `dA = grad_values · valuesᵀ` (two `gemm` products into
-/// per-thread scratch blocks), the top-k weights' gradients at the top-k keys, `Aᶜ` from the
-/// scores and the forward's log-sum-exps with the softmax's Jacobian in place, then
-/// `dS · keys` added to the centroids' gradient and `dSᵀ · centroids` and `Rᵀ · grad_values`
-/// (`R`: `Aᶜ` without the top-k keys) to the part's keys' and values' gradients. Falls back
-/// to the default body when `forward` has no log-sum-exps.
+/// cluster rows and per part of 512 keys, the part's scores and `dA = grad_values · valuesᵀ`
+/// (two `gemm` products into per-thread scratch blocks), the top-k weights' gradients at the
+/// top-k keys, `Aᶜ` from the scores and the forward's log-sum-exps with the softmax's
+/// Jacobian in place, then `dS · keys` added to the chunk's block of the centroids' gradient
+/// and `dSᵀ · centroids` and `Rᵀ · grad_values` (`R`: `Aᶜ` without the top-k keys) to the
+/// part's keys' and values' gradients; the chunks' blocks are summed in order of their keys.
+/// Falls back to the default body when `forward` has no log-sum-exps.
 #[allow(clippy::too_many_arguments)]
 pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     centroids: FloatTensor<B>,
