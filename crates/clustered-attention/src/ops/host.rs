@@ -22,6 +22,16 @@ use super::reference::{self, check_planes, check_topk};
 use super::simd::{self, padded};
 use super::{NO_CLUSTER, host_lengths, initial_centroid_positions};
 
+/// How many runs the `len` queries of each of `rows` `(batch, head)`s split into, so that the
+/// pool's threads share the work of fewer `(batch, head)`s than threads: runs of 1024 queries
+/// or more, one with enough `(batch, head)`s.
+fn query_runs(rows: usize, len: usize) -> usize {
+    rayon::current_num_threads()
+        .div_ceil(rows.max(1))
+        .min(len.div_ceil(1024))
+        .max(1)
+}
+
 /// Below this many inner-loop steps an op runs on the calling thread.
 const PARALLEL_THRESHOLD: usize = 1 << 16;
 
@@ -1292,6 +1302,11 @@ impl Sparse {
         }
     }
 
+    /// The members of `row`'s queries in `run`, numbered from the run's start.
+    fn members_in(&self, row: usize, run: std::ops::Range<usize>) -> Members {
+        Members::new(&self.assignments[row * self.len..][run], self.clusters)
+    }
+
     fn members(&self, row: usize) -> Members {
         Members::new(
             &self.assignments[row * self.len..(row + 1) * self.len],
@@ -1482,11 +1497,17 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
             B::with_f32(&values, |values| {
                 B::with_f32(&clusters.mass, |mass| {
                     B::with_f32(&clusters.rest, |rest| {
-                        let cost = len * k * (dim + dim_v);
-                        for_each_row(&mut out, sparse.rows(), cost, |row, out| {
-                            let members = sparse.members(row);
+                        // One task per run of a (batch, head)'s queries: with fewer
+                        // (batch, head)s than threads, a head's queries split into runs, each
+                        // gathering the keys and values of the clusters it meets.
+                        let runs = query_runs(sparse.rows(), len);
+                        let run_len = len.div_ceil(runs);
+                        let task = |(row, first, out): (usize, usize, &mut [f32])| {
+                            let run = first..first + out.len() / dim_v;
+                            let members = sparse.members_in(row, run.clone());
                             let valid = lengths[row / heads];
-                            let queries = &queries[row * len * dim..(row + 1) * len * dim];
+                            let queries =
+                                &queries[(row * len + run.start) * dim..][..run.len() * dim];
                             let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
                             let values =
                                 &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v];
@@ -1532,7 +1553,23 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                                     out,
                                 );
                             }
-                        })
+                        };
+                        let tasks: Vec<_> = out
+                            .chunks_mut(len * dim_v)
+                            .enumerate()
+                            .flat_map(|(row, out)| {
+                                out.chunks_mut(run_len * dim_v)
+                                    .enumerate()
+                                    .map(move |(r, out)| (row, r * run_len, out))
+                            })
+                            .collect();
+                        if tasks.len() == 1
+                            || tasks.len() * run_len * k * (dim + dim_v) < PARALLEL_THRESHOLD
+                        {
+                            tasks.into_iter().for_each(task);
+                        } else {
+                            tasks.into_par_iter().for_each(task);
+                        }
                     })
                 })
             })

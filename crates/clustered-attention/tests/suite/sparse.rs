@@ -386,8 +386,9 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
 /// The backend's per-query top-k attention and its default body against plain f64 loops:
 /// padded queries, a sequence with padded keys in its top-k sets (each set keeps at least one
 /// valid key, as the centroid attention's top-k always does), and widths across the 16-lane
-/// blocks of the host kernels (k = 33, E = 70, D = 20), with the tolerance of
-/// `sparse_products_match_reference`.
+/// blocks of the host kernels (k = 33, E = 70, D = 20), and one (batch, head) with enough
+/// queries for the host loops to split them between threads (on a machine with two or more),
+/// with the tolerance of `sparse_products_match_reference`.
 fn top_attention_matches_loops<B: ClusteringBackend>() {
     let device = Default::default();
     // (batch, heads, L, S, E, D, C, k, key lengths, tolerance)
@@ -403,9 +404,10 @@ fn top_attention_matches_loops<B: ClusteringBackend>() {
         &'static [usize],
         f64,
     );
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
         (2, 3, 37, 29, 10, 7, 5, 6, &[29, 4], 1e-5),
         (1, 2, 301, 90, 70, 20, 6, 33, &[85], 1e-4),
+        (1, 1, 2500, 60, 8, 5, 7, 4, &[55], 1e-5),
     ];
     let scale = 0.3;
     for (n, (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths, tolerance)) in
