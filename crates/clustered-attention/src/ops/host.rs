@@ -1458,10 +1458,11 @@ pub fn sparse_weighted_sum<B: HostAccess>(
 }
 
 /// Host [`ClusteringBackend::top_attention`](super::ClusteringBackend::top_attention) in
-/// `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per cluster, the
-/// cluster's top-k keys (transposed) and values gathered into small blocks, then for four
-/// member queries at a time the scores, their softmax and the weighted sum in registers, plus
-/// the cluster's rest row.
+/// `f32` (`f16` and `bf16` widened): per `(batch, head)` (per run of its queries when there
+/// are fewer `(batch, head)`s than threads) on rayon's pool and per cluster, the cluster's
+/// top-k keys (transposed) and values gathered into small blocks, then for four member queries
+/// at a time the scores, their softmax and the weighted sum in registers, plus the cluster's
+/// rest row.
 pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
