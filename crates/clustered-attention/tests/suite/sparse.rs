@@ -295,7 +295,7 @@ fn centroid_attention_matches_loops<B: ClusteringBackend>() {
         ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
         ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
         ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
-        ([1, 1, 45, 8], 1100, 5, &[1050], &[0, 6]),
+        ([1, 1, 45, 16], 1100, 5, &[1050], &[0, 6]),
     ];
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
