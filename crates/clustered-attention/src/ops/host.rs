@@ -1555,6 +1555,9 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                                 );
                             }
                         };
+                        if out.is_empty() {
+                            return;
+                        }
                         let tasks: Vec<_> = out
                             .chunks_mut(len * dim_v)
                             .enumerate()
