@@ -22,13 +22,13 @@ use super::reference::{self, check_planes, check_topk};
 use super::simd::{self, padded};
 use super::{NO_CLUSTER, host_lengths, initial_centroid_positions};
 
-/// How many runs the `len` queries of each of `rows` `(batch, head)`s split into, so that the
-/// pool's threads share the work of fewer `(batch, head)`s than threads: runs of 1024 queries
-/// or more, one with enough `(batch, head)`s.
-fn query_runs(rows: usize, len: usize) -> usize {
+/// How many tasks the `items` (cluster rows, queries) of each of `rows` `(batch, head)`s split
+/// into, so that the pool's threads share the work of fewer `(batch, head)`s than threads:
+/// tasks of `least` items or more, one with enough `(batch, head)`s.
+fn head_splits(rows: usize, items: usize, least: usize) -> usize {
     rayon::current_num_threads()
         .div_ceil(rows.max(1))
-        .min(len.div_ceil(1024))
+        .min(items.div_ceil(least))
         .max(1)
 }
 
@@ -683,10 +683,8 @@ pub fn centroid_attention<B: HostAccess + super::ClusteringBackend>(
     // fewer (batch, head)s than threads, a head's rows split into as many blocks as it takes
     // to give every thread one (of 16 rows or more): each block packs the keys once more.
     let top_k = topk.max(1);
-    let blocks = rayon::current_num_threads()
-        .div_ceil(batch * heads)
-        .min(clusters.div_ceil(16));
-    let block_rows = clusters.div_ceil(blocks.max(1)).clamp(1, CENTROID_ROWS);
+    let blocks = head_splits(batch * heads, clusters, 16);
+    let block_rows = clusters.div_ceil(blocks).clamp(1, CENTROID_ROWS);
     let mut out = vec![0f32; batch * heads * clusters * dim_v];
     let mut top = vec![0i64; batch * heads * clusters * top_k];
     let mut top_weights = vec![0f32; batch * heads * clusters * top_k];
@@ -1501,7 +1499,7 @@ pub fn top_attention<B: HostAccess + super::ClusteringBackend>(
                         // One task per run of a (batch, head)'s queries: with fewer
                         // (batch, head)s than threads, a head's queries split into runs, each
                         // gathering the keys and values of the clusters it meets.
-                        let runs = query_runs(sparse.rows(), len);
+                        let runs = head_splits(sparse.rows(), len, 1024);
                         let run_len = len.div_ceil(runs);
                         let task = |(row, first, out): (usize, usize, &mut [f32])| {
                             let run = first..first + out.len() / dim_v;
