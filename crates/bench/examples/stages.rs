@@ -23,6 +23,9 @@ use clustered_attention::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Heads, E = D, C and topk of every stage (batch 1).
+const SHAPE: (usize, usize, usize, usize) = (4, 64, 100, 32);
+
 /// Runs per stage, after a warm-up (`STAGE_RUNS`, default 5).
 fn runs() -> usize {
     std::env::var("STAGE_RUNS")
@@ -59,7 +62,7 @@ fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R 
 
 fn run<B: ClusteringBackend>(len: usize) {
     let device = Default::default();
-    let (heads, dim, clusters, topk) = (4, 64, 100, 32);
+    let (heads, dim, clusters, topk) = SHAPE;
     let shape = [1, heads, len, dim];
     let [q, k, v] =
         [0, 1, 2].map(|_| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device));
@@ -202,7 +205,7 @@ fn run<B: ClusteringBackend>(len: usize) {
 /// backward of the sum of its output with respect to the queries, keys and values.
 fn train<B: ClusteringBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
     let device = Default::default();
-    let (heads, dim, clusters, topk) = (4, 64, 100, 32);
+    let (heads, dim, clusters, topk) = SHAPE;
     let [q, k, v] = [0, 1, 2].map(|_| {
         Tensor::<B, 4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
             .require_grad()
