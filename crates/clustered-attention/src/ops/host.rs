@@ -1608,17 +1608,218 @@ fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
     }
 }
 
+/// Members of a cluster that the top-k attention's backward takes at a time: their gathered
+/// rows stay in the core's caches, and a large cluster needs no large blocks.
+const MEMBER_CHUNK: usize = 256;
+
+/// One `(batch, head)`'s operands of the host top-k attention's backward.
+struct TopHead<'a> {
+    sparse: &'a Sparse,
+    row: usize,
+    /// The `(batch, head)`'s valid keys.
+    valid: usize,
+    scale: f32,
+    /// The `(batch, head)`'s masses, `[C]`.
+    mass: &'a [f32],
+    queries: &'a [f32],
+    grad: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    dim: usize,
+    dim_v: usize,
+}
+
+/// A task's blocks for [`TopHead::cluster`]: the cluster's top keys and values transposed
+/// (`[ep, kp]`, `[dp, kp]`) and its top keys as rows (`[k, ep]`), its members' query and
+/// gradient rows (`[n, ep]`, `[n, dp]`), their scores and gradient dot products (`[n, k]`), and
+/// the results: the members' queries' gradient (`[n, dim]`), the top keys' and values' gradient
+/// blocks (`[k, ep]`, `[k, dp]`) and the rest's gradient (`[dim_v]`). Sized for the largest
+/// run of members and zeroed once: the loops overwrite what they read, and padding stays zero.
+struct TopScratch {
+    key_t: Vec<f32>,
+    value_t: Vec<f32>,
+    key_block: Vec<f32>,
+    bias: Vec<f32>,
+    query_rows: Vec<f32>,
+    grad_rows: Vec<f32>,
+    probs: Vec<f32>,
+    grad_scores: Vec<f32>,
+    positions: Vec<u32>,
+    grad_queries: Vec<f32>,
+    grad_keys: Vec<f32>,
+    grad_values: Vec<f32>,
+    grad_rest: Vec<f32>,
+}
+
+impl TopScratch {
+    fn new(k: usize, dim: usize, dim_v: usize, most: usize) -> Self {
+        let (kp, ep, dp) = (padded(k), padded(dim), padded(dim_v));
+        Self {
+            key_t: vec![0.0; ep * kp],
+            value_t: vec![0.0; dp * kp],
+            key_block: vec![0.0; k * ep],
+            bias: vec![0.0; k],
+            query_rows: vec![0.0; most * ep],
+            grad_rows: vec![0.0; most * dp],
+            probs: vec![0.0; most * k],
+            grad_scores: vec![0.0; most * k],
+            positions: (0..most as u32).collect(),
+            grad_queries: vec![0.0; most * dim],
+            grad_keys: vec![0.0; k * ep],
+            grad_values: vec![0.0; k * dp],
+            grad_rest: vec![0.0; dim_v],
+        }
+    }
+}
+
+impl TopHead<'_> {
+    /// Cluster `j`'s gradients, for its `members`, into `s` (see [`TopScratch`]); returns the
+    /// gradient of its mass. The cluster's top keys and values are gathered into small blocks;
+    /// then per run of up to [`MEMBER_CHUNK`] members, their query and gradient rows gathered,
+    /// their scores and the gradient's dot products with the values, the softmax's Jacobian in
+    /// place, then their queries' gradient, passed to `write_queries(run, rows)`, and their
+    /// share of the keys', values' and rest's gradients, added to the blocks.
+    fn cluster(
+        &self,
+        j: usize,
+        members: &[u32],
+        s: &mut TopScratch,
+        mut write_queries: impl FnMut(&[u32], &[f32]),
+    ) -> f32 {
+        let (sparse, row, k) = (self.sparse, self.row, self.sparse.k);
+        let (dim, dim_v) = (self.dim, self.dim_v);
+        let (ep, dp) = (padded(dim), padded(dim_v));
+        let top = sparse.top(row, j);
+        sparse.gather_transposed(row, j, self.keys, dim, &mut s.key_t);
+        sparse.gather_transposed(row, j, self.values, dim_v, &mut s.value_t);
+        sparse.gather(row, j, self.keys, dim, &mut s.key_block);
+        sparse.prefetch_top(row, j + 1, self.keys, dim);
+        sparse.prefetch_top(row, j + 1, self.values, dim_v);
+        for (b, &t) in s.bias.iter_mut().zip(top) {
+            *b = if (t as usize) < self.valid {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        s.grad_keys.fill(0.0);
+        s.grad_values.fill(0.0);
+        s.grad_rest.fill(0.0);
+        let mut grad_mass = 0.0;
+        for run in members.chunks(MEMBER_CHUNK) {
+            let n = run.len();
+            let local = &s.positions[..n];
+            let query_rows = &mut s.query_rows[..n * ep];
+            let grad_rows = &mut s.grad_rows[..n * dp];
+            gather_rows(self.queries, dim, run, query_rows);
+            gather_rows(self.grad, dim_v, run, grad_rows);
+            let probs = &mut s.probs[..n * k];
+            let grad_scores = &mut s.grad_scores[..n * k];
+            simd::dot_members(query_rows, ep, local, &s.key_t, k, probs);
+            simd::dot_members(grad_rows, dp, local, &s.value_t, k, grad_scores);
+            grad_mass += simd::softmax_backward_members(
+                probs,
+                grad_scores,
+                local,
+                &s.bias,
+                self.scale,
+                self.mass[j],
+            );
+            let grad_queries = &mut s.grad_queries[..n * dim];
+            simd::weighted_members(grad_scores, k, local, &s.key_block, dim, grad_queries);
+            write_queries(run, grad_queries);
+            // Keys: Σ_i ds_ir · q_i; values: Σ_i w_ir · g_i; rest: Σ_i g_i.
+            simd::scatter_members(grad_scores, k, local, query_rows, &mut s.grad_keys);
+            simd::scatter_members(probs, k, local, grad_rows, &mut s.grad_values);
+            for row in grad_rows.chunks_exact(dp) {
+                for (o, &g) in s.grad_rest.iter_mut().zip(row) {
+                    *o += g;
+                }
+            }
+        }
+        grad_mass
+    }
+}
+
+/// Adds the rows of `block` (`[top.len(), padded(width)]`, its first `width` columns) to the
+/// rows `top` of `out` (rows of `width`).
+fn add_block_rows(block: &[f32], top: &[i64], width: usize, out: &mut [f32]) {
+    let wp = padded(width);
+    for (r, &t) in top.iter().enumerate() {
+        let t = t as usize;
+        for (o, &b) in out[t * width..(t + 1) * width]
+            .iter_mut()
+            .zip(&block[r * wp..])
+        {
+            *o += b;
+        }
+    }
+}
+
 /// One `(batch, head)`'s gradients of the queries and keys, and of the values, mass and rest.
 type GradRows<'a> = (
     (&'a mut [f32], &'a mut [f32]),
     (&'a mut [f32], (&'a mut [f32], &'a mut [f32])),
 );
 
+/// Rows of `width` of a buffer that several tasks write at once, each row by one task.
+struct DisjointRows<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    width: usize,
+    _buffer: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the rows are only reached through `row`, whose callers promise that no two threads
+// reach one row.
+unsafe impl Send for DisjointRows<'_> {}
+unsafe impl Sync for DisjointRows<'_> {}
+
+impl<'a> DisjointRows<'a> {
+    fn new(buffer: &'a mut [f32], width: usize) -> Self {
+        Self {
+            ptr: buffer.as_mut_ptr(),
+            rows: buffer.len() / width,
+            width,
+            _buffer: std::marker::PhantomData,
+        }
+    }
+
+    /// Row `i`.
+    ///
+    /// # Safety
+    /// No other reference to row `i` may live while the returned one does.
+    ///
+    /// # Panics
+    /// If `i` is not a row of the buffer.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize) -> &mut [f32] {
+        assert!(i < self.rows, "row {i} of {}", self.rows);
+        // SAFETY: the row lies in the buffer, borrowed mutably for 'a; the caller promises
+        // that nothing else reaches it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.width), self.width) }
+    }
+}
+
+/// The gradients of a run of a `(batch, head)`'s clusters, for a head split between tasks
+/// (its queries' gradient rows are written in place): its clusters' key and value gradient
+/// blocks (`[k, padded(dim)]`, `[k, padded(dim_v)]` each) and mass and rest gradients, put in
+/// place afterwards, the blocks added in cluster order.
+struct TopPart {
+    row: usize,
+    clusters: std::ops::Range<usize>,
+    scratch: TopScratch,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    mass: Vec<f32>,
+    rest: Vec<f32>,
+}
+
 /// Host [`ClusteringBackend::top_attention_backward`](super::ClusteringBackend::top_attention_backward)
-/// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool and per cluster,
-/// the cluster's top-k keys and values gathered into small blocks; the members' scores and
-/// the gradient's dot products with the values, the softmax's Jacobian in place, then the
-/// queries' gradient, and the keys' and values' gradients of the block, added to their rows.
+/// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool (per run of its
+/// clusters when there are fewer `(batch, head)`s than threads) and per cluster
+/// ([`TopHead::cluster`]); the keys' and values' gradients of each cluster are added to their
+/// rows in cluster order, so the result does not depend on the split.
 pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -1662,144 +1863,174 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     let sparse = Sparse::read::<B>(clusters.topk, clusters.assignments);
     sparse.check(keys_len);
     let (k, num_clusters, rows) = (sparse.k, sparse.clusters, sparse.rows());
-    let (kp, ep, dp) = (padded(k), padded(dim), padded(dim_v));
+    let (ep, dp) = (padded(dim), padded(dim_v));
     let mut grad_queries = vec![0f32; rows * len * dim];
     let mut grad_keys = vec![0f32; rows * keys_len * dim];
     let mut grad_values = vec![0f32; rows * keys_len * dim_v];
     let mut grad_mass = vec![0f32; rows * num_clusters];
     let mut grad_rest = vec![0f32; rows * num_clusters * dim_v];
+    let members: Vec<Members> = (0..rows).map(|row| sparse.members(row)).collect();
+    let most = |row: usize, clusters: std::ops::Range<usize>| {
+        clusters
+            .map(|j| members[row].of(j).len().min(MEMBER_CHUNK))
+            .max()
+            .unwrap_or(0)
+    };
     B::with_f32(&queries, |queries| {
         B::with_f32(&keys, |keys| {
             B::with_f32(&values, |values| {
                 B::with_f32(&clusters.mass, |mass| {
                     B::with_f32(&grad, |grad| {
+                        let head = |row: usize| TopHead {
+                            sparse: &sparse,
+                            row,
+                            valid: lengths[row / heads],
+                            scale: scale as f32,
+                            mass: &mass[row * num_clusters..(row + 1) * num_clusters],
+                            queries: &queries[row * len * dim..(row + 1) * len * dim],
+                            grad: &grad[row * len * dim_v..(row + 1) * len * dim_v],
+                            keys: &keys[row * keys_len * dim..(row + 1) * keys_len * dim],
+                            values: &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v],
+                            dim,
+                            dim_v,
+                        };
+                        // A whole head per task: the gradients go straight to their rows.
                         let work = |(row, ((dq, dk), (dv, (dm, dr)))): (usize, GradRows)| {
-                            let members = sparse.members(row);
-                            let valid = lengths[row / heads];
-                            let queries = &queries[row * len * dim..(row + 1) * len * dim];
-                            let grad = &grad[row * len * dim_v..(row + 1) * len * dim_v];
-                            let keys = &keys[row * keys_len * dim..(row + 1) * keys_len * dim];
-                            let values =
-                                &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v];
-                            // The cluster's blocks: its top keys and values transposed
-                            // (`[ep, kp]`, `[dp, kp]`) and as rows (`[k, ep]`), its members'
-                            // query and gradient rows (`[n, ep]`, `[n, dp]`), their scores and
-                            // gradient dot products (`[n, k]`) and queries' gradient
-                            // (`[n, dim]`); padding stays zero.
-                            let mut key_t = vec![0f32; ep * kp];
-                            let mut value_t = vec![0f32; dp * kp];
-                            let mut key_block = vec![0f32; k * ep];
-                            let mut block = vec![0f32; k * ep.max(dp)];
-                            let mut bias = vec![0f32; k];
-                            // Sized for the largest cluster, zeroed once: the loops below
-                            // overwrite what they read.
-                            let most = (0..num_clusters)
-                                .map(|j| members.of(j).len())
-                                .max()
-                                .unwrap_or(0);
-                            let mut query_rows = vec![0f32; most * ep];
-                            let mut grad_rows = vec![0f32; most * dp];
-                            let mut probs = vec![0f32; most * k];
-                            let mut grad_scores = vec![0f32; most * k];
-                            let mut grad_query_rows = vec![0f32; most * dim];
-                            let positions: Vec<u32> = (0..most as u32).collect();
+                            let head = head(row);
+                            let mut s = TopScratch::new(k, dim, dim_v, most(row, 0..num_clusters));
                             for j in 0..num_clusters {
-                                let members = members.of(j);
+                                let members = members[row].of(j);
                                 if members.is_empty() {
                                     continue;
                                 }
-                                let n = members.len();
-                                let local = &positions[..n];
+                                sparse.prefetch_top(row, j + 1, dk, dim);
+                                sparse.prefetch_top(row, j + 1, dv, dim_v);
+                                dm[j] = head.cluster(j, members, &mut s, |run, rows| {
+                                    let rows = rows.chunks_exact(dim);
+                                    for (m, (&i, g)) in run.iter().zip(rows).enumerate() {
+                                        prefetch_ahead(dq, dim, run, m);
+                                        let i = i as usize;
+                                        dq[i * dim..(i + 1) * dim].copy_from_slice(g);
+                                    }
+                                });
                                 let top = sparse.top(row, j);
-                                sparse.gather_transposed(row, j, keys, dim, &mut key_t);
-                                sparse.gather_transposed(row, j, values, dim_v, &mut value_t);
-                                sparse.gather(row, j, keys, dim, &mut key_block);
-                                let next =
-                                    [(keys, dim), (values, dim_v), (&*dk, dim), (&*dv, dim_v)];
-                                for (x, width) in next {
-                                    sparse.prefetch_top(row, j + 1, x, width);
-                                }
-                                for (b, &t) in bias.iter_mut().zip(top) {
-                                    *b = if (t as usize) < valid {
-                                        0.0
-                                    } else {
-                                        f32::NEG_INFINITY
-                                    };
-                                }
-                                let query_rows = &mut query_rows[..n * ep];
-                                let grad_rows = &mut grad_rows[..n * dp];
-                                gather_rows(queries, dim, members, query_rows);
-                                gather_rows(grad, dim_v, members, grad_rows);
-                                let probs = &mut probs[..n * k];
-                                let grad_scores = &mut grad_scores[..n * k];
-                                simd::dot_members(query_rows, ep, local, &key_t, k, probs);
-                                simd::dot_members(grad_rows, dp, local, &value_t, k, grad_scores);
-                                dm[j] = simd::softmax_backward_members(
-                                    probs,
-                                    grad_scores,
-                                    local,
-                                    &bias,
-                                    scale as f32,
-                                    mass[row * num_clusters + j],
-                                );
-                                let grad_query_rows = &mut grad_query_rows[..n * dim];
-                                simd::weighted_members(
-                                    grad_scores,
-                                    k,
-                                    local,
-                                    &key_block,
-                                    dim,
-                                    grad_query_rows,
-                                );
-                                let rows = grad_query_rows.chunks_exact(dim);
-                                for (m, (&i, g)) in members.iter().zip(rows).enumerate() {
-                                    prefetch_ahead(dq, dim, members, m);
-                                    let i = i as usize;
-                                    dq[i * dim..(i + 1) * dim].copy_from_slice(g);
-                                }
-                                // Keys: Σ_i ds_ir · q_i; values: Σ_i w_ir · g_i; rest: Σ_i g_i.
-                                let products = [
-                                    (&*grad_scores, &*query_rows, dim, &mut *dk),
-                                    (&*probs, &*grad_rows, dim_v, &mut *dv),
-                                ];
-                                for (weights, rows, width, out) in products {
-                                    let wp = padded(width);
-                                    let block = &mut block[..k * wp];
-                                    simd::scatter_members(weights, k, local, rows, block);
-                                    for (r, &t) in top.iter().enumerate() {
-                                        let t = t as usize;
-                                        let row = &mut out[t * width..(t + 1) * width];
-                                        for (o, &b) in row.iter_mut().zip(&block[r * wp..]) {
-                                            *o += b;
-                                        }
-                                    }
-                                }
-                                let rest = &mut dr[j * dim_v..(j + 1) * dim_v];
-                                for row in grad_rows.chunks_exact(dp) {
-                                    for (o, &g) in rest.iter_mut().zip(row) {
-                                        *o += g;
-                                    }
-                                }
+                                add_block_rows(&s.grad_keys, top, dim, dk);
+                                add_block_rows(&s.grad_values, top, dim_v, dv);
+                                dr[j * dim_v..(j + 1) * dim_v].copy_from_slice(&s.grad_rest);
                             }
                         };
                         let cost = len * k * (3 * dim + 2 * dim_v);
-                        let parts: Vec<_> = grad_queries
-                            .chunks_mut(len * dim)
-                            .zip(grad_keys.chunks_mut(keys_len * dim))
+                        let splits = if rows * cost < PARALLEL_THRESHOLD {
+                            1
+                        } else {
+                            head_splits(rows, len, 1024)
+                        };
+                        if splits == 1 {
+                            let parts: Vec<_> = grad_queries
+                                .chunks_mut(len * dim)
+                                .zip(grad_keys.chunks_mut(keys_len * dim))
+                                .zip(
+                                    grad_values.chunks_mut(keys_len * dim_v).zip(
+                                        grad_mass
+                                            .chunks_mut(num_clusters)
+                                            .zip(grad_rest.chunks_mut(num_clusters * dim_v)),
+                                    ),
+                                )
+                                .enumerate()
+                                .collect();
+                            if rows == 1 || rows * cost < PARALLEL_THRESHOLD {
+                                parts.into_iter().for_each(work);
+                            } else {
+                                parts.into_par_iter().for_each(work);
+                            }
+                            return;
+                        }
+                        // A run of a head's clusters per task: its queries' gradient rows in
+                        // place, the rest into its part.
+                        let dq = DisjointRows::new(&mut grad_queries, dim);
+                        let part_work = |part: &mut TopPart| {
+                            let (row, clusters) = (part.row, part.clusters.clone());
+                            let head = head(row);
+                            let s = &mut part.scratch;
+                            for j in clusters {
+                                let members = members[row].of(j);
+                                let grad_mass = if members.is_empty() {
+                                    s.grad_keys.fill(0.0);
+                                    s.grad_values.fill(0.0);
+                                    s.grad_rest.fill(0.0);
+                                    0.0
+                                } else {
+                                    head.cluster(j, members, s, |run, rows| {
+                                        for (&i, g) in run.iter().zip(rows.chunks_exact(dim)) {
+                                            let i = row * len + i as usize;
+                                            // SAFETY: query i is a member of cluster j only,
+                                            // and no other task has cluster j.
+                                            unsafe { dq.row(i) }.copy_from_slice(g);
+                                        }
+                                    })
+                                };
+                                part.mass.push(grad_mass);
+                                part.keys.extend_from_slice(&s.grad_keys);
+                                part.values.extend_from_slice(&s.grad_values);
+                                part.rest.extend_from_slice(&s.grad_rest);
+                            }
+                        };
+                        let mut parts: Vec<TopPart> = (0..rows)
+                            .flat_map(|row| {
+                                cluster_runs(&members[row], num_clusters, splits)
+                                    .into_iter()
+                                    .map(move |clusters| {
+                                        let c = clusters.len();
+                                        TopPart {
+                                            row,
+                                            scratch: TopScratch::new(
+                                                k,
+                                                dim,
+                                                dim_v,
+                                                most(row, clusters.clone()),
+                                            ),
+                                            clusters,
+                                            keys: Vec::with_capacity(c * k * ep),
+                                            values: Vec::with_capacity(c * k * dp),
+                                            mass: Vec::with_capacity(c),
+                                            rest: Vec::with_capacity(c * dim_v),
+                                        }
+                                    })
+                            })
+                            .collect();
+                        parts.par_iter_mut().for_each(part_work);
+                        // Each head's key and value blocks added in cluster order (and its
+                        // mass and rest gradients put in place), heads in parallel.
+                        let outs: Vec<_> = grad_keys
+                            .chunks_mut(keys_len * dim)
+                            .zip(grad_values.chunks_mut(keys_len * dim_v))
                             .zip(
-                                grad_values.chunks_mut(keys_len * dim_v).zip(
-                                    grad_mass
-                                        .chunks_mut(num_clusters)
-                                        .zip(grad_rest.chunks_mut(num_clusters * dim_v)),
-                                ),
+                                grad_mass
+                                    .chunks_mut(num_clusters)
+                                    .zip(grad_rest.chunks_mut(num_clusters * dim_v)),
                             )
                             .enumerate()
                             .collect();
-                        if rows == 1 || rows * cost < PARALLEL_THRESHOLD {
-                            parts.into_iter().for_each(work);
-                        } else {
-                            parts.into_par_iter().for_each(work);
-                        }
+                        outs.into_par_iter()
+                            .for_each(|(row, ((dk, dv), (dm, dr)))| {
+                                for part in parts.iter().filter(|p| p.row == row) {
+                                    for (c, j) in part.clusters.clone().enumerate() {
+                                        if members[row].of(j).is_empty() {
+                                            continue;
+                                        }
+                                        let top = sparse.top(row, j);
+                                        let key_block = &part.keys[c * k * ep..(c + 1) * k * ep];
+                                        let value_block =
+                                            &part.values[c * k * dp..(c + 1) * k * dp];
+                                        add_block_rows(key_block, top, dim, dk);
+                                        add_block_rows(value_block, top, dim_v, dv);
+                                        dm[j] = part.mass[c];
+                                        dr[j * dim_v..(j + 1) * dim_v].copy_from_slice(
+                                            &part.rest[c * dim_v..(c + 1) * dim_v],
+                                        );
+                                    }
+                                }
+                            });
                     })
                 })
             })
@@ -1817,6 +2048,25 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
             dtype,
         ),
     }
+}
+
+/// `splits` runs of consecutive clusters of `0..clusters` with about as many `members` each.
+fn cluster_runs(members: &Members, clusters: usize, splits: usize) -> Vec<std::ops::Range<usize>> {
+    let total = members.start[clusters];
+    let mut runs = Vec::with_capacity(splits);
+    let mut first = 0;
+    for p in 1..splits {
+        // The first cluster that starts at or past this run's share of the members.
+        let end = (first..clusters)
+            .find(|&j| members.start[j] * splits >= p * total)
+            .unwrap_or(clusters);
+        if end > first {
+            runs.push(first..end);
+            first = end;
+        }
+    }
+    runs.push(first..clusters);
+    runs
 }
 
 /// Host [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter).
@@ -1858,6 +2108,7 @@ pub fn sparse_scatter<B: HostAccess>(
                     rows.clear();
                     rows.resize(members.len() * fp, 0.0);
                     gather_rows(x, dim, members, &mut rows);
+                    block.fill(0.0);
                     simd::scatter_members(weights, k, members, &rows, &mut block);
                     for (r, &t) in sparse.top(row, j).iter().enumerate() {
                         let t = t as usize;

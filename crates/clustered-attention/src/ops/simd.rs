@@ -397,7 +397,7 @@ fn scatter_group<const FMA: bool, const G: usize>(
 }
 
 multiversion! {
-    /// `block[r, ..] = Σ_t weights[members[t]·k + r] · rows[t, ..]` for `r < k`: the
+    /// `block[r, ..] += Σ_t weights[members[t]·k + r] · rows[t, ..]` for `r < k`: the
     /// transpose of [`weighted_members`] for one cluster.
     ///
     /// `weights`: rows of `k`; `rows`: the members' rows gathered in the order of `members`,
@@ -415,7 +415,10 @@ multiversion! {
             for c in (0..fp).step_by(LANES) {
                 let acc = scatter_group::<FMA, GROUP>(weights, k, members, rows, fp, r0, c);
                 for (g, acc) in acc.iter().enumerate() {
-                    block[(r0 + g) * fp + c..(r0 + g) * fp + c + LANES].copy_from_slice(acc);
+                    let out = &mut block[(r0 + g) * fp + c..(r0 + g) * fp + c + LANES];
+                    for (o, &a) in out.iter_mut().zip(acc) {
+                        *o += a;
+                    }
                 }
             }
             r0 += GROUP;
@@ -423,7 +426,9 @@ multiversion! {
         for r in r0..k {
             for c in (0..fp).step_by(LANES) {
                 let [acc] = scatter_group::<FMA, 1>(weights, k, members, rows, fp, r, c);
-                block[r * fp + c..r * fp + c + LANES].copy_from_slice(&acc);
+                for (o, &a) in block[r * fp + c..r * fp + c + LANES].iter_mut().zip(&acc) {
+                    *o += a;
+                }
             }
         }
     }

@@ -617,32 +617,59 @@ fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
 /// float inputs, through the backend's `top_attention_backward` and through the default body of
 /// that op, equal autodiff through the default forward body (whose sparse products have their
 /// own backward, checked above): padded queries, a sequence with padded keys in its top-k sets,
-/// widths across the 16-lane blocks of the host kernels (k = 17, E = 19, D = 18).
+/// widths across the 16-lane blocks of the host kernels (k = 17, E = 19, D = 18), and one
+/// (batch, head) with clusters of several hundred queries, which the host loops take in runs
+/// and split between threads (on a machine with two or more).
 fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
+    let cases: [TopGradCase; 2] = [
+        (2, 2, 41, 37, 19, 18, 4, 17, &[37, 9]),
+        (1, 1, 2500, 300, 16, 12, 6, 9, &[280]),
+    ];
+    for (n, case) in cases.into_iter().enumerate() {
+        top_attention_gradients_case::<B>(n, case, 91 + 10 * n as u64);
+    }
+}
+
+/// (batch, heads, L, S, E, D, C, k, key lengths) of `top_attention_gradients_match_reference`.
+type TopGradCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    &'static [usize],
+);
+
+fn top_attention_gradients_case<B: ClusteringBackend>(
+    n: usize,
+    (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths): TopGradCase,
+    seed: u64,
+) {
     type A<B> = Autodiff<B>;
     let device = Default::default();
-    let (batch, heads, len, keys_len, dim, dim_v, clusters, k) = (2, 2, 41, 37, 19, 18, 4, 17);
-    let key_lengths = [37, 9];
     let scale = 0.4;
-    let mut ix = indices(batch, heads, len, keys_len, clusters, k, 91);
+    let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
     for (row, top) in ix.topk.chunks_mut(k).enumerate() {
         let valid = key_lengths[row / (heads * clusters)] as i64;
         if top.iter().all(|&t| t >= valid) {
             top[0] = 0;
         }
     }
-    let mut mass = normal([batch, heads, clusters, 1], 95);
+    let mut mass = normal([batch, heads, clusters, 1], seed + 4);
     for m in &mut mass.data {
         *m = m.abs() / (1.0 + m.abs());
     }
     let inputs = [
-        normal([batch, heads, len, dim], 92),
-        normal([batch, heads, keys_len, dim], 93),
-        normal([batch, heads, keys_len, dim_v], 94),
+        normal([batch, heads, len, dim], seed + 1),
+        normal([batch, heads, keys_len, dim], seed + 2),
+        normal([batch, heads, keys_len, dim_v], seed + 3),
         mass,
-        normal([batch, heads, clusters, dim_v], 96),
+        normal([batch, heads, clusters, dim_v], seed + 5),
     ];
-    let outer = normal([batch, heads, len, dim_v], 97);
+    let outer = normal([batch, heads, len, dim_v], seed + 6);
     type Forward<B> = fn(
         [FloatTensor<A<B>>; 3],
         ClusterTop<A<B>>,
@@ -663,7 +690,7 @@ fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
             mass: float_in(3),
             rest: float_in(4),
         };
-        let lengths = Some(lengths::<A<B>>(&key_lengths, &device).into_primitive());
+        let lengths = Some(lengths::<A<B>>(key_lengths, &device).into_primitive());
         let out = forward(
             [float_in(0), float_in(1), float_in(2)],
             clusters_top,
@@ -692,7 +719,7 @@ fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
                 mass: float_in(3),
                 rest: float_in(4),
             },
-            Some(lengths::<B>(&key_lengths, &device).into_primitive()),
+            Some(lengths::<B>(key_lengths, &device).into_primitive()),
             scale,
             outer.to_tensor::<B>(&device).into_primitive().tensor(),
         );
@@ -710,11 +737,11 @@ fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
     let names = ["queries", "keys", "values", "mass", "rest"];
     for (body, got) in [("backend", backend), ("default body", default_body)] {
         for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
-            assert_eq!(got.dims(), expected.dims(), "{body}, {name}");
+            assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
             let diff = max_diff(got, expected.clone());
             assert!(
                 diff <= 1e-4,
-                "{body}: the gradients of {name} differ by {diff}"
+                "case {n}, {body}: the gradients of {name} differ by {diff}"
             );
         }
     }
