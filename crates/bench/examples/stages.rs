@@ -2,9 +2,9 @@
 //! bottleneck of a backend (the bench CLI times whole attentions).
 //!
 //! `cargo run --release -p bench --example stages -- [L] [backend]` with `backend` one of
-//! `flex` (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads,
-//! E = D = 64, C = 100, topk = 32. On the CPU backends it then times improved clustered
-//! attention under `Autodiff`, forward alone and forward + backward.
+//! `flex` (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads
+//! (`STAGE_HEADS`), E = D = 64, C = 100, topk = 32. On the CPU backends it then times improved
+//! clustered attention under `Autodiff`, forward alone and forward + backward.
 
 use std::time::Instant;
 
@@ -23,8 +23,17 @@ use clustered_attention::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Heads, E = D, C and topk of every stage (batch 1).
-const SHAPE: (usize, usize, usize, usize) = (4, 64, 100, 32);
+/// E = D, C and topk of every stage (batch 1).
+const SHAPE: (usize, usize, usize) = (64, 100, 32);
+
+/// Heads of every stage (`STAGE_HEADS`, default 4).
+fn heads() -> usize {
+    std::env::var("STAGE_HEADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4)
+        .max(1)
+}
 
 /// Runs per stage, after a warm-up (`STAGE_RUNS`, default 5).
 fn runs() -> usize {
@@ -62,7 +71,7 @@ fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R 
 
 fn run<B: ClusteringBackend>(len: usize) {
     let device = Default::default();
-    let (heads, dim, clusters, topk) = SHAPE;
+    let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let shape = [1, heads, len, dim];
     let [q, k, v] =
         [0, 1, 2].map(|_| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device));
@@ -205,7 +214,7 @@ fn run<B: ClusteringBackend>(len: usize) {
 /// backward of the sum of its output with respect to the queries, keys and values.
 fn train<B: ClusteringBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
     let device = Default::default();
-    let (heads, dim, clusters, topk) = SHAPE;
+    let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let [q, k, v] = [0, 1, 2].map(|_| {
         Tensor::<B, 4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
             .require_grad()
