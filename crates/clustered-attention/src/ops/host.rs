@@ -1634,7 +1634,8 @@ struct TopHead<'a> {
 /// gradient rows (`[n, ep]`, `[n, dp]`), their scores and gradient dot products (`[n, k]`), and
 /// the results: the members' queries' gradient (`[n, dim]`), the top keys' and values' gradient
 /// blocks (`[k, ep]`, `[k, dp]`) and the rest's gradient (`[dim_v]`). Sized for the largest
-/// run of members and zeroed once: the loops overwrite what they read, and padding stays zero.
+/// run of members and zeroed once: the loops overwrite what they read (the gradient blocks are
+/// zeroed per cluster and added to over its runs), and padding stays zero.
 struct TopScratch {
     key_t: Vec<f32>,
     value_t: Vec<f32>,
@@ -1772,7 +1773,6 @@ struct DisjointRows<'a> {
 
 // SAFETY: the rows are only reached through `row`, whose callers promise that no two threads
 // reach one row.
-unsafe impl Send for DisjointRows<'_> {}
 unsafe impl Sync for DisjointRows<'_> {}
 
 impl<'a> DisjointRows<'a> {
@@ -1817,7 +1817,7 @@ struct TopPart {
 
 /// Host [`ClusteringBackend::top_attention_backward`](super::ClusteringBackend::top_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool (per run of its
-/// clusters when there are fewer `(batch, head)`s than threads) and per cluster
+/// clusters when there are fewer `(batch, head)`s than threads and enough work) and per cluster
 /// ([`TopHead::cluster`]); the keys' and values' gradients of each cluster are added to their
 /// rows in cluster order, so the result does not depend on the split.
 pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
@@ -2050,7 +2050,8 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     }
 }
 
-/// `splits` runs of consecutive clusters of `0..clusters` with about as many `members` each.
+/// Up to `splits` runs of consecutive clusters covering `0..clusters`, none empty (but the one
+/// run of no clusters), with about as many `members` each.
 fn cluster_runs(members: &Members, clusters: usize, splits: usize) -> Vec<std::ops::Range<usize>> {
     let total = members.start[clusters];
     let mut runs = Vec::with_capacity(splits);
@@ -2065,7 +2066,9 @@ fn cluster_runs(members: &Members, clusters: usize, splits: usize) -> Vec<std::o
             first = end;
         }
     }
-    runs.push(first..clusters);
+    if first < clusters || runs.is_empty() {
+        runs.push(first..clusters);
+    }
     runs
 }
 

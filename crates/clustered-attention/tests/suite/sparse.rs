@@ -747,6 +747,82 @@ fn top_attention_gradients_case<B: ClusteringBackend>(
     }
 }
 
+/// The backend's `top_attention_backward` gives the same gradients, bit for bit, on one thread
+/// and on four, where the host loops split each of the two heads' clusters between tasks (their
+/// key and value gradients are added in cluster order either way): clusters of several hundred
+/// queries, one of them empty, padded keys and queries, keys in the top-k of several clusters.
+fn top_attention_backward_split_is_exact<B: ClusteringBackend>() {
+    let device = Default::default();
+    // Few keys, so that most are in the top-k of several clusters, and of both halves.
+    let (batch, heads, len, keys_len, dim, dim_v, clusters, k) = (1, 2, 2500, 24, 16, 12, 6, 9);
+    let key_lengths = [20];
+    let mut ix = indices(batch, heads, len, keys_len, clusters, k, 141);
+    for a in &mut ix.assignments[..len] {
+        if *a == 2 {
+            *a = 3; // cluster 2 of the first head is empty
+        }
+    }
+    let mut mass = normal([batch, heads, clusters, 1], 145);
+    for m in &mut mass.data {
+        *m = m.abs() / (1.0 + m.abs());
+    }
+    let inputs = [
+        normal([batch, heads, len, dim], 142),
+        normal([batch, heads, keys_len, dim], 143),
+        normal([batch, heads, keys_len, dim_v], 144),
+        mass,
+        normal([batch, heads, clusters, dim_v], 146),
+        normal([batch, heads, len, dim_v], 147),
+    ];
+    let gradients = |threads: usize| -> Vec<Vec<f32>> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| {
+            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
+            let (topk, assignments) = ix.tensors::<B>();
+            let grads = B::top_attention_backward(
+                float_in(0),
+                float_in(1),
+                float_in(2),
+                ClusterTop {
+                    assignments: assignments.into_primitive(),
+                    topk: topk.into_primitive(),
+                    mass: float_in(3),
+                    rest: float_in(4),
+                },
+                Some(lengths::<B>(&key_lengths, &device).into_primitive()),
+                0.4,
+                float_in(5),
+            );
+            [
+                grads.queries,
+                grads.keys,
+                grads.values,
+                grads.mass,
+                grads.rest,
+            ]
+            .into_iter()
+            .map(|x| float::<B>(x).into_data().to_vec::<f32>().expect("f32"))
+            .collect()
+        })
+    };
+    let (one, four) = (gradients(1), gradients(4));
+    let names = ["queries", "keys", "values", "mass", "rest"];
+    for ((name, one), four) in names.iter().zip(&one).zip(&four) {
+        let differ = one
+            .iter()
+            .zip(four)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "the gradients of {name} differ in {differ} places between one and four threads"
+        );
+    }
+}
+
 /// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
 /// sparse products) equals autodiff through the default bodies.
 fn sparse_gradients_match_reference<B: ClusteringBackend>() {
@@ -891,6 +967,16 @@ macro_rules! sparse_tests {
 
 sparse_tests!(ndarray, crate::common::NdArrayBackend);
 sparse_tests!(flex, crate::common::FlexBackend);
+
+// The host loops' split between threads (the CubeCL backends do not use the pool).
+#[test]
+fn ndarray_top_attention_backward_split_is_exact() {
+    top_attention_backward_split_is_exact::<crate::common::NdArrayBackend>();
+}
+#[test]
+fn flex_top_attention_backward_split_is_exact() {
+    top_attention_backward_split_is_exact::<crate::common::FlexBackend>();
+}
 
 // The CubeCL kernels: fused (`Wgpu`), unfused (`CubeBackend`) and, forward, under `Autodiff`
 // (the gradient tests wrap each backend in `Autodiff` themselves).
