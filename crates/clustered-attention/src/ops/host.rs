@@ -1608,8 +1608,9 @@ fn gather_rows(x: &[f32], width: usize, members: &[u32], rows: &mut [f32]) {
     }
 }
 
-/// Members of a cluster that the top-k attention's backward takes at a time: their gathered
-/// rows stay in the core's caches, and a large cluster needs no large blocks.
+/// Members of a cluster that the sparse scatter and the top-k attention's backward take at a
+/// time: their gathered rows stay in the core's caches, and a large cluster needs no large
+/// blocks.
 const MEMBER_CHUNK: usize = 256;
 
 /// One `(batch, head)`'s operands of the host top-k attention's backward.
@@ -2102,24 +2103,20 @@ pub fn sparse_scatter<B: HostAccess>(
                 let members = sparse.members(row);
                 let fp = padded(dim);
                 let mut block = vec![0f32; k * fp];
-                let mut rows = Vec::new();
+                // The members' rows, gathered in runs of at most MEMBER_CHUNK.
+                let mut rows = vec![0f32; MEMBER_CHUNK * fp];
                 for j in 0..sparse.clusters {
                     let members = members.of(j);
                     if members.is_empty() {
                         continue;
                     }
-                    rows.clear();
-                    rows.resize(members.len() * fp, 0.0);
-                    gather_rows(x, dim, members, &mut rows);
                     block.fill(0.0);
-                    simd::scatter_members(weights, k, members, &rows, &mut block);
-                    for (r, &t) in sparse.top(row, j).iter().enumerate() {
-                        let t = t as usize;
-                        for (o, &b) in out[t * dim..(t + 1) * dim].iter_mut().zip(&block[r * fp..])
-                        {
-                            *o += b;
-                        }
+                    for run in members.chunks(MEMBER_CHUNK) {
+                        let rows = &mut rows[..run.len() * fp];
+                        gather_rows(x, dim, run, rows);
+                        simd::scatter_members(weights, k, run, rows, &mut block);
                     }
+                    add_block_rows(&block, sparse.top(row, j), dim, out);
                 }
             })
         })

@@ -95,6 +95,9 @@ fn sparse_products_match_reference<B: ClusteringBackend>() {
     check_sparse_products::<B>((2, 3, 37, 29, 10, 5, 6), TOLERANCE);
     check_sparse_products::<B>((1, 2, 700, 300, 8, 7, 5), TOLERANCE);
     check_sparse_products::<B>((1, 2, 301, 90, 70, 6, 33), 1e-4);
+    // Clusters of about 500 queries, which the host scatter takes in runs (a key's scattered
+    // sum has 500 terms and a size of about 50: 1e-4).
+    check_sparse_products::<B>((1, 1, 1500, 200, 8, 3, 5), 1e-4);
     // One key per cluster (the centroids' sums and clustered attention's broadcast), keys
     // shared between clusters, rows wider than a vector block (70-term dot products: 1e-4).
     check_sparse_products::<B>((2, 3, 150, 12, 70, 40, 1), 1e-4);
