@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use clustered_attention::ClusteringBackend;
-use clustered_attention::ops::{ClusterTop, reference};
+use clustered_attention::ops::{ClusterTop, TopAttentionGrads, reference};
 use clustered_attention::sparse::{
     attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
     top_attention, topk_indices,
@@ -646,73 +646,70 @@ type TopGradCase = (
     &'static [usize],
 );
 
-fn top_attention_gradients_case<B: ClusteringBackend>(
-    n: usize,
-    (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths): TopGradCase,
-    seed: u64,
-) {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let scale = 0.4;
-    let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
-    for (row, top) in ix.topk.chunks_mut(k).enumerate() {
-        let valid = key_lengths[row / (heads * clusters)] as i64;
-        if top.iter().all(|&t| t >= valid) {
-            top[0] = 0;
+/// The float inputs of the top-k attention's backward (queries, keys, values, mass in (0, 1),
+/// rest, and the output's gradient), its top-k indices (each set keeping a valid key, as the
+/// centroid attention's top-k always does) and assignments, and its key lengths.
+struct TopBackwardInputs {
+    ix: Indices,
+    floats: [Host4; 6],
+    key_lengths: &'static [usize],
+}
+
+impl TopBackwardInputs {
+    fn new(
+        (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths): TopGradCase,
+        seed: u64,
+    ) -> Self {
+        let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
+        for (row, top) in ix.topk.chunks_mut(k).enumerate() {
+            let valid = key_lengths[row / (heads * clusters)] as i64;
+            if top.iter().all(|&t| t >= valid) {
+                top[0] = 0;
+            }
+        }
+        let mut mass = normal([batch, heads, clusters, 1], seed + 4);
+        for m in &mut mass.data {
+            *m = m.abs() / (1.0 + m.abs());
+        }
+        let floats = [
+            normal([batch, heads, len, dim], seed + 1),
+            normal([batch, heads, keys_len, dim], seed + 2),
+            normal([batch, heads, keys_len, dim_v], seed + 3),
+            mass,
+            normal([batch, heads, clusters, dim_v], seed + 5),
+            normal([batch, heads, len, dim_v], seed + 6),
+        ];
+        Self {
+            ix,
+            floats,
+            key_lengths,
         }
     }
-    let mut mass = normal([batch, heads, clusters, 1], seed + 4);
-    for m in &mut mass.data {
-        *m = m.abs() / (1.0 + m.abs());
-    }
-    let inputs = [
-        normal([batch, heads, len, dim], seed + 1),
-        normal([batch, heads, keys_len, dim], seed + 2),
-        normal([batch, heads, keys_len, dim_v], seed + 3),
-        mass,
-        normal([batch, heads, clusters, dim_v], seed + 5),
-    ];
-    let outer = normal([batch, heads, len, dim_v], seed + 6);
-    type Forward<B> = fn(
-        [FloatTensor<A<B>>; 3],
-        ClusterTop<A<B>>,
-        Option<burn::tensor::ops::IntTensor<A<B>>>,
-        f64,
-    ) -> FloatTensor<A<B>>;
-    // Gradients of Σ out ⊙ outer.
-    let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-        let x: Vec<Tensor<A<B>, 4>> = inputs
-            .iter()
-            .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
-            .collect();
-        let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-        let (topk, assignments) = ix.tensors::<A<B>>();
-        let clusters_top = ClusterTop {
-            assignments: assignments.into_primitive(),
-            topk: topk.into_primitive(),
-            mass: float_in(3),
-            rest: float_in(4),
+
+    /// The gradients of the queries, keys, values, mass and rest by `backward` (the backend's
+    /// op or its default body), with scale 0.4.
+    #[allow(clippy::type_complexity)]
+    fn backward<B: ClusteringBackend>(
+        &self,
+        backward: fn(
+            FloatTensor<B>,
+            FloatTensor<B>,
+            FloatTensor<B>,
+            ClusterTop<B>,
+            Option<burn::tensor::ops::IntTensor<B>>,
+            f64,
+            FloatTensor<B>,
+        ) -> TopAttentionGrads<B>,
+    ) -> Vec<Tensor<B, 4>> {
+        let device = Default::default();
+        let float_in = |i: usize| {
+            self.floats[i]
+                .to_tensor::<B>(&device)
+                .into_primitive()
+                .tensor()
         };
-        let lengths = Some(lengths::<A<B>>(key_lengths, &device).into_primitive());
-        let out = forward(
-            [float_in(0), float_in(1), float_in(2)],
-            clusters_top,
-            lengths,
-            scale,
-        );
-        let loss = (float::<A<B>>(out) * outer.to_tensor::<A<B>>(&device)).sum();
-        let grads = loss.backward();
-        x.iter()
-            .map(|x| x.grad(&grads).expect("a gradient"))
-            .collect()
-    };
-    let expected =
-        gradients(|[q, k, v], c, l, s| reference::top_attention::<A<B>>(q, k, v, c, l, s));
-    let backend = gradients(|[q, k, v], c, l, s| A::<B>::top_attention(q, k, v, c, l, s));
-    let default_body = {
-        let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
-        let (topk, assignments) = ix.tensors::<B>();
-        let grads = reference::top_attention_backward::<B>(
+        let (topk, assignments) = self.ix.tensors::<B>();
+        let grads = backward(
             float_in(0),
             float_in(1),
             float_in(2),
@@ -722,9 +719,9 @@ fn top_attention_gradients_case<B: ClusteringBackend>(
                 mass: float_in(3),
                 rest: float_in(4),
             },
-            Some(lengths::<B>(key_lengths, &device).into_primitive()),
-            scale,
-            outer.to_tensor::<B>(&device).into_primitive().tensor(),
+            Some(lengths::<B>(self.key_lengths, &device).into_primitive()),
+            0.4,
+            float_in(5),
         );
         [
             grads.queries,
@@ -735,8 +732,53 @@ fn top_attention_gradients_case<B: ClusteringBackend>(
         ]
         .into_iter()
         .map(float::<B>)
-        .collect::<Vec<_>>()
+        .collect()
+    }
+}
+
+fn top_attention_gradients_case<B: ClusteringBackend>(n: usize, case: TopGradCase, seed: u64) {
+    type A<B> = Autodiff<B>;
+    let device = Default::default();
+    let scale = 0.4;
+    let input = TopBackwardInputs::new(case, seed);
+    type Forward<B> = fn(
+        [FloatTensor<A<B>>; 3],
+        ClusterTop<A<B>>,
+        Option<burn::tensor::ops::IntTensor<A<B>>>,
+        f64,
+    ) -> FloatTensor<A<B>>;
+    // Gradients of Σ out ⊙ outer.
+    let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
+        let x: Vec<Tensor<A<B>, 4>> = input.floats[..5]
+            .iter()
+            .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+            .collect();
+        let float_in = |i: usize| x[i].clone().into_primitive().tensor();
+        let (topk, assignments) = input.ix.tensors::<A<B>>();
+        let clusters_top = ClusterTop {
+            assignments: assignments.into_primitive(),
+            topk: topk.into_primitive(),
+            mass: float_in(3),
+            rest: float_in(4),
+        };
+        let lengths = Some(lengths::<A<B>>(input.key_lengths, &device).into_primitive());
+        let out = forward(
+            [float_in(0), float_in(1), float_in(2)],
+            clusters_top,
+            lengths,
+            scale,
+        );
+        let outer = input.floats[5].to_tensor::<A<B>>(&device);
+        let loss = (float::<A<B>>(out) * outer).sum();
+        let grads = loss.backward();
+        x.iter()
+            .map(|x| x.grad(&grads).expect("a gradient"))
+            .collect()
     };
+    let expected =
+        gradients(|[q, k, v], c, l, s| reference::top_attention::<A<B>>(q, k, v, c, l, s));
+    let backend = gradients(|[q, k, v], c, l, s| A::<B>::top_attention(q, k, v, c, l, s));
+    let default_body = input.backward::<B>(reference::top_attention_backward::<B>);
     let names = ["queries", "keys", "values", "mass", "rest"];
     for (body, got) in [("backend", backend), ("default body", default_body)] {
         for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
@@ -755,60 +797,25 @@ fn top_attention_gradients_case<B: ClusteringBackend>(
 /// key and value gradients are added in cluster order either way): clusters of several hundred
 /// queries, one of them empty, padded keys and queries, keys in the top-k of several clusters.
 fn top_attention_backward_split_is_exact<B: ClusteringBackend>() {
-    let device = Default::default();
     // Few keys, so that most are in the top-k of several clusters, and of both halves.
-    let (batch, heads, len, keys_len, dim, dim_v, clusters, k) = (1, 2, 2500, 24, 16, 12, 6, 9);
-    let key_lengths = [20];
-    let mut ix = indices(batch, heads, len, keys_len, clusters, k, 141);
-    for a in &mut ix.assignments[..len] {
+    let len = 2500;
+    let mut input = TopBackwardInputs::new((1, 2, len, 24, 16, 12, 6, 9, &[20]), 141);
+    for a in &mut input.ix.assignments[..len] {
         if *a == 2 {
             *a = 3; // cluster 2 of the first head is empty
         }
     }
-    let mut mass = normal([batch, heads, clusters, 1], 145);
-    for m in &mut mass.data {
-        *m = m.abs() / (1.0 + m.abs());
-    }
-    let inputs = [
-        normal([batch, heads, len, dim], 142),
-        normal([batch, heads, keys_len, dim], 143),
-        normal([batch, heads, keys_len, dim_v], 144),
-        mass,
-        normal([batch, heads, clusters, dim_v], 146),
-        normal([batch, heads, len, dim_v], 147),
-    ];
     let gradients = |threads: usize| -> Vec<Vec<f32>> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .expect("a thread pool");
         pool.install(|| {
-            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
-            let (topk, assignments) = ix.tensors::<B>();
-            let grads = B::top_attention_backward(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                ClusterTop {
-                    assignments: assignments.into_primitive(),
-                    topk: topk.into_primitive(),
-                    mass: float_in(3),
-                    rest: float_in(4),
-                },
-                Some(lengths::<B>(&key_lengths, &device).into_primitive()),
-                0.4,
-                float_in(5),
-            );
-            [
-                grads.queries,
-                grads.keys,
-                grads.values,
-                grads.mass,
-                grads.rest,
-            ]
-            .into_iter()
-            .map(|x| float::<B>(x).into_data().to_vec::<f32>().expect("f32"))
-            .collect()
+            input
+                .backward::<B>(B::top_attention_backward)
+                .into_iter()
+                .map(|x| x.into_data().to_vec::<f32>().expect("f32"))
+                .collect()
         })
     };
     let (one, four) = (gradients(1), gradients(4));
