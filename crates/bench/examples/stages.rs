@@ -26,22 +26,23 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// E = D, C and topk of every stage (batch 1).
 const SHAPE: (usize, usize, usize) = (64, 100, 32);
 
-/// Heads of every stage (`STAGE_HEADS`, default 4).
-fn heads() -> usize {
-    std::env::var("STAGE_HEADS")
+/// The positive number in the environment variable `name`, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(4)
+        .unwrap_or(default)
         .max(1)
+}
+
+/// Heads of every stage (`STAGE_HEADS`, default 4).
+fn heads() -> usize {
+    env_count("STAGE_HEADS", 4)
 }
 
 /// Runs per stage, after a warm-up (`STAGE_RUNS`, default 5).
 fn runs() -> usize {
-    std::env::var("STAGE_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(5)
-        .max(1)
+    env_count("STAGE_RUNS", 5)
 }
 
 /// Minimum and median of synchronised runs after a warm-up; a stage whose name does not contain

@@ -1870,7 +1870,10 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     let mut grad_values = vec![0f32; rows * keys_len * dim_v];
     let mut grad_mass = vec![0f32; rows * num_clusters];
     let mut grad_rest = vec![0f32; rows * num_clusters * dim_v];
-    let members: Vec<Members> = (0..rows).map(|row| sparse.members(row)).collect();
+    let members: Vec<Members> = (0..rows)
+        .into_par_iter()
+        .map(|row| sparse.members(row))
+        .collect();
     let most = |row: usize, clusters: std::ops::Range<usize>| {
         clusters
             .map(|j| members[row].of(j).len().min(MEMBER_CHUNK))
