@@ -1,11 +1,18 @@
 //! [`CubeBackend`] (WGPU, Vulkan, CUDA without fusion): hashing, K-means, the top-k and the
 //! sparse products as CubeCL kernels ([`crate::kernels`]). Nothing is read back to the host
 //! but the query lengths, when given (the initial centroids are drawn on the host).
+//!
+//! The kernels index every buffer linearly, so each one they read or write is contiguous:
+//! inputs go through `into_contiguous`, and outputs and scratch buffers are allocated with
+//! `empty_device_contiguous_dtype`. Burn's default allocation (`empty_device_dtype`) may pad
+//! each row: on CUDA, cubecl-runtime's `PitchedMemoryLayoutPolicy` rounds a row's bytes up to
+//! a multiple of a power of two between 16 and 512, and a linear write then lands partly in the
+//! padding and partly in the wrong rows.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Shape, Tensor, TensorData, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -103,7 +110,7 @@ fn lsh_hash<R: CubeRuntime>(
     let (queries, planes) = (into_contiguous(queries), into_contiguous(planes));
     let client = queries.client.clone();
     let rows = batch * heads * len;
-    let codes = empty_device_dtype(
+    let codes = empty_device_contiguous_dtype(
         client.clone(),
         queries.device.clone(),
         Shape::new([batch, heads, len]),
@@ -163,24 +170,27 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     );
     let centroids = into_contiguous(codes.clone().gather(1, positions).into_primitive());
     let codes = into_contiguous(codes.into_primitive());
-    let row_lengths =
+    let row_lengths = into_contiguous(
         Tensor::<B<R, F, I, BT>, 1, Int>::from_data(TensorData::new(row_lengths, [rows]), options)
-            .into_primitive();
-    let assignments = empty_device_dtype(
+            .into_primitive(),
+    );
+    let assignments = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
         Shape::new([rows, len]),
         dtype,
     );
-    let counts = empty_device_dtype(
+    let counts = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
         Shape::new([rows, clusters]),
         dtype,
     );
 
-    let votes =
-        Tensor::<B<R, F, I, BT>, 2, Int>::zeros([rows, clusters * VOTES], options).into_primitive();
+    // Burn's `zeros` may pitch its rows (CUDA does); the kernels index `votes` linearly.
+    let votes = into_contiguous(
+        Tensor::<B<R, F, I, BT>, 2, Int>::zeros([rows, clusters * VOTES], options).into_primitive(),
+    );
 
     let shared = clusters <= SHARED_CENTROIDS;
     let assign = || {
@@ -260,7 +270,7 @@ fn topk_indices<R: CubeRuntime>(
     check_topk(k, len);
     let scores = into_contiguous(scores);
     let client = scores.client.clone();
-    let indices = empty_device_dtype(
+    let indices = empty_device_contiguous_dtype(
         client.clone(),
         scores.device.clone(),
         Shape::new([batch, heads, rows, k]),
@@ -338,7 +348,7 @@ fn sparse_product<R: CubeRuntime>(
     check_indices(&topk, &assignments, [batch, heads], len);
     let (float_dtype, int_dtype) = (first.dtype, topk.dtype);
     let client = first.client.clone();
-    let output = empty_device_dtype(
+    let output = empty_device_contiguous_dtype(
         client.clone(),
         first.device.clone(),
         Shape::new([batch, heads, len, last]),
@@ -423,7 +433,7 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     let (client, device) = (weights.client.clone(), weights.device.clone());
     let bh = batch * heads;
     let u32_tensor = |dims: Vec<usize>| {
-        empty_device_dtype(
+        empty_device_contiguous_dtype(
             client.clone(),
             device.clone(),
             Shape::from(dims),
@@ -466,7 +476,7 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     );
 
     // Per cluster and slot, the sum of its queries' products, kept in f32 until the last sum.
-    let slot_sums = empty_device_dtype(
+    let slot_sums = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
         Shape::new([bh, clusters, k, features]),
@@ -486,9 +496,10 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
     );
 
     // For every key, the slots that hold it, then the sum of their slot sums.
-    let slots =
+    let slots = into_contiguous(
         Tensor::<B<R, F, I, BT>, 3, Int>::full([bh, clusters, keys_len], -1, (&device, DType::I32))
-            .into_primitive();
+            .into_primitive(),
+    );
     let topk = into_contiguous(topk);
     invert_topk_kernel::launch::<R>(
         &client,
@@ -498,7 +509,7 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         slots.clone().into_tensor_arg(),
         int_dtype.into(),
     );
-    let output = empty_device_dtype(
+    let output = empty_device_contiguous_dtype(
         client.clone(),
         device,
         Shape::new([batch, heads, keys_len, features]),
