@@ -105,19 +105,21 @@ fn assignments<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions
 
 /// Full attention against the f64 reference, with query padding, key padding and S ≠ L.
 pub fn full_matches_reference<B: ClusteringBackend>() {
+    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 1);
     let diff = max_abs_diff(
         &full::<B>(&case),
         &full_reference(&case.q, &case.k, &case.v, &case.setup()),
     );
     assert!(
-        diff <= TOLERANCE,
+        diff <= tolerance,
         "full attention vs reference: max abs diff {diff}"
     );
 }
 
 /// Clustered == full when clusters ≥ valid queries; improved == full when topk ≥ S.
 pub fn exact_regime_equals_full<B: ClusteringBackend>() {
+    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 2);
     let reference = full_reference(&case.q, &case.k, &case.v, &case.setup());
 
@@ -125,13 +127,13 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
         let out = clustered::<B>(&case, &ClusteringOptions::new(clusters));
         let diff = max_abs_diff(&out, &reference);
         assert!(
-            diff <= TOLERANCE,
+            diff <= tolerance,
             "clustered ({clusters} clusters ≥ L) vs full: {diff}"
         );
         let out = improved::<B>(&case, &ClusteringOptions::new(clusters), 3);
         let diff = max_abs_diff(&out, &reference);
         assert!(
-            diff <= TOLERANCE,
+            diff <= tolerance,
             "improved ({clusters} clusters ≥ L, topk 3) vs full: {diff}"
         );
     }
@@ -139,7 +141,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
         let out = improved::<B>(&case, &ClusteringOptions::new(3), topk);
         let diff = max_abs_diff(&out, &reference);
         assert!(
-            diff <= TOLERANCE,
+            diff <= tolerance,
             "improved (topk {topk} ≥ S, 3 clusters) vs full: {diff}"
         );
     }
@@ -156,7 +158,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
                     for (d, expected) in row.iter().enumerate() {
                         let diff = (out.at(b, h, i, d) - expected).abs();
                         assert!(
-                            diff <= TOLERANCE,
+                            diff <= tolerance,
                             "clustered, batch item {b} with ≤ C queries: {diff}"
                         );
                     }
@@ -179,6 +181,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
 /// Clustered and improved attention against the f64 references computed from the same
 /// assignments (C < L, topk < S), with padding.
 pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
+    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(48, 37, 8, 6, 3);
     let clustering = ClusteringOptions::new(5).with_seed(11);
     let assignments = assignments::<B>(&case, &clustering);
@@ -186,21 +189,23 @@ pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
 
     let reference = clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup);
     let diff = max_abs_diff(&clustered::<B>(&case, &clustering), &reference);
-    assert!(diff <= TOLERANCE, "clustered vs reference: {diff}");
+    assert!(diff <= tolerance, "clustered vs reference: {diff}");
 
     for topk in [1, 4, 13] {
         let reference = improved_reference(&case.q, &case.k, &case.v, &assignments, topk, &setup);
         let diff = max_abs_diff(&improved::<B>(&case, &clustering, topk), &reference);
         assert!(
-            diff <= TOLERANCE,
+            diff <= tolerance,
             "improved (topk {topk}) vs reference: {diff}"
         );
     }
 }
 
-/// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query. With identity
-/// values (D = S) the outputs are the attention matrices themselves.
+/// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query (+ 5e-3 on CUDA,
+/// whose f32 matmul rounds to TF32: [`crate::common::matmul_tolerance`]). With identity values
+/// (D = S) the outputs are the attention matrices themselves.
 pub fn proposition_2<B: ClusteringBackend>() {
+    let slack = crate::common::matmul_tolerance::<B>(1e-6);
     for (seed, clusters, topk) in [(4, 3, 5), (5, 6, 2), (6, 2, 16)] {
         let mut case = Case::padded(36, 30, 8, 1, seed);
         case.v = identity_values(3, 2, 30);
@@ -221,7 +226,7 @@ pub fn proposition_2<B: ClusteringBackend>() {
                     };
                     let (improved_error, clustered_error) = (l1(&improved), l1(&clustered));
                     assert!(
-                        improved_error <= clustered_error + 1e-6,
+                        improved_error <= clustered_error + slack,
                         "Proposition 2 fails at batch {b}, head {h}, query {i}: \
                          ‖Aᵗ − A‖₁ = {improved_error} > ‖Aᶜ − A‖₁ = {clustered_error}"
                     );
