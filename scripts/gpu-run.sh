@@ -5,8 +5,13 @@
 # clustered and improved in f32, bf16 and f16 at L = 16384 and 65536).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
-# Writes to RESULTS_DIR: summary.md (device, test summary, the benchmark tables), tests.log,
-# bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG).
+# Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables),
+# tests.log, bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG).
+#
+# Each CUDA test runs in a process of its own: a kernel that faults leaves the CUDA context
+# unusable, and in one process every later test would fail with it. Time caps, in seconds:
+# TEST_TIMEOUT_S per test (default 120), TEST_JOBS tests at once (default 4),
+# BENCH_TIMEOUT_S per benchmark table (default 900).
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
@@ -33,17 +38,42 @@ fi
     echo '```'
 } >"$out/summary.md"
 
-# Every CUDA test of the suite (they are #[ignore]d where no GPU is).
-"$bin/suite" --ignored cuda --test-threads=1 2>&1 | tee "$out/tests.log"
-tests_status=${PIPESTATUS[0]}
+# Every CUDA test of the suite (they are #[ignore]d where no GPU is), each in its own process.
+mkdir -p "$work/tests" "$work/tables"
+"$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
+run_test() {
+    timeout "${TEST_TIMEOUT_S:-120}" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
+        >"$work/tests/$1.log" 2>&1
+    echo "exit status $?" >>"$work/tests/$1.log"
+}
+while read -r name; do
+    while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-4}" ]; do wait -n; done
+    run_test "$name" &
+done <"$work/test-list"
+wait
+tests_failed=0
 {
     echo
-    echo "## CUDA tests (exit status $tests_status)"
+    echo "## CUDA tests, one process each"
     echo
     echo '```'
-    grep -E '^test result|FAILED|panicked' "$out/tests.log"
+    while read -r name; do
+        log="$work/tests/$name.log"
+        if grep -q '^test result: ok. 1 passed' "$log"; then
+            echo "ok      $name"
+        else
+            tests_failed=$((tests_failed + 1))
+            echo "FAILED  $name ($(tail -1 "$log"); 124 = over TEST_TIMEOUT_S)"
+            grep -m1 -A2 'panicked at' "$log" | sed 's/^/        /' | cut -c1-300
+        fi
+    done <"$work/test-list"
+    echo "$tests_failed of $(wc -l <"$work/test-list") failed"
     echo '```'
 } >>"$out/summary.md"
+while read -r name; do
+    echo "===== $name"
+    cat "$work/tests/$name.log"
+done <"$work/test-list" >"$out/tests.log"
 
 bench_status=0
 : >"$out/bench.log"
@@ -51,15 +81,15 @@ bench_status=0
 bench_table() {
     local name=$1 title=$2
     shift 2
-    "$bin/bench" --backends cuda --runs 5 --memory-gib 70 --out-dir "$work" --name "$name" "$@" \
-        2>&1 | tee -a "$out/bench.log"
+    timeout "${BENCH_TIMEOUT_S:-900}" "$bin/bench" --backends cuda --runs 5 --memory-gib 70 \
+        --out-dir "$work/tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
     {
         echo
         echo "## $title (exit status $status)"
         echo
-        cat "$work/$name.md" 2>/dev/null
+        cat "$work/tables/$name.md" 2>/dev/null
     } >>"$out/summary.md"
 }
 for mode in forward train; do
@@ -75,7 +105,7 @@ for mode in forward train; do
             --heads 4 --lengths 16384,65536 --only clustered,improved
     done
 done
-tar czf "$out/results.tar.gz" -C "$work" .
+tar czf "$out/results.tar.gz" -C "$work/tables" .
 rm -rf "$work" "$bin"
 echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz"
-[ "$tests_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+[ "$tests_failed" -eq 0 ] && [ "$bench_status" -eq 0 ]
