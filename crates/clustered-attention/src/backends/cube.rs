@@ -124,14 +124,29 @@ fn lsh_hash<R: CubeRuntime>(
         &client,
         cube_count(rows.div_ceil(tile), 1),
         CubeDim::new_1d(tile as u32),
-        queries.into_tensor_arg(),
-        planes.into_tensor_arg(),
-        codes.clone().into_tensor_arg(),
+        linear(queries),
+        linear(planes),
+        linear(codes.clone()),
         dim,
         tile,
         [float_dtype.into(), int_dtype.into()],
     );
     codes
+}
+
+/// `tensor` as the argument of a kernel, which indexes it linearly.
+///
+/// # Panics
+/// If `tensor` is not contiguous (row-major, no padding): a pitched buffer, as CUDA allocates by
+/// default, would be read and written at the wrong places.
+fn linear<R: CubeRuntime>(tensor: CubeTensor<R>) -> TensorArg<R> {
+    assert!(
+        tensor.is_contiguous(),
+        "a kernel argument must be contiguous, got shape {:?} with strides {:?}",
+        tensor.meta.shape(),
+        tensor.meta.strides(),
+    );
+    tensor.into_tensor_arg()
 }
 
 /// Threads per cube of the K-means kernels.
@@ -198,10 +213,10 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
-            codes.clone().into_tensor_arg(),
-            centroids.clone().into_tensor_arg(),
-            row_lengths.clone().into_tensor_arg(),
-            assignments.clone().into_tensor_arg(),
+            linear(codes.clone()),
+            linear(centroids.clone()),
+            linear(row_lengths.clone()),
+            linear(assignments.clone()),
             clusters,
             shared,
             dtype.into(),
@@ -212,9 +227,9 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
-            codes.clone().into_tensor_arg(),
-            assignments.clone().into_tensor_arg(),
-            votes.clone().into_tensor_arg(),
+            linear(codes.clone()),
+            linear(assignments.clone()),
+            linear(votes.clone()),
             clusters,
             clusters <= SHARED_VOTES,
             update,
@@ -224,10 +239,10 @@ fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
             &client,
             cube_count(clusters.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS.min(clusters.next_power_of_two()) as u32),
-            votes.clone().into_tensor_arg(),
-            row_lengths.clone().into_tensor_arg(),
-            centroids.clone().into_tensor_arg(),
-            counts.clone().into_tensor_arg(),
+            linear(votes.clone()),
+            linear(row_lengths.clone()),
+            linear(centroids.clone()),
+            linear(counts.clone()),
             update,
             dtype.into(),
         )
@@ -287,8 +302,8 @@ fn topk_indices<R: CubeRuntime>(
         &client,
         cube_count(all_rows, 1),
         CubeDim::new_1d(units as u32),
-        reshape(scores, Shape::new([all_rows, len])).into_tensor_arg(),
-        reshape(indices.clone(), Shape::new([all_rows, k])).into_tensor_arg(),
+        linear(reshape(scores, Shape::new([all_rows, len]))),
+        linear(reshape(indices.clone(), Shape::new([all_rows, k]))),
         k,
         units,
         [float_dtype.into(), int_dtype.into()],
@@ -357,18 +372,12 @@ fn sparse_product<R: CubeRuntime>(
     let width = width(last);
     let units = batch * heads * len * last / width;
     let [first, second, topk, assignments] =
-        [first, second, topk, assignments].map(|x| into_contiguous(x).into_tensor_arg());
+        [first, second, topk, assignments].map(|x| linear(into_contiguous(x)));
     launch(
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        [
-            first,
-            second,
-            topk,
-            assignments,
-            output.clone().into_tensor_arg(),
-        ],
+        [first, second, topk, assignments, linear(output.clone())],
         width,
         [float_dtype.into(), int_dtype.into()],
     );
@@ -451,8 +460,8 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        assignments.clone().into_tensor_arg(),
-        offsets.clone().into_tensor_arg(),
+        linear(assignments.clone()),
+        linear(offsets.clone()),
         clusters,
         int_dtype.into(),
     );
@@ -460,17 +469,17 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         &client,
         CubeCount::Static(bh as u32, 1, 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        offsets.clone().into_tensor_arg(),
-        starts.clone().into_tensor_arg(),
+        linear(offsets.clone()),
+        linear(starts.clone()),
         clusters,
     );
     cluster_order_kernel::launch::<R>(
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        assignments.into_tensor_arg(),
-        offsets.into_tensor_arg(),
-        order.clone().into_tensor_arg(),
+        linear(assignments),
+        linear(offsets),
+        linear(order.clone()),
         SPARSE_THREADS,
         int_dtype.into(),
     );
@@ -487,11 +496,11 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        into_contiguous(weights).into_tensor_arg(),
-        into_contiguous(x).into_tensor_arg(),
-        order.into_tensor_arg(),
-        starts.into_tensor_arg(),
-        slot_sums.clone().into_tensor_arg(),
+        linear(into_contiguous(weights)),
+        linear(into_contiguous(x)),
+        linear(order),
+        linear(starts),
+        linear(slot_sums.clone()),
         float_dtype.into(),
     );
 
@@ -505,8 +514,8 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         &client,
         cube_count((bh * clusters * k).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        topk.into_tensor_arg(),
-        slots.clone().into_tensor_arg(),
+        linear(topk),
+        linear(slots.clone()),
         int_dtype.into(),
     );
     let output = empty_device_contiguous_dtype(
@@ -519,9 +528,9 @@ fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElemen
         &client,
         cube_count((bh * keys_len).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
-        slots.into_tensor_arg(),
-        slot_sums.into_tensor_arg(),
-        output.clone().into_tensor_arg(),
+        linear(slots),
+        linear(slot_sums),
+        linear(output.clone()),
         float_dtype.into(),
     );
     output
