@@ -10,8 +10,8 @@
 #
 # Each CUDA test runs in a process of its own: a kernel that faults leaves the CUDA context
 # unusable, and in one process every later test would fail with it. Time caps, in seconds:
-# TEST_TIMEOUT_S per test (default 120), TEST_JOBS tests at once (default 4),
-# BENCH_TIMEOUT_S per benchmark table (default 900).
+# TEST_TIMEOUT_S per test (default 300, as a test compiles the kernels it is the first to use),
+# TEST_JOBS tests at once (default 4), BENCH_TIMEOUT_S per benchmark table (default 900).
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
@@ -41,8 +41,9 @@ fi
 # Every CUDA test of the suite (they are #[ignore]d where no GPU is), each in its own process.
 mkdir -p "$work/tests" "$work/tables"
 "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
+[ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
 run_test() {
-    timeout "${TEST_TIMEOUT_S:-120}" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
+    timeout -k 10 "${TEST_TIMEOUT_S:-300}" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
         >"$work/tests/$1.log" 2>&1
     echo "exit status $?" >>"$work/tests/$1.log"
 }
@@ -81,7 +82,7 @@ bench_status=0
 bench_table() {
     local name=$1 title=$2
     shift 2
-    timeout "${BENCH_TIMEOUT_S:-900}" "$bin/bench" --backends cuda --runs 5 --memory-gib 70 \
+    timeout -k 10 "${BENCH_TIMEOUT_S:-900}" "$bin/bench" --backends cuda --runs 5 --memory-gib 70 \
         --out-dir "$work/tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status

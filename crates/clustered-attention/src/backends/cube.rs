@@ -285,13 +285,15 @@ fn topk_indices<R: CubeRuntime>(
     check_topk(k, len);
     let scores = into_contiguous(scores);
     let client = scores.client.clone();
+    let all_rows = batch * heads * rows;
+    // Written as `[all_rows, k]` and reshaped after, so that the tensor returned is the one the
+    // kernel wrote, whatever `reshape` does.
     let indices = empty_device_contiguous_dtype(
         client.clone(),
         scores.device.clone(),
-        Shape::new([batch, heads, rows, k]),
+        Shape::new([all_rows, k]),
         int_dtype,
     );
-    let all_rows = batch * heads * rows;
     // A power of two: one list of k per unit in shared memory, and no more units than scores.
     let units = (TOPK_SHARED / k)
         .min(TOPK_UNITS)
@@ -303,12 +305,12 @@ fn topk_indices<R: CubeRuntime>(
         cube_count(all_rows, 1),
         CubeDim::new_1d(units as u32),
         linear(reshape(scores, Shape::new([all_rows, len]))),
-        linear(reshape(indices.clone(), Shape::new([all_rows, k]))),
+        linear(indices.clone()),
         k,
         units,
         [float_dtype.into(), int_dtype.into()],
     );
-    indices
+    reshape(indices, Shape::new([batch, heads, rows, k]))
 }
 
 /// Threads per cube of the element-wise sparse kernels.
