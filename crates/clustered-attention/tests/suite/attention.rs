@@ -106,7 +106,7 @@ fn assignments<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions
 
 /// Full attention against the f64 reference, with query padding, key padding and S ≠ L.
 pub fn full_matches_reference<B: ClusteringBackend>() {
-    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 1);
     let diff = max_abs_diff(
         &full::<B>(&case),
@@ -120,7 +120,7 @@ pub fn full_matches_reference<B: ClusteringBackend>() {
 
 /// Clustered == full when clusters ≥ valid queries; improved == full when topk ≥ S.
 pub fn exact_regime_equals_full<B: ClusteringBackend>() {
-    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 2);
     let reference = full_reference(&case.q, &case.k, &case.v, &case.setup());
 
@@ -182,7 +182,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
 /// Clustered and improved attention against the f64 references computed from the same
 /// assignments (C < L, topk < S), with padding.
 pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
-    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(48, 37, 8, 6, 3);
     let clustering = ClusteringOptions::new(5).with_seed(11);
     let assignments = assignments::<B>(&case, &clustering);
@@ -203,10 +203,10 @@ pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
 }
 
 /// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query (+ 5e-3 on CUDA,
-/// whose f32 matmul rounds to TF32: [`crate::common::matmul_tolerance`]). With identity values
+/// whose f32 matmul rounds to TF32: [`matmul_tolerance`]). With identity values
 /// (D = S) the outputs are the attention matrices themselves.
 pub fn proposition_2<B: ClusteringBackend>() {
-    let slack = crate::common::matmul_tolerance::<B>(1e-6);
+    let slack = matmul_tolerance::<B>(1e-6);
     for (seed, clusters, topk) in [(4, 3, 5), (5, 6, 2), (6, 2, 16)] {
         let mut case = Case::padded(36, 30, 8, 1, seed);
         case.v = identity_values(3, 2, 30);

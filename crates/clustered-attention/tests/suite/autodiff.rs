@@ -129,7 +129,7 @@ fn norm(a: &[f64]) -> f64 {
 
 /// Gradients reach queries, keys and values through clustered and improved attention, and in
 /// the exact regime equal full attention's to 1e-4 (5e-3 on CUDA, whose f32 matmul rounds to
-/// TF32: [`crate::common::matmul_tolerance`]).
+/// TF32: [`matmul_tolerance`]).
 fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteringBackend>() {
     let q = clustered_queries([2, 2, 24, 8], 3, 1.0, 31);
     let k = normal([2, 2, 19, 8], 32);
@@ -169,7 +169,7 @@ fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteringBackend>
         ] {
             let diff = max_diff(a, b);
             assert!(
-                diff <= crate::common::matmul_tolerance::<B>(1e-4),
+                diff <= matmul_tolerance::<B>(1e-4),
                 "{kind:?} (exact regime): gradient of {name} differs from full by {diff}"
             );
         }

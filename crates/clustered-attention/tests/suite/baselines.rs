@@ -263,7 +263,7 @@ pub fn buckets_and_sort_match_reference<B: ClusteringBackend>() {
 /// lsh-X against the reference, for 1 and 4 rounds, chunks dividing L or not, the default and
 /// explicit bucket counts, with padded sequences.
 pub fn lsh_matches_reference<B: ClusteringBackend>() {
-    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     for (len, rounds, chunk, buckets, seed) in [
         (64, 1, 8, None, 1),
         (70, 4, 8, None, 2),
@@ -290,7 +290,7 @@ pub fn lsh_matches_reference<B: ClusteringBackend>() {
 /// One chunk covering the sequence: lsh-X attends to every valid key, so it equals
 /// shared-full, which equals its own reference.
 pub fn one_chunk_lsh_equals_shared_full<B: ClusteringBackend>() {
-    let tolerance = crate::common::matmul_tolerance::<B>(TOLERANCE);
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = SharedCase::new(40, 8, 4, 9);
     let shared = run_shared_full::<B>(&case);
     let diff = max_abs_diff(&shared, &shared_full_reference(&case));

@@ -288,13 +288,13 @@ fn attention_softmax_matches_reference<B: ClusteringBackend>() {
 /// returned top-k (all of it with `topk` 0) and the top-k weights to 1e-5, the top-k sets by
 /// score (a chosen key may differ only among scores within 1e-5 of the k-th best); on CUDA
 /// 5e-3 instead of 1e-5, relative to the k-th best score when it exceeds 1
-/// ([`crate::common::matmul_tolerance`]), with padded
+/// ([`matmul_tolerance`]), with padded
 /// keys, `topk` from 0 to S, shapes small enough for one thread and large enough for several,
 /// and one (batch, head) with enough clusters for the host loops to split its rows between
 /// threads (on a machine with two or more).
 fn centroid_attention_matches_loops<B: ClusteringBackend>() {
     let device = Default::default();
-    let tolerance = crate::common::matmul_tolerance::<B>(1e-5);
+    let tolerance = matmul_tolerance::<B>(1e-5);
     // TF32 rounds a score relative to its size; f32 elsewhere keeps 1e-5 absolute.
     let score_slack = |kth: f64| {
         if tolerance > 1e-5 {
