@@ -13,7 +13,8 @@
 # TEST_TIMEOUT_S per test (default 300, as a test compiles the kernels it is the first to use),
 # TEST_JOBS tests at once (default 4), BENCH_TIMEOUT_S per benchmark table (default 900).
 # BENCH_LENGTHS (default 1024,4096,16384,65536) and BENCH_RUNS (default 5) shorten the
-# 4- and 8-head tables.
+# 4- and 8-head tables. Tests that stop on a memory fault run again under compute-sanitizer
+# (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
@@ -79,6 +80,44 @@ while read -r name; do
     echo "===== $name"
     cat "$work/tests/$name.log"
 done <"$work/test-list" >"$out/tests.log"
+
+# A test that stopped on a memory fault runs again under compute-sanitizer's memcheck, which
+# names the kernel, the thread and the address: the first SANITIZE_TESTS of them (default 2),
+# SANITIZE_TIMEOUT_S each (default 240), when the sanitizer is installed.
+sanitizer=$(command -v compute-sanitizer ||
+    find /usr/local/cuda*/bin /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
+faulted=$(while read -r name; do
+    grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS)' \
+        "$work/tests/$name.log" && echo "$name"
+done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
+if [ -n "$faulted" ]; then
+    {
+        echo
+        echo "## Faulting tests under compute-sanitizer --tool memcheck"
+        echo
+        echo '```'
+        if [ -z "$sanitizer" ]; then
+            echo "compute-sanitizer not found (PATH, /usr/local/cuda*/bin, /opt)"
+        fi
+    } >>"$out/summary.md"
+    if [ -n "$sanitizer" ]; then
+        mkdir -p "$out/sanitizer"
+        for name in $faulted; do
+            log="$out/sanitizer/$name.log"
+            CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
+                timeout -k 10 "${SANITIZE_TIMEOUT_S:-240}" "$sanitizer" --tool memcheck \
+                --print-limit 20 "$bin/suite" --ignored --exact "$name" --test-threads=1 \
+                >"$log" 2>&1
+            echo "exit status $?" >>"$log"
+            {
+                echo "$name ($(tail -1 "$log"); 124 = over SANITIZE_TIMEOUT_S)"
+                grep -E '^=+ +(Invalid|Program hit|at |by thread|Address|Saved host)' "$log" |
+                    head -12 | sed 's/^/    /' | cut -c1-300
+            } >>"$out/summary.md"
+        done
+    fi
+    echo '```' >>"$out/summary.md"
+fi
 
 bench_status=0
 : >"$out/bench.log"
