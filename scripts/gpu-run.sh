@@ -6,7 +6,8 @@
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables),
-# tests.log, bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG).
+# tests.log, bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG). Until the
+# run completes, the tests' logs are in RESULTS_DIR/tests/ and the tables in RESULTS_DIR/tables/.
 #
 # Each CUDA test runs in a process of its own: a kernel that faults leaves the CUDA context
 # unusable, and in one process every later test would fail with it. Time caps, in seconds:
@@ -42,15 +43,20 @@ fi
 } >"$out/summary.md"
 
 # Every CUDA test of the suite (they are #[ignore]d where no GPU is), each in its own process.
-mkdir -p "$work/tests" "$work/tables"
+# The tests' logs and the tables go to RESULTS_DIR as they are written, so that a run cut short
+# still leaves what it did; once complete they are gathered into tests.log and results.tar.gz.
+tests="$out/tests"
+tables="$out/tables"
+rm -rf "$tests" "$tables"
+mkdir -p "$tests" "$tables"
 "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
 [ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
 run_test() {
     # The tests check values, not speed: Burn's matmul needs no autotuning for them.
     CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
         timeout -k 10 "${TEST_TIMEOUT_S:-300}" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
-        >"$work/tests/$1.log" 2>&1
-    echo "exit status $?" >>"$work/tests/$1.log"
+        >"$tests/$1.log" 2>&1
+    echo "exit status $?" >>"$tests/$1.log"
 }
 while read -r name; do
     while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-4}" ]; do wait -n; done
@@ -64,7 +70,7 @@ tests_failed=0
     echo
     echo '```'
     while read -r name; do
-        log="$work/tests/$name.log"
+        log="$tests/$name.log"
         if grep -q '^test result: ok. 1 passed' "$log"; then
             echo "ok      $name"
         else
@@ -78,7 +84,7 @@ tests_failed=0
 } >>"$out/summary.md"
 while read -r name; do
     echo "===== $name"
-    cat "$work/tests/$name.log"
+    cat "$tests/$name.log"
 done <"$work/test-list" >"$out/tests.log"
 
 # A test that stopped on a memory fault runs again under compute-sanitizer's memcheck, which
@@ -88,7 +94,7 @@ sanitizer=$(command -v compute-sanitizer ||
     find /usr/local/cuda*/bin /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
 faulted=$(while read -r name; do
     grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS)' \
-        "$work/tests/$name.log" && echo "$name"
+        "$tests/$name.log" && echo "$name"
 done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
 if [ -n "$faulted" ]; then
     {
@@ -126,14 +132,14 @@ bench_table() {
     local name=$1 title=$2
     shift 2
     timeout -k 10 "${BENCH_TIMEOUT_S:-900}" "$bin/bench" --backends cuda --runs "${BENCH_RUNS:-5}" \
-        --memory-gib 70 --out-dir "$work/tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
+        --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
     {
         echo
         echo "## $title (exit status $status)"
         echo
-        cat "$work/tables/$name.md" 2>/dev/null
+        cat "$tables/$name.md" 2>/dev/null
     } >>"$out/summary.md"
 }
 for mode in forward train; do
@@ -149,7 +155,7 @@ for mode in forward train; do
             --heads 4 --lengths 16384,65536 --only clustered,improved
     done
 done
-tar czf "$out/results.tar.gz" -C "$work/tables" .
-rm -rf "$work" "$bin"
+tar czf "$out/results.tar.gz" -C "$tables" .
+rm -rf "$work" "$bin" "$tests" "$tables"
 echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz"
 [ "$tests_failed" -eq 0 ] && [ "$bench_status" -eq 0 ]
