@@ -16,6 +16,11 @@
 # BENCH_LENGTHS (default 1024,4096,16384,65536) and BENCH_RUNS (default 5) shorten the
 # 4- and 8-head tables. Tests that stop on a memory fault run again under compute-sanitizer
 # (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
+# BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
+# train-h4, train-h8, then forward-f32, forward-bf16, forward-f16, train-f32, train-bf16,
+# train-f16. RUN_DEADLINE_S (default none), the seconds the whole run may take: the sanitizer
+# runs and tables get at most what is left of it, less 20 s for the results, and are skipped
+# (said so in summary.md) when under 30 s is left.
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
@@ -87,6 +92,18 @@ while read -r name; do
     cat "$tests/$name.log"
 done <"$work/test-list" >"$out/tests.log"
 
+# within_deadline LIMIT: LIMIT, or less to end within RUN_DEADLINE_S (20 s kept for the
+# results); nothing, and status 1, when under 30 s would be left.
+within_deadline() {
+    local limit=$1
+    if [ -n "${RUN_DEADLINE_S:-}" ]; then
+        local left=$((RUN_DEADLINE_S - SECONDS - 20))
+        [ "$left" -ge 30 ] || return 1
+        [ "$left" -ge "$limit" ] || limit=$left
+    fi
+    echo "$limit"
+}
+
 # A test that stopped on a memory fault runs again under compute-sanitizer's memcheck, which
 # names the kernel, the thread and the address: the first SANITIZE_TESTS of them (default 2),
 # SANITIZE_TIMEOUT_S each (default 240), when the sanitizer is installed.
@@ -110,8 +127,12 @@ if [ -n "$faulted" ]; then
         mkdir -p "$out/sanitizer"
         for name in $faulted; do
             log="$out/sanitizer/$name.log"
+            if ! limit=$(within_deadline "${SANITIZE_TIMEOUT_S:-240}"); then
+                echo "$name (skipped: RUN_DEADLINE_S reached)" >>"$out/summary.md"
+                continue
+            fi
             CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
-                timeout -k 10 "${SANITIZE_TIMEOUT_S:-240}" "$sanitizer" --tool memcheck \
+                timeout -k 10 "$limit" "$sanitizer" --tool memcheck \
                 --print-limit 20 "$bin/suite" --ignored --exact "$name" --test-threads=1 \
                 >"$log" 2>&1
             echo "exit status $?" >>"$log"
@@ -129,9 +150,16 @@ bench_status=0
 : >"$out/bench.log"
 # bench_table NAME TITLE ARGS...: one benchmark run, its table appended to summary.md.
 bench_table() {
-    local name=$1 title=$2
+    local name=$1 title=$2 limit
     shift 2
-    timeout -k 10 "${BENCH_TIMEOUT_S:-900}" "$bin/bench" --backends cuda --runs "${BENCH_RUNS:-5}" \
+    if [ -n "${BENCH_TABLES:-}" ] && [[ ",$BENCH_TABLES," != *",${name#cuda-},"* ]]; then
+        return
+    fi
+    if ! limit=$(within_deadline "${BENCH_TIMEOUT_S:-900}"); then
+        printf '\n## %s (skipped: RUN_DEADLINE_S reached)\n' "$title" >>"$out/summary.md"
+        return
+    fi
+    timeout -k 10 "$limit" "$bin/bench" --backends cuda --runs "${BENCH_RUNS:-5}" \
         --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
