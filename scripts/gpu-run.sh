@@ -6,24 +6,30 @@
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables),
-# tests.log, bench.log and results.tar.gz (every table as markdown, CSV, JSON and SVG). Until the
-# run completes, the tests' logs are in RESULTS_DIR/tests/ and the tables in RESULTS_DIR/tables/.
+# tests.log, bench.log, results.tar.gz (every table as markdown, CSV, JSON and SVG) and, for tests
+# that faulted, sanitizer/. Until the run completes, the tests' logs are in
+# RESULTS_DIR/cuda-tests/ and the tables in RESULTS_DIR/cuda-tables/.
 #
 # Each CUDA test runs in a process of its own: a kernel that faults leaves the CUDA context
 # unusable, and in one process every later test would fail with it. Time caps, in seconds:
 # TEST_TIMEOUT_S per test (default 300, as a test compiles the kernels it is the first to use),
 # TEST_JOBS tests at once (default 4), BENCH_TIMEOUT_S per benchmark table (default 900).
-# BENCH_LENGTHS (default 1024,4096,16384,65536) and BENCH_RUNS (default 5) shorten the
-# 4- and 8-head tables. Tests that stop on a memory fault run again under compute-sanitizer
-# (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
+# BENCH_LENGTHS (default 1024,4096,16384,65536) shortens the 4- and 8-head tables, BENCH_RUNS
+# (default 5) sets the runs of every table. Tests that stop on a memory fault run again under
+# compute-sanitizer (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8, then forward-f32, forward-bf16, forward-f16, train-f32, train-bf16,
-# train-f16. RUN_DEADLINE_S (default none), the seconds the whole run may take: the sanitizer
-# runs and tables get at most what is left of it, less 20 s for the results, and are skipped
-# (said so in summary.md) when under 30 s is left.
+# train-f16. RUN_DEADLINE_S (default none), seconds: each test, sanitizer run and table gets at
+# most what is left of it, less 20 s for the results, and is skipped (said so in summary.md)
+# when under 30 s would be left; the run then ends within about RUN_DEADLINE_S.
 set -uo pipefail
+if [ -n "${RUN_DEADLINE_S:-}" ] && ! [[ $RUN_DEADLINE_S =~ ^[0-9]+$ ]]; then
+    echo "RUN_DEADLINE_S must be a number of seconds, got '$RUN_DEADLINE_S'" >&2
+    exit 2
+fi
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
+[ -n "$out" ] || { echo "cannot use the results folder ${1:-${OUT:-gpu-results}}" >&2; exit 2; }
 work=$(mktemp -d)
 bin=$(mktemp -d)
 for name in bench suite; do
@@ -47,51 +53,6 @@ fi
     echo '```'
 } >"$out/summary.md"
 
-# Every CUDA test of the suite (they are #[ignore]d where no GPU is), each in its own process.
-# The tests' logs and the tables go to RESULTS_DIR as they are written, so that a run cut short
-# still leaves what it did; once complete they are gathered into tests.log and results.tar.gz.
-tests="$out/tests"
-tables="$out/tables"
-rm -rf "$tests" "$tables"
-mkdir -p "$tests" "$tables"
-"$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
-[ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
-run_test() {
-    # The tests check values, not speed: Burn's matmul needs no autotuning for them.
-    CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
-        timeout -k 10 "${TEST_TIMEOUT_S:-300}" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
-        >"$tests/$1.log" 2>&1
-    echo "exit status $?" >>"$tests/$1.log"
-}
-while read -r name; do
-    while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-4}" ]; do wait -n; done
-    run_test "$name" &
-done <"$work/test-list"
-wait
-tests_failed=0
-{
-    echo
-    echo "## CUDA tests, one process each"
-    echo
-    echo '```'
-    while read -r name; do
-        log="$tests/$name.log"
-        if grep -q '^test result: ok. 1 passed' "$log"; then
-            echo "ok      $name"
-        else
-            tests_failed=$((tests_failed + 1))
-            echo "FAILED  $name ($(tail -1 "$log"); 124 = over TEST_TIMEOUT_S)"
-            grep -m1 -A2 'panicked at' "$log" | sed 's/^/        /' | cut -c1-300
-        fi
-    done <"$work/test-list"
-    echo "$tests_failed of $(wc -l <"$work/test-list") failed"
-    echo '```'
-} >>"$out/summary.md"
-while read -r name; do
-    echo "===== $name"
-    cat "$tests/$name.log"
-done <"$work/test-list" >"$out/tests.log"
-
 # within_deadline LIMIT: LIMIT, or less to end within RUN_DEADLINE_S (20 s kept for the
 # results); nothing, and status 1, when under 30 s would be left.
 within_deadline() {
@@ -104,14 +65,70 @@ within_deadline() {
     echo "$limit"
 }
 
+# Every CUDA test of the suite (they are #[ignore]d where no GPU is), each in its own process.
+# The tests' logs and the tables go to RESULTS_DIR as they are written, so that a run cut short
+# still leaves what it did; once complete they are gathered into tests.log and results.tar.gz.
+tests="$out/cuda-tests"
+tables="$out/cuda-tables"
+rm -rf "$tests" "$tables" "$out/sanitizer"
+mkdir -p "$tests" "$tables"
+"$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
+[ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
+run_test() {
+    local limit
+    if ! limit=$(within_deadline "${TEST_TIMEOUT_S:-300}"); then
+        echo "skipped: RUN_DEADLINE_S reached" >"$tests/$1.log"
+        return
+    fi
+    # The tests check values, not speed: Burn's matmul needs no autotuning for them.
+    CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
+        timeout -k 10 "$limit" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
+        >"$tests/$1.log" 2>&1
+    echo "exit status $?" >>"$tests/$1.log"
+}
+while read -r name; do
+    while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-4}" ]; do wait -n; done
+    run_test "$name" &
+done <"$work/test-list"
+wait
+tests_failed=0
+tests_skipped=0
+{
+    echo
+    echo "## CUDA tests, one process each"
+    echo
+    echo '```'
+    while read -r name; do
+        log="$tests/$name.log"
+        if grep -q '^test result: ok. 1 passed' "$log"; then
+            echo "ok      $name"
+        elif grep -q '^skipped: RUN_DEADLINE_S' "$log"; then
+            tests_skipped=$((tests_skipped + 1))
+            echo "SKIPPED $name (RUN_DEADLINE_S reached)"
+        else
+            tests_failed=$((tests_failed + 1))
+            echo "FAILED  $name ($(tail -1 "$log"); 124 = over its time limit)"
+            grep -m1 -A2 'panicked at' "$log" | sed 's/^/        /' | cut -c1-300
+        fi
+    done <"$work/test-list"
+    echo "$tests_failed of $(wc -l <"$work/test-list") failed, $tests_skipped skipped"
+    echo '```'
+} >>"$out/summary.md"
+while read -r name; do
+    echo "===== $name"
+    cat "$tests/$name.log"
+done <"$work/test-list" >"$out/tests.log"
+
 # A test that stopped on a memory fault runs again under compute-sanitizer's memcheck, which
 # names the kernel, the thread and the address: the first SANITIZE_TESTS of them (default 2),
 # SANITIZE_TIMEOUT_S each (default 240), when the sanitizer is installed.
 sanitizer=$(command -v compute-sanitizer ||
     find /usr/local/cuda*/bin /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
 faulted=$(while read -r name; do
-    grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS)' \
-        "$tests/$name.log" && echo "$name"
+    log="$tests/$name.log"
+    ! grep -q '^test result: ok. 1 passed' "$log" &&
+        grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|LAUNCH_FAILED)' \
+            "$log" && echo "$name"
 done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
 if [ -n "$faulted" ]; then
     {
@@ -125,6 +142,9 @@ if [ -n "$faulted" ]; then
     } >>"$out/summary.md"
     if [ -n "$sanitizer" ]; then
         mkdir -p "$out/sanitizer"
+        # memcheck's error lines, where the fault happened, and its count of errors.
+        headlines='^=+ (Invalid|Illegal|Misaligned|Out-of-range|Warp|Program hit|ERROR SUMMARY)'
+        headlines+='|^=+ +(at |by thread|Address)'
         for name in $faulted; do
             log="$out/sanitizer/$name.log"
             if ! limit=$(within_deadline "${SANITIZE_TIMEOUT_S:-240}"); then
@@ -137,8 +157,8 @@ if [ -n "$faulted" ]; then
                 >"$log" 2>&1
             echo "exit status $?" >>"$log"
             {
-                echo "$name ($(tail -1 "$log"); 124 = over SANITIZE_TIMEOUT_S)"
-                grep -E '^=+ +(Invalid|Program hit|at |by thread|Address|Saved host)' "$log" |
+                echo "$name ($(tail -1 "$log"); 124 = over its time limit)"
+                grep -E "$headlines" "$log" |
                     head -12 | sed 's/^/    /' | cut -c1-300
             } >>"$out/summary.md"
         done
@@ -152,7 +172,7 @@ bench_status=0
 bench_table() {
     local name=$1 title=$2 limit
     shift 2
-    if [ -n "${BENCH_TABLES:-}" ] && [[ ",$BENCH_TABLES," != *",${name#cuda-},"* ]]; then
+    if [ -n "${BENCH_TABLES:-}" ] && [[ ",${BENCH_TABLES// /}," != *",${name#cuda-},"* ]]; then
         return
     fi
     if ! limit=$(within_deadline "${BENCH_TIMEOUT_S:-900}"); then
@@ -165,7 +185,7 @@ bench_table() {
     [ "$status" -eq 0 ] || bench_status=$status
     {
         echo
-        echo "## $title (exit status $status)"
+        echo "## $title (exit status $status; 124 = over its time limit, $limit s)"
         echo
         cat "$tables/$name.md" 2>/dev/null
     } >>"$out/summary.md"
@@ -185,5 +205,5 @@ for mode in forward train; do
 done
 tar czf "$out/results.tar.gz" -C "$tables" .
 rm -rf "$work" "$bin" "$tests" "$tables"
-echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz"
-[ "$tests_failed" -eq 0 ] && [ "$bench_status" -eq 0 ]
+echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz (and sanitizer/ for faults)"
+[ "$tests_failed" -eq 0 ] && [ "$tests_skipped" -eq 0 ] && [ "$bench_status" -eq 0 ]
