@@ -10,7 +10,7 @@
 
 use std::sync::OnceLock;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use clustered_attention::ops::reference;
 use clustered_attention::{ClusteringBackend, hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
@@ -174,6 +174,17 @@ pub fn kernels_match_reference<B: ClusteringBackend>() {
     }
 }
 
+/// The half-precision checks of `half.rs` in `dtype` on the fused backend `F` and on the
+/// unfused `CubeBackend` `U` of the same runtime.
+fn half_precision_matches_reference<F: ClusteringBackend, U: ClusteringBackend>(dtype: DType) {
+    crate::half::attention_matches_reference::<F>(dtype);
+    crate::half::exact_regime_equals_full::<F>(dtype);
+    crate::baselines::half_baselines_match_reference::<F>(dtype);
+    crate::half::hashing_and_kmeans_match_reference::<F>(dtype);
+    crate::half::attention_matches_reference::<U>(dtype);
+    crate::half::hashing_and_kmeans_match_reference::<U>(dtype);
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -319,13 +330,8 @@ mod wgpu {
                 eprintln!("skipped: the WGPU adapter does not support {dtype:?}");
                 continue;
             }
-            crate::half::attention_matches_reference::<Wgpu>(dtype);
-            crate::half::exact_regime_equals_full::<Wgpu>(dtype);
-            crate::baselines::half_baselines_match_reference::<Wgpu>(dtype);
-            crate::half::hashing_and_kmeans_match_reference::<Wgpu>(dtype);
             type Unfused = CubeBackend<WgpuRuntime, f32, i32, u32>;
-            crate::half::attention_matches_reference::<Unfused>(dtype);
-            crate::half::hashing_and_kmeans_match_reference::<Unfused>(dtype);
+            super::half_precision_matches_reference::<Wgpu, Unfused>(dtype);
         }
     }
 
@@ -365,20 +371,27 @@ mod cuda {
         super::kernels_match_reference::<Autodiff<Cuda>>();
     }
 
-    /// The half-precision checks of `half.rs` in `f16` and `bf16`, fused and unfused, and the
-    /// layer trained in `bf16`.
+    type Unfused = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+    /// The half-precision checks of `half.rs` in `f16`, fused and unfused (one test per dtype,
+    /// so that each compiles only its own kernels and reports on its own).
     #[test]
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]
-    fn half_precision_matches_reference() {
-        for dtype in [DType::F16, DType::BF16] {
-            crate::half::attention_matches_reference::<Cuda>(dtype);
-            crate::half::exact_regime_equals_full::<Cuda>(dtype);
-            crate::baselines::half_baselines_match_reference::<Cuda>(dtype);
-            crate::half::hashing_and_kmeans_match_reference::<Cuda>(dtype);
-            type Unfused = CubeBackend<CudaRuntime, f32, i32, u8>;
-            crate::half::attention_matches_reference::<Unfused>(dtype);
-            crate::half::hashing_and_kmeans_match_reference::<Unfused>(dtype);
-        }
+    fn half_precision_f16_matches_reference() {
+        super::half_precision_matches_reference::<Cuda, Unfused>(DType::F16);
+    }
+
+    /// As [`half_precision_f16_matches_reference`] in `bf16`.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn half_precision_bf16_matches_reference() {
+        super::half_precision_matches_reference::<Cuda, Unfused>(DType::BF16);
+    }
+
+    /// The layer trains one batch to near-zero loss in `bf16`.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn layer_trains_one_batch_in_bf16() {
         crate::half::layer_trains_one_batch::<Autodiff<Cuda>>(FloatDType::BF16);
     }
 }
