@@ -91,6 +91,8 @@ while read -r name; do
     run_test "$name" &
 done <"$work/test-list"
 wait
+# passed LOG: whether the test whose log is LOG passed.
+passed() { grep -q '^test result: ok. 1 passed' "$1"; }
 tests_failed=0
 tests_skipped=0
 {
@@ -100,7 +102,7 @@ tests_skipped=0
     echo '```'
     while read -r name; do
         log="$tests/$name.log"
-        if grep -q '^test result: ok. 1 passed' "$log"; then
+        if passed "$log"; then
             echo "ok      $name"
         elif grep -q '^skipped: RUN_DEADLINE_S' "$log"; then
             tests_skipped=$((tests_skipped + 1))
@@ -126,7 +128,7 @@ sanitizer=$(command -v compute-sanitizer ||
     find /usr/local/cuda*/bin /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
 faulted=$(while read -r name; do
     log="$tests/$name.log"
-    ! grep -q '^test result: ok. 1 passed' "$log" &&
+    ! passed "$log" &&
         grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|LAUNCH_FAILED)' \
             "$log" && echo "$name"
 done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
