@@ -33,3 +33,10 @@ export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo test --workspace --locked \
     --features clustered-attention/wgpu,clustered-attention/cuda "$@"
+
+# The WGPU tests once more with tensors allocated as CUDA allocates them, each row padded to a
+# pitch: the layout bugs that only CUDA would show, found without a GPU (scripts/pitched-wgpu.sh;
+# PITCHED_WGPU=0 skips it).
+if [ "${PITCHED_WGPU:-1}" != 0 ]; then
+    bash scripts/pitched-wgpu.sh
+fi
