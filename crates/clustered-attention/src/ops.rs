@@ -25,7 +25,12 @@
 //! `Autodiff<B>` runs `B`'s fused ops forward and differentiates them with
 //! [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward) and
 //! [`top_attention_backward`](ClusteringBackend::top_attention_backward), which recompute
-//! the `[C, S]` and `[L, k]` softmax instead of keeping it.
+//! the `[C, S]` and `[L, k]` softmax instead of keeping it. Improved clustered attention calls
+//! them through [`improved_attention`](ClusteringBackend::improved_attention) (the centroids,
+//! both fused ops and the mass), which `Autodiff<B>` records as one node, differentiated by
+//! [`improved_attention_backward`](ClusteringBackend::improved_attention_backward): the CPU
+//! backends add the two ops' gradients of the keys and values, and the centroids' share of the
+//! queries', in place.
 //!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
 //! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
@@ -288,6 +293,89 @@ pub trait ClusteringBackend: Backend {
         )
     }
 
+    /// Improved clustered attention once the queries are clustered, in one op (paper eqs. 3–5
+    /// and 9–11): the centroids `scale · inverse_counts[j] · Σ_{i ∈ j} queries_i` (eq. 3, and
+    /// the scale of the scores), their [`Self::centroid_attention`] with the top-k keys, the
+    /// mass `m̂` of those keys (eq. 9) and [`Self::top_attention`] of every query.
+    ///
+    /// The default body composes those ops ([`reference::improved_attention`]). Its use is
+    /// the backward pass: `Autodiff<B>` records the whole as one node and differentiates it
+    /// with [`Self::improved_attention_backward`], so that the gradients of the keys and
+    /// values of the two fused ops, and of the queries through their centroids, are summed
+    /// where the backend can do so in place. Carries no gradient to `clusters`.
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+    ///   `values`: `[batch, heads, S, D]`
+    /// - `clusters`: [`QueryClusters`], `assignments` `[batch, heads, L]`, `inverse_counts`
+    ///   `[batch, heads, C, 1]`
+    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
+    /// - `topk`: in `1..=S`
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// As [`Self::centroid_attention`] and [`Self::top_attention`]; if `topk` is 0.
+    fn improved_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        reference::improved_attention::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            topk,
+            scale,
+        )
+    }
+
+    /// The gradients of [`Self::improved_attention`] with respect to `queries`, `keys` and
+    /// `values`, given its intermediate results `forward` (as
+    /// [`reference::improved_attention_forward`] returns them) and the gradient `grad` of its
+    /// output: [`Self::top_attention_backward`], then [`Self::centroid_attention_backward`]
+    /// of the rest's and the mass's gradients (the mass is the sum of the top-k weights), the
+    /// centroids' gradient spread back to their member queries (times `scale` and the
+    /// inverse count), and the sums of the two ops' gradients.
+    ///
+    /// The default body composes those ops ([`reference::improved_attention_backward`]); the
+    /// host loops of the CPU backends add the centroid attention's gradients of the keys and
+    /// values, and the centroids' share of the queries', into the top-k attention's in place.
+    ///
+    /// # Shapes
+    /// As [`Self::improved_attention`]; `grad`: `[batch, heads, L, D]`; the gradients have
+    /// the shapes of their inputs ([`AttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`Self::improved_attention`], and if `forward` or `grad` does not fit the inputs.
+    #[allow(clippy::too_many_arguments)]
+    fn improved_attention_backward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+        forward: ImprovedForward<Self>,
+        grad: FloatTensor<Self>,
+    ) -> AttentionGrads<Self> {
+        reference::improved_attention_backward::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            forward,
+            grad,
+        )
+    }
+
     /// Indices of the `k` largest scores of every row (the top-k keys of each cluster, paper
     /// §3.3), in descending order of score. Which of several equal scores is taken is up to
     /// the backend (the host loops and the CubeCL kernel take the lowest index; the default
@@ -422,6 +510,39 @@ pub struct TopAttentionGrads<B: Backend> {
     pub mass: FloatTensor<B>,
     /// `[batch, heads, C, D]`: of [`ClusterTop::rest`].
     pub rest: FloatTensor<B>,
+}
+
+/// The clustering of the queries that [`ClusteringBackend::improved_attention`] takes.
+#[derive(Clone, Debug)]
+pub struct QueryClusters<B: Backend> {
+    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
+    /// query.
+    pub assignments: IntTensor<B>,
+    /// `[batch, heads, C, 1]`: `1 / count` of each cluster's member queries, in the queries'
+    /// float type (any value for an empty cluster, which has no members to scale).
+    pub inverse_counts: FloatTensor<B>,
+}
+
+/// The intermediate results of [`ClusteringBackend::improved_attention`] that its backward
+/// pass takes.
+pub struct ImprovedForward<B: Backend> {
+    /// `[batch, heads, C, E]`: the scaled centroids.
+    pub centroids: FloatTensor<B>,
+    /// Their [`ClusteringBackend::centroid_attention`] with the top-k keys.
+    pub centroid_attention: CentroidAttention<B>,
+    /// `[batch, heads, C, 1]`: the mass `m̂` of each cluster's top-k keys (eq. 9).
+    pub mass: FloatTensor<B>,
+}
+
+/// The gradients of an attention with respect to its queries, keys and values, each of its
+/// input's shape.
+pub struct AttentionGrads<B: Backend> {
+    /// `[batch, heads, L, E]`.
+    pub queries: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
 }
 
 /// Positions of the initial centroids of [`ClusteringBackend::hamming_kmeans`], drawn on the

@@ -5,7 +5,7 @@
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::ClusteringBackend;
-use crate::ops::ClusterTop;
+use crate::ops::{ClusterTop, QueryClusters};
 
 /// Softmax over the last dimension with a division-free gradient
 /// (see [`ClusteringBackend::attention_softmax`]).
@@ -111,6 +111,45 @@ pub fn top_attention<B: ClusteringBackend>(
         values.into_primitive().tensor(),
         clusters,
         key_lengths.map(Tensor::into_primitive),
+        scale,
+    )))
+}
+
+/// [`ClusteringBackend::improved_attention`] on tensors: improved clustered attention (paper
+/// eqs. 3–5 and 9–11) once the queries are clustered; `inverse_counts` is `1 / count` of each
+/// cluster's members. `Autodiff<B>` differentiates it as one node with respect to `queries`,
+/// `keys` and `values`.
+///
+/// # Shapes
+/// `queries` `[batch, heads, L, E]`, `keys` `[batch, heads, S, E]`, `values`
+/// `[batch, heads, S, D]`, `assignments` `[batch, heads, L]` (in `0..C`, `-1` for a padded
+/// query), `inverse_counts` `[batch, heads, C, 1]`, `key_lengths` `[batch]`; `topk` in
+/// `1..=S`; output `[batch, heads, L, D]`.
+///
+/// # Panics
+/// As [`ClusteringBackend::improved_attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn improved_attention<B: ClusteringBackend>(
+    queries: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    assignments: Tensor<B, 3, Int>,
+    inverse_counts: Tensor<B, 4>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    topk: usize,
+    scale: f64,
+) -> Tensor<B, 4> {
+    let clusters = QueryClusters {
+        assignments: assignments.into_primitive(),
+        inverse_counts: inverse_counts.into_primitive().tensor(),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(B::improved_attention(
+        queries.into_primitive().tensor(),
+        keys.into_primitive().tensor(),
+        values.into_primitive().tensor(),
+        clusters,
+        key_lengths.map(Tensor::into_primitive),
+        topk,
         scale,
     )))
 }

@@ -4,9 +4,7 @@ use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::reference::rest_weights;
-use crate::sparse::{
-    attention_softmax, centroid_attention, sparse_dot, sparse_weighted_sum, top_attention,
-};
+use crate::sparse::{attention_softmax, improved_attention, sparse_dot, sparse_weighted_sum};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -75,62 +73,49 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
     );
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
     let grouping = Grouping::new(clusters, &queries);
-    let assignments = grouping.assignments.clone();
-
-    // Centroids (eq. 3), scaled: C × E products instead of C × S.
-    let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
-    // Dropout applies only under autodiff; without it, the fused ops serve both passes.
-    let fused = options.dropout == 0.0 || !B::ad_enabled(&centroids.device());
-    // Per cluster: the top-k keys, [batch, heads, C, k], their mass m̂ (eq. 9),
-    // [batch, heads, C, 1], and the rest of Aᶜ V, the keys outside the top-k keeping Aᶜ
-    // (eq. 10, second case), [batch, heads, C, D].
-    let (top, top_mass, rest_values) = if !fused {
-        // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S].
-        let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
-        let weights = attention_softmax(scores.clone());
-        // Ranking by score ranks by Aᶜ.
-        let top = top_keys(scores, topk);
-        let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
-        let weights = dropout(weights, options.dropout);
-        let top_weights = weights.clone().gather(3, top.clone());
-        let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
-            // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
-            // 1 and lose most of the rest's 8 or 11 bits.
-            rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
-        } else {
-            weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
-        };
-        (top, top_mass, rest_values)
-    } else {
-        // Without dropout, eqs. 4, 5, 9 and the rest of 10 in one op.
+    // Dropout applies only under autodiff; without it, one op serves both passes.
+    if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
+        // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
+        // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
+        // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
         let k = topk.min(keys.dims()[2]);
-        let (rest_values, top) = centroid_attention(
-            centroids,
-            keys.clone(),
-            values.clone(),
+        let inverse_counts = grouping.inverse_counts(queries.dtype());
+        return improved_attention(
+            queries,
+            keys,
+            values,
+            grouping.assignments,
+            inverse_counts,
             input.batch_key_lengths(),
             k,
+            input.scale,
         );
-        let (top, top_weights) = top.expect("k ≥ 1 gives the top-k");
-        (top, top_weights.sum_dim(3), rest_values)
+    }
+    let assignments = grouping.assignments.clone();
+
+    // With dropout, which masks the weights between the softmaxes and the products, step by
+    // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
+    let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
+    // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
+    // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,
+    // the keys outside the top-k keeping Aᶜ (eq. 10, second case), [batch, heads, C, D].
+    let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
+    let weights = attention_softmax(scores.clone());
+    // Ranking by score ranks by Aᶜ.
+    let top = top_keys(scores, topk);
+    let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
+    let weights = dropout(weights, options.dropout);
+    let top_weights = weights.clone().gather(3, top.clone());
+    let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
+        // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
+        // 1 and lose most of the rest's 8 or 11 bits.
+        rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
+    } else {
+        weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
     };
 
     // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
     // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
-    if fused {
-        // Without dropout, eqs. 10 and 11 in one op.
-        return top_attention(
-            queries,
-            keys,
-            values,
-            assignments,
-            top,
-            top_mass,
-            rest_values,
-            input.batch_key_lengths(),
-            input.scale,
-        );
-    }
     let mut top_scores =
         sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
     if let Some(lengths) = &input.key_lengths {

@@ -285,15 +285,20 @@ impl<B: ClusteringBackend> Grouping<B> {
             clusters,
         );
         // Multiply by 1 / count, a constant: the backward of a division goes through
-        // `recip`, which NdArray's SIMD path computes to only ~12 bits. The counts go to
-        // `f32` directly (in f16 a count above 65504 would be infinite, in bf16 one above 256
-        // inexact), and only 1 / count is rounded to the queries' dtype.
-        let counts = self.counts.clone().cast(FloatDType::F32).clamp_min(1.0);
-        let inverse_counts = Tensor::<B, 3>::ones(counts.dims(), (&sums.device(), DType::F32))
-            .div(counts)
-            .cast(sums.dtype())
-            .unsqueeze_dim::<4>(3);
+        // `recip`, which NdArray's SIMD path computes to only ~12 bits.
+        let inverse_counts = self.inverse_counts(sums.dtype());
         sums * inverse_counts
+    }
+
+    /// `1 / count` of each cluster's members (1 for an empty cluster), `[batch, heads, C, 1]`
+    /// in `dtype`. The counts go to `f32` directly (in f16 a count above 65504 would be
+    /// infinite, in bf16 one above 256 inexact), and only 1 / count is rounded to `dtype`.
+    pub fn inverse_counts(&self, dtype: DType) -> Tensor<B, 4> {
+        let counts = self.counts.clone().cast(FloatDType::F32).clamp_min(1.0);
+        Tensor::<B, 3>::ones(counts.dims(), (&counts.device(), DType::F32))
+            .div(counts)
+            .cast(dtype)
+            .unsqueeze_dim::<4>(3)
     }
 
     /// `[batch, heads, C]`, `rows[b, h, j] = j`: assignments that make each cluster its own

@@ -3,7 +3,11 @@
 //! backend's own sparse products, since the gradient of each is made of the other two; the
 //! centroid attention and the per-query top-k attention run the inner backend's fused ops
 //! forward and its [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward)
-//! and [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward.
+//! and [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward; the
+//! whole improved attention after clustering
+//! ([`improved_attention`](ClusteringBackend::improved_attention)) is one node, run forward as
+//! its default body composes the inner backend's ops and backward by the inner backend's
+//! [`improved_attention_backward`](ClusteringBackend::improved_attention_backward).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -14,7 +18,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::ClusteringBackend;
-use crate::ops::{CentroidAttention, ClusterTop};
+use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, reference};
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -200,6 +204,66 @@ impl<B: ClusteringBackend> Backward<B, 3> for CentroidAttentionOp {
     }
 }
 
+/// Backward state of the whole improved attention: its float inputs (of the inner backend),
+/// the clustering, the key lengths and the scale, and its intermediate results: the scaled
+/// centroids, the centroid attention's result (as [`CentroidState`]'s) and the mass.
+type ImprovedState<B> = (
+    [FloatTensor<B>; 3],
+    (IntTensor<B>, FloatTensor<B>),
+    Option<IntTensor<B>>,
+    f64,
+    (FloatTensor<B>, CentroidOutput<B>, FloatTensor<B>),
+);
+
+/// `out = improved_attention(q, k, v, clusters)`: the three gradients by the inner backend's
+/// `improved_attention_backward`.
+#[derive(Debug)]
+struct ImprovedAttention;
+
+impl<B: ClusteringBackend> Backward<B, 3> for ImprovedAttention {
+    type State = ImprovedState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (
+            [queries, keys, values],
+            (assignments, inverse_counts),
+            key_lengths,
+            scale,
+            (centroids, (out_values, top, log_sum_exp), mass),
+        ) = ops.state;
+        let forward = ImprovedForward {
+            centroids,
+            centroid_attention: CentroidAttention {
+                values: out_values,
+                top,
+                log_sum_exp,
+            },
+            mass,
+        };
+        let clusters = QueryClusters {
+            assignments,
+            inverse_counts,
+        };
+        let out = B::improved_attention_backward(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            forward,
+            grad,
+        );
+        let outputs = [out.queries, out.keys, out.values];
+        for (parent, grad) in ops.parents.into_iter().zip(outputs) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match AttentionSoftmax
@@ -299,6 +363,65 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
             }
             OpsKind::UnTracked(prep) => {
                 prep.finish(forward(floats, assignments, topk, key_lengths))
+            }
+        }
+    }
+
+    fn improved_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let nodes = [&queries, &keys, &values].map(|x| x.node.clone());
+        let floats = [queries, keys, values].map(|x| x.primitive);
+        // The clustering is a constant: its inverse counts carry no gradient.
+        let clusters = QueryClusters::<B> {
+            assignments: clusters.assignments,
+            inverse_counts: clusters.inverse_counts.primitive,
+        };
+        match ImprovedAttention
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let [q, k, v] = floats.clone();
+                let kept = (
+                    clusters.assignments.clone(),
+                    clusters.inverse_counts.clone(),
+                );
+                let (output, forward) = reference::improved_attention_forward::<B>(
+                    q,
+                    k,
+                    v,
+                    clusters,
+                    key_lengths.clone(),
+                    topk,
+                    scale,
+                );
+                let attention = forward.centroid_attention;
+                let kept_forward = (
+                    forward.centroids,
+                    (attention.values, attention.top, attention.log_sum_exp),
+                    forward.mass,
+                );
+                prep.finish((floats, kept, key_lengths, scale, kept_forward), output)
+            }
+            OpsKind::UnTracked(prep) => {
+                let [q, k, v] = floats;
+                prep.finish(B::improved_attention(
+                    q,
+                    k,
+                    v,
+                    clusters,
+                    key_lengths,
+                    topk,
+                    scale,
+                ))
             }
         }
     }

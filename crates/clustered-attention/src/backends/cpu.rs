@@ -69,6 +69,29 @@ macro_rules! host_ops {
             )
         }
 
+        #[allow(clippy::too_many_arguments)]
+        fn improved_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: QueryClusters<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            forward: ImprovedForward<Self>,
+            grad: FloatTensor<Self>,
+        ) -> AttentionGrads<Self> {
+            host::improved_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                forward,
+                grad,
+            )
+        }
+
         fn top_attention_backward(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -123,7 +146,10 @@ macro_rules! host_ops {
 mod ndarray {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
+    use crate::ops::{
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        QueryClusters, TopAttentionGrads,
+    };
     use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
     use burn::backend::ndarray::{NdArrayTensor, SharedArray};
     use burn::tensor::TensorMetadata;
@@ -188,7 +214,10 @@ mod ndarray {
 mod flex {
     use crate::ClusteringBackend;
     use crate::ops::host::{self, HostAccess};
-    use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusterTop, TopAttentionGrads};
+    use crate::ops::{
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        QueryClusters, TopAttentionGrads,
+    };
     use burn::backend::Flex;
     use burn::tensor::ops::{FloatTensor, IntTensor};
     use burn::tensor::{DType, Element, bf16, f16};

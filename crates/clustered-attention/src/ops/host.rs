@@ -938,6 +938,42 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     let (device, dtype) = (B::float_device(&centroids), centroids.dtype());
     let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];
+    let mut grad_vals = vec![0f32; batch * heads * keys_len * dim_v];
+    let grad_centroids = centroid_backward_into::<B>(
+        [centroids, keys, values],
+        key_lengths,
+        forward,
+        grad_values,
+        grad_top_weights,
+        (&mut grad_keys, &mut grad_vals),
+    );
+    super::CentroidAttentionGrads {
+        centroids: write_float::<B, 4>(
+            grad_centroids,
+            [batch, heads, clusters, dim],
+            &device,
+            dtype,
+        ),
+        keys: write_float::<B, 4>(grad_keys, [batch, heads, keys_len, dim], &device, dtype),
+        values: write_float::<B, 4>(grad_vals, [batch, heads, keys_len, dim_v], &device, dtype),
+    }
+}
+
+/// The body of [`centroid_attention_backward`] once its inputs are known to be on the host,
+/// with the log-sum-exps and the top-k (or neither): adds the keys' and values' gradients to
+/// `grad_keys` `[batch, heads, S, E]` and `grad_vals` `[batch, heads, S, D]` and returns the
+/// centroids' gradient `[batch, heads, C, E]`.
+fn centroid_backward_into<B: HostAccess + super::ClusteringBackend>(
+    [centroids, keys, values]: [FloatTensor<B>; 3],
+    key_lengths: Option<IntTensor<B>>,
+    forward: super::CentroidAttention<B>,
+    grad_values: FloatTensor<B>,
+    grad_top_weights: Option<FloatTensor<B>>,
+    (grad_keys, grad_vals): (&mut [f32], &mut [f32]),
+) -> Vec<f32> {
+    let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     reference::check_centroid_attention(
         [batch, heads, clusters, dim],
         dims::<B, 4>(&keys),
@@ -1009,8 +1045,12 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
     let chunks_of = |bh: usize| lengths[bh / heads].div_ceil(KEY_CHUNK);
     let chunks: usize = (0..batch * heads).map(chunks_of).sum();
     let mut partial = vec![0f32; chunks * clusters * dim];
-    let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];
-    let mut grad_vals = vec![0f32; batch * heads * keys_len * dim_v];
+    assert!(
+        grad_keys.len() == batch * heads * keys_len * dim
+            && grad_vals.len() == batch * heads * keys_len * dim_v,
+        "the keys' and values' gradient buffers must hold [batch, heads, S, E] and \
+         [batch, heads, S, D] floats"
+    );
     let no_top = [];
     B::with_f32(&centroids, |centroids| {
         B::with_f32(&keys, |keys| {
@@ -1091,16 +1131,7 @@ pub fn centroid_attention_backward<B: HostAccess + super::ClusteringBackend>(
             }
         }
     }
-    super::CentroidAttentionGrads {
-        centroids: write_float::<B, 4>(
-            grad_centroids,
-            [batch, heads, clusters, dim],
-            &device,
-            dtype,
-        ),
-        keys: write_float::<B, 4>(grad_keys, [batch, heads, keys_len, dim], &device, dtype),
-        values: write_float::<B, 4>(grad_vals, [batch, heads, keys_len, dim_v], &device, dtype),
-    }
+    grad_centroids
 }
 
 /// The `bh`-th run of `n` values of `x`.
@@ -1124,7 +1155,8 @@ struct CentroidHead<'a> {
 /// The backward of one [`CentroidHead`] against a run of its valid keys and values, from key
 /// `first` on, a block of up to [`CENTROID_ROWS`] rows against a part of [`KEY_PART`] keys at
 /// a time; `scratch` is two blocks of at least `min(C, 128) × KEY_PART` floats. Writes the
-/// run's share of the centroids' gradients, and the run's keys' and values' gradients.
+/// run's share of the centroids' gradients and adds the run's keys' and values' gradients to
+/// what `grad_keys` and `grad_values` hold.
 fn centroid_head_backward(
     head: &CentroidHead,
     first: usize,
@@ -1198,7 +1230,7 @@ fn centroid_head_backward(
                 );
                 // The keys' gradient dSᵀ · centroids.
                 matmul_add(
-                    r0 > 0,
+                    true,
                     [n, dim, rows],
                     (grad_keys.as_mut_ptr(), 1, dim as isize),
                     (grads.as_ptr(), n as isize, 1),
@@ -1206,7 +1238,7 @@ fn centroid_head_backward(
                 );
                 // The values' gradient Rᵀ · grad_out.
                 matmul_add(
-                    r0 > 0,
+                    true,
                     [n, dim_v, rows],
                     (grad_values.as_mut_ptr(), 1, dim_v as isize),
                     (weights.as_ptr(), n as isize, 1),
@@ -1845,6 +1877,164 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     let (device, dtype) = (B::float_device(&queries), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    let clusters_len = dims::<B, 4>(&clusters.mass)[2];
+    let g = top_backward_buffers::<B>(queries, keys, values, clusters, key_lengths, scale, grad);
+    super::TopAttentionGrads {
+        queries: write_float::<B, 4>(g.queries, [batch, heads, len, dim], &device, dtype),
+        keys: write_float::<B, 4>(g.keys, [batch, heads, keys_len, dim], &device, dtype),
+        values: write_float::<B, 4>(g.values, [batch, heads, keys_len, dim_v], &device, dtype),
+        mass: write_float::<B, 4>(g.mass, [batch, heads, clusters_len, 1], &device, dtype),
+        rest: write_float::<B, 4>(g.rest, [batch, heads, clusters_len, dim_v], &device, dtype),
+    }
+}
+
+/// Host
+/// [`ClusteringBackend::improved_attention_backward`](super::ClusteringBackend::improved_attention_backward)
+/// in `f32` (`f16` and `bf16` widened): the top-k attention's backward
+/// ([`top_attention_backward`]'s loops), then the centroid attention's
+/// ([`centroid_attention_backward`]'s loops) adding its keys' and values' gradients to the
+/// top-k attention's in place, then each valid query's row of the centroids' gradient, times
+/// `scale` and its cluster's inverse count, added to its gradient: no gradient tensor of the
+/// keys, values or queries is made twice and summed. Falls back to the default body when an
+/// input is not `f32`, `f16` or `bf16`, or the forward pass has no log-sum-exps.
+#[allow(clippy::too_many_arguments)]
+pub fn improved_attention_backward<B: HostAccess + super::ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: super::QueryClusters<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+    forward: super::ImprovedForward<B>,
+    grad: FloatTensor<B>,
+) -> super::AttentionGrads<B> {
+    let attention = &forward.centroid_attention;
+    let floats = [
+        &queries,
+        &keys,
+        &values,
+        &grad,
+        &clusters.inverse_counts,
+        &forward.centroids,
+        &forward.mass,
+        &attention.values,
+    ];
+    let host = floats.iter().all(|x| on_host::<B>(x))
+        && attention.top.as_ref().is_some_and(|(_, w)| on_host::<B>(w))
+        && attention
+            .log_sum_exp
+            .as_ref()
+            .is_some_and(|x| on_host::<B>(x));
+    let empty = [&queries, &keys, &values]
+        .iter()
+        .any(|x| x.shape().num_elements() == 0);
+    if !host || empty {
+        return reference::improved_attention_backward::<B>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            forward,
+            grad,
+        );
+    }
+    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
+    let num_clusters = reference::check_query_clusters([batch, heads, len, dim], &clusters);
+    let super::ImprovedForward {
+        centroids,
+        centroid_attention,
+        mass,
+    } = forward;
+    let (top, top_weights) = centroid_attention.top.clone().expect("checked above");
+    let top_shape = dims::<B, 4>(&top_weights);
+    let mut g = top_backward_buffers::<B>(
+        queries,
+        keys.clone(),
+        values.clone(),
+        super::ClusterTop {
+            assignments: clusters.assignments.clone(),
+            topk: top,
+            mass,
+            rest: centroid_attention.values.clone(),
+        },
+        key_lengths.clone(),
+        scale,
+        grad,
+    );
+    // m̂ is the sum of the top-k weights: each weight gets the mass's gradient.
+    let k = top_shape[3];
+    let grad_top: Vec<f32> = g
+        .mass
+        .iter()
+        .flat_map(|&m| std::iter::repeat_n(m, k))
+        .collect();
+    let grad_rest = std::mem::take(&mut g.rest);
+    let grad_centroids = centroid_backward_into::<B>(
+        [centroids, keys, values],
+        key_lengths,
+        centroid_attention,
+        write_float::<B, 4>(
+            grad_rest,
+            [batch, heads, num_clusters, dim_v],
+            &device,
+            dtype,
+        ),
+        Some(write_float::<B, 4>(grad_top, top_shape, &device, dtype)),
+        (&mut g.keys, &mut g.values),
+    );
+    // Each query's share of its cluster's centroid: scale / count of the centroid's gradient.
+    let assignments = B::ints_to_vec(clusters.assignments);
+    B::with_f32(&clusters.inverse_counts, |inverse_counts| {
+        for_each_row(&mut g.queries, batch * heads, len * dim, |bh, dq| {
+            let assignments = &assignments[bh * len..(bh + 1) * len];
+            let grad_centroids = &grad_centroids[bh * num_clusters * dim..][..num_clusters * dim];
+            let inverse_counts = &inverse_counts[bh * num_clusters..(bh + 1) * num_clusters];
+            for (row, &a) in dq.chunks_exact_mut(dim).zip(assignments) {
+                if a == NO_CLUSTER {
+                    continue;
+                }
+                let a = a as usize;
+                let factor = inverse_counts[a] * scale as f32;
+                for (o, &x) in row.iter_mut().zip(&grad_centroids[a * dim..(a + 1) * dim]) {
+                    *o += factor * x;
+                }
+            }
+        })
+    });
+    super::AttentionGrads {
+        queries: write_float::<B, 4>(g.queries, [batch, heads, len, dim], &device, dtype),
+        keys: write_float::<B, 4>(g.keys, [batch, heads, keys_len, dim], &device, dtype),
+        values: write_float::<B, 4>(g.values, [batch, heads, keys_len, dim_v], &device, dtype),
+    }
+}
+
+/// The host top-k attention backward's gradients as `f32` buffers, in row-major order: of the
+/// queries `[batch, heads, L, E]`, keys `[batch, heads, S, E]`, values `[batch, heads, S, D]`,
+/// mass `[batch, heads, C, 1]` and rest `[batch, heads, C, D]`.
+struct TopGradBuffers {
+    queries: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    mass: Vec<f32>,
+    rest: Vec<f32>,
+}
+
+/// The body of [`top_attention_backward`] once its inputs are known to be on the host.
+fn top_backward_buffers<B: HostAccess + super::ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: super::ClusterTop<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+    grad: FloatTensor<B>,
+) -> TopGradBuffers {
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     reference::check_top_attention(
         [batch, heads, len, dim],
         dims::<B, 4>(&keys),
@@ -2040,17 +2230,12 @@ pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
             })
         })
     });
-    super::TopAttentionGrads {
-        queries: write_float::<B, 4>(grad_queries, [batch, heads, len, dim], &device, dtype),
-        keys: write_float::<B, 4>(grad_keys, [batch, heads, keys_len, dim], &device, dtype),
-        values: write_float::<B, 4>(grad_values, [batch, heads, keys_len, dim_v], &device, dtype),
-        mass: write_float::<B, 4>(grad_mass, [batch, heads, num_clusters, 1], &device, dtype),
-        rest: write_float::<B, 4>(
-            grad_rest,
-            [batch, heads, num_clusters, dim_v],
-            &device,
-            dtype,
-        ),
+    TopGradBuffers {
+        queries: grad_queries,
+        keys: grad_keys,
+        values: grad_values,
+        mass: grad_mass,
+        rest: grad_rest,
     }
 }
 

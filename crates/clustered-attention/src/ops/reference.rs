@@ -15,8 +15,9 @@ use burn::tensor::{
 };
 
 use super::{
-    CentroidAttention, CentroidAttentionGrads, ClusterTop, ClusteringBackend, MAX_BITS, NO_CLUSTER,
-    TopAttentionGrads, host_lengths, initial_centroid_positions,
+    AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ClusteringBackend,
+    ImprovedForward, MAX_BITS, NO_CLUSTER, QueryClusters, TopAttentionGrads, host_lengths,
+    initial_centroid_positions,
 };
 
 /// Panics unless `1 ≤ bits ≤ 32`.
@@ -443,6 +444,182 @@ pub(crate) fn check_centroid_attention(
         "topk must be in 0..={} (the number of keys), got {topk}",
         keys[2]
     );
+}
+
+/// The clustering as the sparse products take it: each cluster a one-key "top-k" of its own
+/// index, `[batch, heads, C, 1]`, and unit weights for the queries, `[batch, heads, L, 1]` (in
+/// the queries' float type).
+fn cluster_identity<B: Backend>(
+    queries: &FloatTensor<B>,
+    clusters: usize,
+) -> (IntTensor<B>, FloatTensor<B>) {
+    let [batch, heads, len, _] = queries.shape().dims();
+    let device = B::float_device(queries);
+    let identity = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+        .reshape([1, 1, clusters, 1])
+        .expand([batch, heads, clusters, 1]);
+    let ones = Tensor::<B, 4>::ones([batch, heads, len, 1], (&device, queries.dtype()));
+    (identity.into_primitive(), float_out(ones))
+}
+
+/// Checks the shapes of a [`ClusteringBackend::improved_attention`] call's clustering and
+/// returns `C`.
+///
+/// # Panics
+/// If `assignments` is not `[batch, heads, L]` or `inverse_counts` not `[batch, heads, C, 1]`.
+pub(crate) fn check_query_clusters(
+    queries: [usize; 4],
+    clusters: &QueryClusters<impl Backend>,
+) -> usize {
+    let [batch, heads, len, _] = queries;
+    let assignments: [usize; 3] = clusters.assignments.shape().dims();
+    let inverse: [usize; 4] = clusters.inverse_counts.shape().dims();
+    assert!(
+        assignments == [batch, heads, len] && inverse[..2] == [batch, heads] && inverse[3] == 1,
+        "clusters.assignments {assignments:?} must be [batch, heads, L] = {:?} and \
+         clusters.inverse_counts {inverse:?} [batch, heads, C, 1]",
+        [batch, heads, len]
+    );
+    inverse[2]
+}
+
+/// Default body of [`ClusteringBackend::improved_attention`]: [`improved_attention_forward`]'s
+/// output.
+pub fn improved_attention<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: QueryClusters<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+    scale: f64,
+) -> FloatTensor<B> {
+    improved_attention_forward::<B>(queries, keys, values, clusters, key_lengths, topk, scale).0
+}
+
+/// [`ClusteringBackend::improved_attention`] composed of the backend's ops, with the
+/// intermediate results its backward pass takes: the centroids' sums by
+/// [`ClusteringBackend::sparse_scatter`], times the inverse counts and `scale`, their
+/// [`ClusteringBackend::centroid_attention`] with the top-k keys, the top-k weights' sum (the
+/// mass) and [`ClusteringBackend::top_attention`].
+///
+/// # Panics
+/// As [`ClusteringBackend::improved_attention`].
+pub fn improved_attention_forward<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: QueryClusters<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+    scale: f64,
+) -> (FloatTensor<B>, ImprovedForward<B>) {
+    assert!(topk > 0, "topk must be at least 1, got 0");
+    let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+    let (identity, ones) = cluster_identity::<B>(&queries, num_clusters);
+    let sums = B::sparse_scatter(
+        ones,
+        queries.clone(),
+        identity,
+        clusters.assignments.clone(),
+        num_clusters,
+    );
+    let centroids =
+        float_out((float4::<B>(sums) * float4::<B>(clusters.inverse_counts)).mul_scalar(scale));
+    let attention = B::centroid_attention(
+        centroids.clone(),
+        keys.clone(),
+        values.clone(),
+        key_lengths.clone(),
+        topk,
+    );
+    let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
+    let mass = float_out(float4::<B>(top_weights).sum_dim(3));
+    let output = B::top_attention(
+        queries,
+        keys,
+        values,
+        ClusterTop {
+            assignments: clusters.assignments,
+            topk: top,
+            mass: mass.clone(),
+            rest: attention.values.clone(),
+        },
+        key_lengths,
+        scale,
+    );
+    let forward = ImprovedForward {
+        centroids,
+        centroid_attention: attention,
+        mass,
+    };
+    (output, forward)
+}
+
+/// Default body of [`ClusteringBackend::improved_attention_backward`]:
+/// [`ClusteringBackend::top_attention_backward`], [`ClusteringBackend::centroid_attention_backward`]
+/// of the rest's gradient and of the mass's spread over the top-k weights, the centroids'
+/// gradient spread to their member queries by [`ClusteringBackend::sparse_weighted_sum`], and
+/// the sums of the gradients.
+///
+/// # Panics
+/// As [`ClusteringBackend::improved_attention_backward`].
+#[allow(clippy::too_many_arguments)]
+pub fn improved_attention_backward<B: ClusteringBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: QueryClusters<B>,
+    key_lengths: Option<IntTensor<B>>,
+    scale: f64,
+    forward: ImprovedForward<B>,
+    grad: FloatTensor<B>,
+) -> AttentionGrads<B> {
+    let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+    let ImprovedForward {
+        centroids,
+        centroid_attention,
+        mass,
+    } = forward;
+    let (top, top_weights) = centroid_attention
+        .top
+        .clone()
+        .expect("the forward pass of improved attention has the top-k");
+    let top_grads = B::top_attention_backward(
+        queries.clone(),
+        keys.clone(),
+        values.clone(),
+        ClusterTop {
+            assignments: clusters.assignments.clone(),
+            topk: top,
+            mass,
+            rest: centroid_attention.values.clone(),
+        },
+        key_lengths.clone(),
+        scale,
+        grad,
+    );
+    // m̂ is the sum of the top-k weights: each weight gets the mass's gradient.
+    let grad_top_weights = float4::<B>(top_grads.mass).expand(top_weights.shape().dims::<4>());
+    let centroid_grads = B::centroid_attention_backward(
+        centroids,
+        keys,
+        values,
+        key_lengths,
+        centroid_attention,
+        top_grads.rest,
+        Some(float_out(grad_top_weights)),
+    );
+    let grad_sums = float4::<B>(centroid_grads.centroids)
+        * float4::<B>(clusters.inverse_counts).mul_scalar(scale);
+    let (identity, ones) = cluster_identity::<B>(&queries, num_clusters);
+    let grad_queries =
+        B::sparse_weighted_sum(ones, float_out(grad_sums), identity, clusters.assignments);
+    AttentionGrads {
+        queries: float_out(float4::<B>(top_grads.queries) + float4::<B>(grad_queries)),
+        keys: float_out(float4::<B>(top_grads.keys) + float4::<B>(centroid_grads.keys)),
+        values: float_out(float4::<B>(top_grads.values) + float4::<B>(centroid_grads.values)),
+    }
 }
 
 /// Default body of [`ClusteringBackend::top_attention`]: the top-k scores by
