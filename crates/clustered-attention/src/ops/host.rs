@@ -1851,7 +1851,7 @@ struct TopPart {
 /// Host [`ClusteringBackend::top_attention_backward`](super::ClusteringBackend::top_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool (per run of its
 /// clusters when there are fewer `(batch, head)`s than threads and enough work) and per cluster
-/// ([`TopHead::cluster`]); the keys' and values' gradients of each cluster are added to their
+/// (one pass over its members); the keys' and values' gradients of each cluster are added to their
 /// rows in cluster order, so the result does not depend on the split.
 pub fn top_attention_backward<B: HostAccess + super::ClusteringBackend>(
     queries: FloatTensor<B>,

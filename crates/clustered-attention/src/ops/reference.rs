@@ -1,4 +1,4 @@
-//! Default bodies of [`ClusteringBackend`](super::ClusteringBackend), made of Burn tensor ops.
+//! Default bodies of [`ClusteringBackend`], made of Burn tensor ops.
 //!
 //! They serve every backend that has no kernel of its own (NdArray, Flex, LibTorch, Candle,
 //! …) and are the specification that kernels must reproduce bit for bit. All arithmetic
@@ -52,7 +52,7 @@ fn bit_values(bits: usize) -> Vec<i64> {
         .collect()
 }
 
-/// Default body of [`ClusteringBackend::lsh_hash`](super::ClusteringBackend::lsh_hash).
+/// Default body of [`ClusteringBackend::lsh_hash`].
 ///
 /// # Shapes
 /// - `queries`: `[batch, heads, L, E]`
@@ -97,7 +97,7 @@ fn unpack_bits<B: Backend>(codes: Tensor<B, 3, Int>) -> Tensor<B, 4, Int> {
         .bitwise_and_scalar(1.elem())
 }
 
-/// Default body of [`ClusteringBackend::hamming_kmeans`](super::ClusteringBackend::hamming_kmeans).
+/// Default body of [`ClusteringBackend::hamming_kmeans`].
 ///
 /// Hamming distances come from a matrix product of ±1 bit vectors
 /// (`popcount(a xor b) = (32 − s_a · s_b) / 2`), the per-bit majority vote from a product of
@@ -224,7 +224,7 @@ pub fn hamming_kmeans<B: Backend>(
     (assignments.into_primitive(), counts.into_primitive())
 }
 
-/// Default body of [`ClusteringBackend::topk_indices`](super::ClusteringBackend::topk_indices):
+/// Default body of [`ClusteringBackend::topk_indices`]:
 /// a descending sort of each row, then its first `k` indices.
 ///
 /// # Panics
@@ -922,7 +922,7 @@ fn query_chunks_within(
         .collect()
 }
 
-/// Default body of [`ClusteringBackend::sparse_dot`](super::ClusteringBackend::sparse_dot):
+/// Default body of [`ClusteringBackend::sparse_dot`]:
 /// gathers the `[batch, heads, chunk, k, E]` keys of a chunk of queries at a time.
 pub fn sparse_dot<B: Backend>(
     queries: FloatTensor<B>,
@@ -955,7 +955,7 @@ pub fn sparse_dot<B: Backend>(
 }
 
 /// Default body of
-/// [`ClusteringBackend::sparse_weighted_sum`](super::ClusteringBackend::sparse_weighted_sum):
+/// [`ClusteringBackend::sparse_weighted_sum`]:
 /// gathers the `[batch, heads, chunk, k, D]` values of a chunk of queries at a time.
 pub fn sparse_weighted_sum<B: Backend>(
     weights: FloatTensor<B>,
@@ -985,7 +985,7 @@ pub fn sparse_weighted_sum<B: Backend>(
     float_out(sums.mask_fill(padded.expand(shape), 0.0))
 }
 
-/// Default body of [`ClusteringBackend::sparse_scatter`](super::ClusteringBackend::sparse_scatter):
+/// Default body of [`ClusteringBackend::sparse_scatter`]:
 /// scatter-adds the `[batch, heads, chunk · k, F]` products `weights[i, r] · x[i]` of a chunk
 /// of queries at a time into the key rows.
 pub fn sparse_scatter<B: Backend>(
