@@ -1,6 +1,6 @@
 use burn::tensor::{DType, Int, Tensor};
 
-use super::{AttentionOptions, Grouping, check_input, dropout, top_keys};
+use super::{AttentionOptions, Grouping, check_input, dropout, inverse_counts, top_keys};
 use crate::ClusteringBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::reference::rest_weights;
@@ -72,25 +72,25 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
         options,
     );
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
-    let grouping = Grouping::new(clusters, &queries);
     // Dropout applies only under autodiff; without it, one op serves both passes.
     if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
         // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
         // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
         // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
         let k = topk.min(keys.dims()[2]);
-        let inverse_counts = grouping.inverse_counts(queries.dtype());
+        let inverse_counts = inverse_counts(clusters.counts, queries.dtype());
         return improved_attention(
             queries,
             keys,
             values,
-            grouping.assignments,
+            clusters.assignments,
             inverse_counts,
             input.batch_key_lengths(),
             k,
             input.scale,
         );
     }
+    let grouping = Grouping::new(clusters, &queries);
     let assignments = grouping.assignments.clone();
 
     // With dropout, which masks the weights between the softmaxes and the products, step by

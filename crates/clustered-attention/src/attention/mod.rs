@@ -245,6 +245,18 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
     DropoutConfig::new(prob).init().forward(x)
 }
 
+/// `1 / count` of each cluster's members (1 for an empty cluster): `counts` `[batch, heads, C]`
+/// → `[batch, heads, C, 1]` in `dtype`. The counts go to `f32` directly (in f16 a count above
+/// 65504 would be infinite, in bf16 one above 256 inexact), and only 1 / count is rounded to
+/// `dtype`.
+pub(crate) fn inverse_counts<B: Backend>(counts: Tensor<B, 3, Int>, dtype: DType) -> Tensor<B, 4> {
+    let counts = counts.cast(FloatDType::F32).clamp_min(1.0);
+    Tensor::<B, 3>::ones(counts.dims(), (&counts.device(), DType::F32))
+        .div(counts)
+        .cast(dtype)
+        .unsqueeze_dim::<4>(3)
+}
+
 /// The clustering of a batch in the form the sparse products take: each query's cluster as a
 /// one-entry "top-k" (`identity[b, h, j, 0] = j`) with unit weights, so that summing the
 /// queries of each cluster is a [`sparse_scatter`] and handing each query its cluster's row is
@@ -286,19 +298,8 @@ impl<B: ClusteringBackend> Grouping<B> {
         );
         // Multiply by 1 / count, a constant: the backward of a division goes through
         // `recip`, which NdArray's SIMD path computes to only ~12 bits.
-        let inverse_counts = self.inverse_counts(sums.dtype());
+        let inverse_counts = inverse_counts(self.counts.clone(), sums.dtype());
         sums * inverse_counts
-    }
-
-    /// `1 / count` of each cluster's members (1 for an empty cluster), `[batch, heads, C, 1]`
-    /// in `dtype`. The counts go to `f32` directly (in f16 a count above 65504 would be
-    /// infinite, in bf16 one above 256 inexact), and only 1 / count is rounded to `dtype`.
-    pub fn inverse_counts(&self, dtype: DType) -> Tensor<B, 4> {
-        let counts = self.counts.clone().cast(FloatDType::F32).clamp_min(1.0);
-        Tensor::<B, 3>::ones(counts.dims(), (&counts.device(), DType::F32))
-            .div(counts)
-            .cast(dtype)
-            .unsqueeze_dim::<4>(3)
     }
 
     /// `[batch, heads, C]`, `rows[b, h, j] = j`: assignments that make each cluster its own
