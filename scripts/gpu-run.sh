@@ -15,7 +15,8 @@
 # TEST_TIMEOUT_S per test (default 300, as a test compiles the kernels it is the first to use),
 # TEST_JOBS tests at once (default 4), BENCH_TIMEOUT_S per benchmark table (default 900).
 # BENCH_LENGTHS (default 1024,4096,16384,65536) shortens the 4- and 8-head tables, BENCH_RUNS
-# (default 5) sets the runs of every table. Tests that stop on a memory fault run again under
+# (default 5) sets the runs of every table and BENCH_MIN_TIME_S (default 0: exactly BENCH_RUNS)
+# the bench's --min-time-s. Tests that stop on a memory fault run again under
 # compute-sanitizer (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8, then forward-f32, forward-bf16, forward-f16, train-f32, train-bf16,
@@ -182,7 +183,7 @@ bench_table() {
         return
     fi
     timeout -k 10 "$limit" "$bin/bench" --backends cuda --runs "${BENCH_RUNS:-5}" \
-        --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
+        --min-time-s "${BENCH_MIN_TIME_S:-0}" --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
     {

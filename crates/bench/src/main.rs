@@ -57,9 +57,14 @@ pub struct Args {
     /// Float type of the queries, keys and values (and so of the whole computation).
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub dtype: Precision,
-    /// Timed runs per measurement (after the warm-up).
+    /// Timed runs per measurement (after the warm-up), at least.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// After `--runs` timed runs, keep timing until the timed runs add up to this many
+    /// seconds (at most 1000 runs), so that a short measurement's median is of enough runs to
+    /// be stable on a busy machine; 0 times exactly `--runs` runs.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_time_s: f64,
     /// Untimed warm-up runs per measurement.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -152,6 +157,12 @@ fn main() -> Result<()> {
                 measure::OPS.join(", ")
             );
         }
+    }
+    if !(args.min_time_s.is_finite() && args.min_time_s >= 0.0) {
+        bail!(
+            "--min-time-s must be a finite number of seconds, 0 or more, got {}",
+            args.min_time_s
+        );
     }
     if args.lengths.is_empty() || args.lengths.contains(&0) {
         bail!(

@@ -43,6 +43,8 @@ pub struct Record {
     pub topk: usize,
     pub bits: usize,
     pub iterations: usize,
+    /// Timed runs behind the figures: at least `--runs`, more while the timed seconds are
+    /// under `--min-time-s`; 0 for a skipped measurement.
     pub runs: usize,
     /// Median, minimum and maximum wall time of the timed runs, in seconds.
     pub median_s: Option<f64>,
@@ -143,6 +145,8 @@ fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
 }
 
 struct Stats {
+    /// Timed runs behind the figures.
+    runs: usize,
     median: f64,
     min: f64,
     max: f64,
@@ -154,6 +158,7 @@ struct Stats {
 fn stats(mut times: Vec<f64>) -> Stats {
     times.sort_by(f64::total_cmp);
     Stats {
+        runs: times.len(),
         median: times[times.len() / 2],
         min: times[0],
         max: times[times.len() - 1],
@@ -172,21 +177,37 @@ fn time_once<B: Backend, R>(device: &B::Device, f: &mut impl FnMut() -> R) -> f6
     elapsed
 }
 
-/// Runs `f` `warmup` times untimed, then `runs` times timed; the device is synchronised
+/// Most timed runs of one measurement that `--min-time-s` can ask for.
+const MAX_RUNS: usize = 1000;
+
+/// Calls `run` (which times one run and returns its seconds) `--runs` times, then again until
+/// the timed seconds add up to `--min-time-s`, or [`MAX_RUNS`] runs (never fewer than
+/// `--runs`): short measurements get enough runs for a stable median.
+fn repeat(args: &Args, mut run: impl FnMut() -> f64) {
+    let (min_runs, mut runs, mut total) = (args.runs.max(1), 0, 0.0);
+    while runs < min_runs || (total < args.min_time_s && runs < MAX_RUNS) {
+        total += run();
+        runs += 1;
+    }
+}
+
+/// Runs `f` `warmup` times untimed, then timed as [`repeat`] says; the device is synchronised
 /// inside the timed region, and the result is kept alive until it has been.
 fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R) -> Stats {
     for _ in 0..args.warmup {
         time_once::<B, _>(device, &mut f);
     }
-    stats(
-        (0..args.runs.max(1))
-            .map(|_| time_once::<B, _>(device, &mut f))
-            .collect(),
-    )
+    let mut times = Vec::new();
+    repeat(args, || {
+        times.push(time_once::<B, _>(device, &mut f));
+        times[times.len() - 1]
+    });
+    stats(times)
 }
 
 /// [`time`] for `train`, with `forward` timed right before each run of it (and warmed up
-/// likewise): the train statistics, with the forward pass's median.
+/// likewise): the train statistics, with the forward pass's median. `--min-time-s` counts the
+/// forward + backward runs only.
 fn time_beside<B: Backend, R, S>(
     device: &B::Device,
     args: &Args,
@@ -197,14 +218,12 @@ fn time_beside<B: Backend, R, S>(
         time_once::<B, _>(device, &mut forward);
         time_once::<B, _>(device, &mut train);
     }
-    let (forward_times, train_times): (Vec<f64>, Vec<f64>) = (0..args.runs.max(1))
-        .map(|_| {
-            (
-                time_once::<B, _>(device, &mut forward),
-                time_once::<B, _>(device, &mut train),
-            )
-        })
-        .unzip();
+    let (mut forward_times, mut train_times) = (Vec::new(), Vec::new());
+    repeat(args, || {
+        forward_times.push(time_once::<B, _>(device, &mut forward));
+        train_times.push(time_once::<B, _>(device, &mut train));
+        train_times[train_times.len() - 1]
+    });
     Stats {
         forward_median: Some(stats(forward_times).median),
         ..stats(train_times)
@@ -366,7 +385,7 @@ fn run_all(
                 topk: args.topk,
                 bits: args.bits,
                 iterations: args.iterations,
-                runs: args.runs,
+                runs: 0,
                 median_s: None,
                 min_s: None,
                 max_s: None,
@@ -426,6 +445,7 @@ fn run_all(
                             .map(|mib| format!(", peak RSS {mib:.0} MiB")))
                         .unwrap_or_default()
                 );
+                record.runs = stats.runs;
                 record.median_s = Some(stats.median);
                 record.min_s = Some(stats.min);
                 record.max_s = Some(stats.max);

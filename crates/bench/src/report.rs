@@ -107,8 +107,14 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
         .collect();
     let mut out = String::new();
     if let Some(r) = records.first() {
+        let timed = records.iter().map(|r| r.runs).filter(|&n| n > 0);
+        let runs = match (timed.clone().min(), timed.max()) {
+            (Some(least), Some(most)) if least < most => format!("{least}–{most}"),
+            (Some(n), _) => n.to_string(),
+            _ => "no".into(),
+        };
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} runs{}{}. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} timed runs{}{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -118,7 +124,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             r.bits,
             r.iterations,
             r.dtype,
-            r.runs,
+            runs,
             if records.iter().any(|r| r.peak_device_mib.is_some()) {
                 "; in parentheses, the device memory held by the backend's pools (a bound on the peak, inputs included)"
             } else if records.iter().any(|r| r.peak_rss_mib.is_some()) {
