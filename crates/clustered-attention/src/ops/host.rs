@@ -1396,11 +1396,29 @@ impl Sparse {
             block.len() >= width * kp,
             "a transposed block holds width × padded(k)"
         );
-        for (r, &t) in self.top(row, j).iter().enumerate() {
+        let top = self.top(row, j);
+        let block = &mut block[..width * kp];
+        // Four rows at a time: each column of the block gets four adjacent floats per store.
+        let mut quads = top.chunks_exact(4);
+        for (q, quad) in quads.by_ref().enumerate() {
+            let rows: [&[f32]; 4] = std::array::from_fn(|i| {
+                let t = quad[i] as usize;
+                &x[t * width..(t + 1) * width]
+            });
+            for (e, column) in block.chunks_exact_mut(kp).enumerate() {
+                for (out, row) in column[4 * q..4 * q + 4].iter_mut().zip(&rows) {
+                    *out = row[e];
+                }
+            }
+        }
+        let done = top.len() - quads.remainder().len();
+        for (r, &t) in quads.remainder().iter().enumerate() {
             let t = t as usize;
-            let column = block[r..].iter_mut().step_by(kp);
-            for (out, &v) in column.zip(&x[t * width..(t + 1) * width]) {
-                *out = v;
+            for (column, &v) in block
+                .chunks_exact_mut(kp)
+                .zip(&x[t * width..(t + 1) * width])
+            {
+                column[done + r] = v;
             }
         }
     }
