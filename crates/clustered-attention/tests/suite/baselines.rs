@@ -308,7 +308,7 @@ pub fn one_chunk_lsh_equals_shared_full<B: ClusteringBackend>() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(
-            f64::from(diff) <= TOLERANCE,
+            f64::from(diff) <= tolerance,
             "lsh-{rounds} with one chunk differs from shared-full by {diff}"
         );
     }
