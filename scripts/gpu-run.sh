@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
 # there as gpu-kit/run.sh beside `bench.gz` and `suite.gz`): the CUDA tests, then the CUDA benchmark
 # (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then
-# clustered and improved in f32, bf16 and f16 at L = 16384 and 65536).
+# clustered and improved in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables),
@@ -19,8 +19,9 @@
 # the bench's --min-time-s. Tests that stop on a memory fault run again under
 # compute-sanitizer (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
-# train-h4, train-h8, then forward-f32, forward-bf16, forward-f16, train-f32, train-bf16,
-# train-f16. RUN_DEADLINE_S (default none), seconds: each test, sanitizer run and table gets at
+# train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
+# unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
+# train-f32, train-bf16, train-f16 (fused). RUN_DEADLINE_S (default none), seconds: each test, sanitizer run and table gets at
 # most what is left of it, less 20 s for the results, and is skipped (said so in summary.md)
 # when under 30 s would be left; the run then ends within about RUN_DEADLINE_S.
 set -uo pipefail
@@ -182,7 +183,7 @@ bench_table() {
         printf '\n## %s (skipped: RUN_DEADLINE_S reached)\n' "$title" >>"$out/summary.md"
         return
     fi
-    timeout -k 10 "$limit" "$bin/bench" --backends cuda --runs "${BENCH_RUNS:-5}" \
+    timeout -k 10 "$limit" "$bin/bench" --runs "${BENCH_RUNS:-5}" \
         --min-time-s "${BENCH_MIN_TIME_S:-0}" --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
@@ -195,15 +196,20 @@ bench_table() {
 }
 for mode in forward train; do
     for heads in 4 8; do
-        bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --mode "$mode" --heads "$heads" \
-            --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
+        bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --backends cuda --mode "$mode" \
+            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
     done
 done
-# f32 against bf16 and f16 for the clustered attentions, at the lengths they are for.
-for mode in forward train; do
-    for dtype in f32 bf16 f16; do
-        bench_table "cuda-$mode-$dtype" "$mode, $dtype, 4 heads" --mode "$mode" --dtype "$dtype" \
-            --heads 4 --lengths 16384,65536 --only clustered,improved
+# f32 against bf16 and f16 for the clustered attentions, at the lengths they are for: first on
+# the unfused CubeBackend, then on Burn's fused Cuda, each table a process of its own, so that a
+# fault in one leaves the others.
+for backend in cuda-unfused cuda; do
+    for mode in forward train; do
+        for dtype in f32 bf16 f16; do
+            bench_table "$backend-$mode-$dtype" "$backend, $mode, $dtype, 4 heads" \
+                --backends "$backend" --mode "$mode" --dtype "$dtype" --heads 4 \
+                --lengths 16384,65536 --only clustered,improved
+        done
     done
 done
 tar czf "$out/results.tar.gz" -C "$tables" .

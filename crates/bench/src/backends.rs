@@ -15,13 +15,25 @@ pub fn compiled() -> Vec<&'static str> {
         "flex",
         #[cfg(feature = "wgpu")]
         "wgpu",
+        #[cfg(feature = "wgpu")]
+        "wgpu-unfused",
         #[cfg(feature = "cuda")]
         "cuda",
+        #[cfg(feature = "cuda")]
+        "cuda-unfused",
     ]
     .to_vec()
 }
 
-/// Runs every measurement on one backend.
+/// The Cargo feature that compiles `backend` into the bench (`wgpu` for `wgpu-unfused`, `cuda`
+/// for `cuda-unfused`).
+pub fn feature(backend: &str) -> &str {
+    backend.strip_suffix("-unfused").unwrap_or(backend)
+}
+
+/// Runs every measurement on one backend: `wgpu` and `cuda` are Burn's `Wgpu` and `Cuda`, with
+/// Burn's fusion as Burn defaults to; `wgpu-unfused` and `cuda-unfused` are the plain
+/// `CubeBackend` of the same runtime, each op its own kernel launch.
 pub fn run(name: &str, args: &Args) -> Result<Vec<Record>> {
     macro_rules! dispatch {
         ($backend:ty, $device:expr, $limits:expr) => {
@@ -46,11 +58,25 @@ pub fn run(name: &str, args: &Args) -> Result<Vec<Record>> {
             let limits = Limits::device::<burn::backend::wgpu::WgpuRuntime>(&device);
             dispatch!(burn::backend::Wgpu, device, limits)
         }
+        #[cfg(feature = "wgpu")]
+        "wgpu-unfused" => {
+            use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+            let device = WgpuDevice::default();
+            let limits = Limits::device::<WgpuRuntime>(&device);
+            dispatch!(CubeBackend<WgpuRuntime, f32, i32, u32>, device, limits)
+        }
         #[cfg(feature = "cuda")]
         "cuda" => {
             let device = burn::backend::cuda::CudaDevice::default();
             let limits = Limits::device::<cubecl::cuda::CudaRuntime>(&device);
             dispatch!(burn::backend::Cuda, device, limits)
+        }
+        #[cfg(feature = "cuda")]
+        "cuda-unfused" => {
+            use cubecl::cuda::CudaRuntime;
+            let device = burn::backend::cuda::CudaDevice::default();
+            let limits = Limits::device::<CudaRuntime>(&device);
+            dispatch!(burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>, device, limits)
         }
         other => anyhow::bail!("backend {other:?} is not compiled into this binary"),
     }

@@ -24,7 +24,9 @@ use clap::{Parser, ValueEnum};
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmark full, clustered and improved clustered attention across backends")]
 pub struct Args {
-    /// Backends to run, comma separated (default: every compiled one).
+    /// Backends to run, comma separated: `ndarray`, `flex`, `wgpu`, `cuda` (Burn's `Wgpu` and
+    /// `Cuda`, with fusion), `wgpu-unfused`, `cuda-unfused` (the plain `CubeBackend`); default:
+    /// every compiled one but the unfused.
     #[arg(long, value_delimiter = ',')]
     pub backends: Vec<String>,
     /// Sequence lengths L = S, comma separated.
@@ -140,13 +142,18 @@ fn main() -> Result<()> {
     let mut args = Args::parse();
     let compiled = backends::compiled();
     if args.backends.is_empty() {
-        args.backends = compiled.iter().map(|s| s.to_string()).collect();
+        args.backends = compiled
+            .iter()
+            .filter(|b| !b.ends_with("-unfused"))
+            .map(|s| s.to_string())
+            .collect();
     }
     for backend in &args.backends {
         if !compiled.contains(&backend.as_str()) {
             bail!(
-                "backend {backend:?} is not compiled into this binary (compiled: {}); rebuild with `--features {backend}`",
-                compiled.join(", ")
+                "backend {backend:?} is not compiled into this binary (compiled: {}); rebuild with `--features {}`",
+                compiled.join(", "),
+                backends::feature(backend)
             );
         }
     }
