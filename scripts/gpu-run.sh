@@ -16,8 +16,9 @@
 # TEST_JOBS tests at once (default 4), BENCH_TIMEOUT_S per benchmark table (default 900).
 # BENCH_LENGTHS (default 1024,4096,16384,65536) shortens the 4- and 8-head tables, BENCH_RUNS
 # (default 5) sets the runs of every table and BENCH_MIN_TIME_S (default 0: exactly BENCH_RUNS)
-# the bench's --min-time-s. Tests that stop on a memory fault run again under
-# compute-sanitizer (SANITIZE_TESTS, SANITIZE_TIMEOUT_S; reports in RESULTS_DIR/sanitizer/).
+# the bench's --min-time-s. Tests that stop on a memory fault, and those named in SANITIZE_ALSO,
+# run again under compute-sanitizer (SANITIZE_TESTS, SANITIZE_TOOLS, SANITIZE_TIMEOUT_S; reports
+# in RESULTS_DIR/sanitizer/).
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
 # unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
@@ -29,6 +30,17 @@ if [ -n "${RUN_DEADLINE_S:-}" ] && ! [[ $RUN_DEADLINE_S =~ ^[0-9]+$ ]]; then
     echo "RUN_DEADLINE_S must be a number of seconds, got '$RUN_DEADLINE_S'" >&2
     exit 2
 fi
+sanitize_also=${SANITIZE_ALSO:-}
+sanitize_tools=${SANITIZE_TOOLS:-memcheck}
+for tool in ${sanitize_tools//,/ }; do
+    case $tool in
+    memcheck | initcheck | racecheck | synccheck) ;;
+    *)
+        echo "SANITIZE_TOOLS: unknown tool $tool (memcheck, initcheck, racecheck, synccheck)" >&2
+        exit 2
+        ;;
+    esac
+done
 kit=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && pwd)
 [ -n "$out" ] || { echo "cannot use the results folder ${1:-${OUT:-gpu-results}}" >&2; exit 2; }
@@ -123,9 +135,12 @@ while read -r name; do
     cat "$tests/$name.log"
 done <"$work/test-list" >"$out/tests.log"
 
-# A test that stopped on a memory fault runs again under compute-sanitizer's memcheck, which
-# names the kernel, the thread and the address: the first SANITIZE_TESTS of them (default 2),
-# SANITIZE_TIMEOUT_S each (default 240), when the sanitizer is installed.
+# A test that stopped on a memory fault runs again under compute-sanitizer, which names the
+# kernel, the thread and the address: the first SANITIZE_TESTS of them (default 2), and the
+# tests named in SANITIZE_ALSO (comma separated, exact names, whatever their outcome: a wrong
+# value may come from a read of memory no kernel wrote), SANITIZE_TIMEOUT_S each (default 240),
+# with each tool of SANITIZE_TOOLS (comma separated: memcheck, initcheck, racecheck, synccheck;
+# default memcheck), when the sanitizer is installed.
 sanitizer=$(command -v compute-sanitizer ||
     find /usr/local/cuda*/bin /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
 faulted=$(while read -r name; do
@@ -134,10 +149,18 @@ faulted=$(while read -r name; do
         grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|LAUNCH_FAILED)' \
             "$log" && echo "$name"
 done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
+for name in ${sanitize_also//,/ }; do
+    if ! grep -qxF "$name" "$work/test-list"; then
+        echo "SANITIZE_ALSO: no CUDA test named $name" >&2
+    elif ! grep -qxF "$name" <<<"$faulted"; then
+        faulted+=$'\n'"$name"
+    fi
+done
+faulted=$(sed '/^$/d' <<<"$faulted")
 if [ -n "$faulted" ]; then
     {
         echo
-        echo "## Faulting tests under compute-sanitizer --tool memcheck"
+        echo "## Tests under compute-sanitizer ($sanitize_tools)"
         echo
         echo '```'
         if [ -z "$sanitizer" ]; then
@@ -146,25 +169,27 @@ if [ -n "$faulted" ]; then
     } >>"$out/summary.md"
     if [ -n "$sanitizer" ]; then
         mkdir -p "$out/sanitizer"
-        # memcheck's error lines, where the fault happened, and its count of errors.
-        headlines='^=+ (Invalid|Illegal|Misaligned|Out-of-range|Warp|Program hit|ERROR SUMMARY)'
-        headlines+='|^=+ +(at |by thread|Address)'
+        # The tools' error lines, where the error happened, and their count of errors.
+        headlines='^=+ (Invalid|Illegal|Misaligned|Out-of-range|Uninitialized|Race|Barrier|Warp|'
+        headlines+='Program hit|ERROR SUMMARY|RACECHECK SUMMARY)|^=+ +(at |by thread|Address)'
         for name in $faulted; do
-            log="$out/sanitizer/$name.log"
-            if ! limit=$(within_deadline "${SANITIZE_TIMEOUT_S:-240}"); then
-                echo "$name (skipped: RUN_DEADLINE_S reached)" >>"$out/summary.md"
-                continue
-            fi
-            CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
-                timeout -k 10 "$limit" "$sanitizer" --tool memcheck \
-                --print-limit 20 "$bin/suite" --ignored --exact "$name" --test-threads=1 \
-                >"$log" 2>&1
-            echo "exit status $?" >>"$log"
-            {
-                echo "$name ($(tail -1 "$log"); 124 = over its time limit)"
-                grep -E "$headlines" "$log" |
-                    head -12 | sed 's/^/    /' | cut -c1-300
-            } >>"$out/summary.md"
+            for tool in ${sanitize_tools//,/ }; do
+                log="$out/sanitizer/$name.$tool.log"
+                if ! limit=$(within_deadline "${SANITIZE_TIMEOUT_S:-240}"); then
+                    echo "$name, $tool (skipped: RUN_DEADLINE_S reached)" >>"$out/summary.md"
+                    continue
+                fi
+                CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
+                    timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
+                    --print-limit 20 "$bin/suite" --ignored --exact "$name" --test-threads=1 \
+                    >"$log" 2>&1
+                echo "exit status $?" >>"$log"
+                {
+                    echo "$name, $tool ($(tail -1 "$log"); 124 = over its time limit)"
+                    grep -E "$headlines" "$log" |
+                        head -12 | sed 's/^/    /' | cut -c1-300
+                } >>"$out/summary.md"
+            done
         done
     fi
     echo '```' >>"$out/summary.md"
