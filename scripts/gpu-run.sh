@@ -22,9 +22,10 @@
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
 # unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
-# train-f32, train-bf16, train-f16 (fused). RUN_DEADLINE_S (default none), seconds: each test, sanitizer run and table gets at
-# most what is left of it, less 20 s for the results, and is skipped (said so in summary.md)
-# when under 30 s would be left; the run then ends within about RUN_DEADLINE_S.
+# train-f32, train-bf16, train-f16 (fused). RUN_DEADLINE_S (default none), seconds: each test,
+# sanitizer run and table gets at most what is left of it, less 20 s for the results, and is
+# skipped (said so in summary.md) when under 30 s would be left; the run then ends within about
+# RUN_DEADLINE_S.
 set -uo pipefail
 if [ -n "${RUN_DEADLINE_S:-}" ] && ! [[ $RUN_DEADLINE_S =~ ^[0-9]+$ ]]; then
     echo "RUN_DEADLINE_S must be a number of seconds, got '$RUN_DEADLINE_S'" >&2
