@@ -19,6 +19,7 @@
 # the bench's --min-time-s. Tests that stop on a memory fault, and those named in SANITIZE_ALSO,
 # run again under compute-sanitizer (SANITIZE_TESTS, SANITIZE_TOOLS, SANITIZE_TIMEOUT_S; reports
 # in RESULTS_DIR/sanitizer/).
+# TESTS (comma separated exact names, or none; default all) picks the CUDA tests.
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
 # unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
@@ -89,6 +90,15 @@ rm -rf "$tests" "$tables" "$out/sanitizer"
 mkdir -p "$tests" "$tables"
 "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
 [ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
+# TESTS (comma separated exact names, or `none`; default all) picks the tests to run.
+if [ -n "${TESTS:-}" ]; then
+    for name in ${TESTS//,/ }; do
+        [ "$name" = none ] || grep -qxF "$name" "$work/test-list" ||
+            echo "TESTS: no CUDA test named $name" >&2
+    done
+    grep -xF -f <(tr ',' '\n' <<<"$TESTS") "$work/test-list" >"$work/picked"
+    mv "$work/picked" "$work/test-list"
+fi
 run_test() {
     local limit
     if ! limit=$(within_deadline "${TEST_TIMEOUT_S:-300}"); then
