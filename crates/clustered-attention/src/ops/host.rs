@@ -1730,7 +1730,8 @@ impl TopHead<'_> {
     /// then per run of up to [`MEMBER_CHUNK`] members, their query and gradient rows gathered,
     /// their scores and the gradient's dot products with the values, the softmax's Jacobian in
     /// place, then their queries' gradient, passed to `write_queries(run, rows)`, and their
-    /// share of the keys', values' and rest's gradients, added to the blocks.
+    /// share of the keys', values' and rest's gradients, added to the blocks. The five products
+    /// of a run are `gemm` calls on its gathered rows.
     fn cluster(
         &self,
         j: usize,
@@ -1767,8 +1768,25 @@ impl TopHead<'_> {
             gather_rows(self.grad, dim_v, run, grad_rows);
             let probs = &mut s.probs[..n * k];
             let grad_scores = &mut s.grad_scores[..n * k];
-            simd::dot_members(query_rows, ep, local, &s.key_t, k, probs);
-            simd::dot_members(grad_rows, dp, local, &s.value_t, k, grad_scores);
+            let kp = padded(k);
+            // SAFETY (the five products): the gathered rows are [n × ep] and [n × dp], the
+            // transposed blocks [ep × kp] and [dp × kp], the key block and the keys' and
+            // values' gradient blocks [k × ep] and [k × dp], probs and grad_scores [n × k],
+            // grad_queries [n × dim]; no destination overlaps an operand.
+            unsafe {
+                matmul_into(
+                    [n, k, dim],
+                    (probs.as_mut_ptr(), 1, k as isize),
+                    (query_rows.as_ptr(), 1, ep as isize),
+                    (s.key_t.as_ptr(), 1, kp as isize),
+                );
+                matmul_into(
+                    [n, k, dim_v],
+                    (grad_scores.as_mut_ptr(), 1, k as isize),
+                    (grad_rows.as_ptr(), 1, dp as isize),
+                    (s.value_t.as_ptr(), 1, kp as isize),
+                );
+            }
             grad_mass += simd::softmax_backward_members(
                 probs,
                 grad_scores,
@@ -1778,11 +1796,30 @@ impl TopHead<'_> {
                 self.mass[j],
             );
             let grad_queries = &mut s.grad_queries[..n * dim];
-            simd::weighted_members(grad_scores, k, local, &s.key_block, dim, grad_queries);
+            // Queries: dS · top keys; keys: dSᵀ · q; values: Wᵀ · g; rest: Σ_i g_i.
+            unsafe {
+                matmul_into(
+                    [n, dim, k],
+                    (grad_queries.as_mut_ptr(), 1, dim as isize),
+                    (grad_scores.as_ptr(), 1, k as isize),
+                    (s.key_block.as_ptr(), 1, ep as isize),
+                );
+                matmul_add(
+                    true,
+                    [k, ep, n],
+                    (s.grad_keys.as_mut_ptr(), 1, ep as isize),
+                    (grad_scores.as_ptr(), k as isize, 1),
+                    (query_rows.as_ptr(), 1, ep as isize),
+                );
+                matmul_add(
+                    true,
+                    [k, dp, n],
+                    (s.grad_values.as_mut_ptr(), 1, dp as isize),
+                    (probs.as_ptr(), k as isize, 1),
+                    (grad_rows.as_ptr(), 1, dp as isize),
+                );
+            }
             write_queries(run, grad_queries);
-            // Keys: Σ_i ds_ir · q_i; values: Σ_i w_ir · g_i; rest: Σ_i g_i.
-            simd::scatter_members(grad_scores, k, local, query_rows, &mut s.grad_keys);
-            simd::scatter_members(probs, k, local, grad_rows, &mut s.grad_values);
             for row in grad_rows.chunks_exact(dp) {
                 for (o, &g) in s.grad_rest.iter_mut().zip(row) {
                     *o += g;
