@@ -90,14 +90,18 @@ rm -rf "$tests" "$tables" "$out/sanitizer"
 mkdir -p "$tests" "$tables"
 "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
 [ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
+cp "$work/test-list" "$work/all-tests"
+# warn_unknown VARIABLE NAMES: says which of NAMES (comma separated) the suite has no CUDA test of.
+warn_unknown() {
+    for name in ${2//,/ }; do
+        [ "$name" = none ] || grep -qxF "$name" "$work/all-tests" ||
+            echo "$1: no CUDA test named $name" >&2
+    done
+}
 # TESTS (comma separated exact names, or `none`; default all) picks the tests to run.
 if [ -n "${TESTS:-}" ]; then
-    for name in ${TESTS//,/ }; do
-        [ "$name" = none ] || grep -qxF "$name" "$work/test-list" ||
-            echo "TESTS: no CUDA test named $name" >&2
-    done
-    grep -xF -f <(tr ',' '\n' <<<"$TESTS") "$work/test-list" >"$work/picked"
-    mv "$work/picked" "$work/test-list"
+    warn_unknown TESTS "$TESTS"
+    grep -xF -f <(tr ',' '\n' <<<"$TESTS") "$work/all-tests" >"$work/test-list"
 fi
 run_test() {
     local limit
@@ -160,10 +164,10 @@ faulted=$(while read -r name; do
         grep -qE 'CUDA_ERROR_(ILLEGAL_ADDRESS|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|LAUNCH_FAILED)' \
             "$log" && echo "$name"
 done <"$work/test-list" | head -n "${SANITIZE_TESTS:-2}")
+# SANITIZE_ALSO's tests run under the sanitizer even when TESTS leaves them out.
+warn_unknown SANITIZE_ALSO "$sanitize_also"
 for name in ${sanitize_also//,/ }; do
-    if ! grep -qxF "$name" "$work/test-list"; then
-        echo "SANITIZE_ALSO: no CUDA test named $name" >&2
-    elif ! grep -qxF "$name" <<<"$faulted"; then
+    if grep -qxF "$name" "$work/all-tests" && ! grep -qxF "$name" <<<"$faulted"; then
         faulted+=$'\n'"$name"
     fi
 done
