@@ -1,4 +1,6 @@
-//! Grouping the queries: LSH hashing followed by K-means in Hamming space (paper §3.2.2).
+//! Grouping the queries: LSH hashing followed by K-means in Hamming space (paper §3.2.2),
+//! with the options of both and the hashing planes; the two ops themselves are
+//! [`lsh_hash`] and [`hamming_kmeans`].
 
 use burn::config::Config;
 use burn::tensor::backend::Backend;
@@ -7,8 +9,9 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::ClusteringBackend;
-use crate::ops::reference::check_bits;
+use crate::ClusteredAttentionBackend;
+use crate::ops::checks::check_bits;
+pub use crate::ops::{Clusters, hamming_kmeans, lsh_hash};
 
 /// How the queries are grouped into clusters.
 ///
@@ -46,15 +49,6 @@ impl ClusteringOptions {
     }
 }
 
-/// The result of clustering the queries of every `(batch, head)`.
-#[derive(Debug, Clone)]
-pub struct Clusters<B: Backend> {
-    /// Cluster of each query, `[batch, heads, L]`, in `0..C`; `-1` for padded queries.
-    pub assignments: Tensor<B, 3, Int>,
-    /// Number of valid queries in each cluster, `[batch, heads, C]`.
-    pub counts: Tensor<B, 3, Int>,
-}
-
 /// Random hyperplanes for [`lsh_hash`], drawn on the host from a standard normal with a
 /// [`Xoshiro256PlusPlus`] generator seeded by `seed`, so every backend hashes with the same
 /// planes. Columns `0..dim` are the plane normals, column `dim` the thresholds (zero when
@@ -85,57 +79,6 @@ pub fn lsh_planes<B: Backend>(
     Tensor::from_data(TensorData::new(values, [bits, dim + 1]), device)
 }
 
-/// Hashes the queries: bit `b` of a code is set when `q · planes[b, ..E] > planes[b, E]`.
-/// See [`ClusteringBackend::lsh_hash`]. Carries no gradient.
-///
-/// # Shapes
-/// - `queries`: `[batch, heads, L, E]`
-/// - `planes`: `[bits, E + 1]`
-/// - output: `[batch, heads, L]`, 32-bit codes (read as `u32`)
-///
-/// # Panics
-/// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
-pub fn lsh_hash<B: ClusteringBackend>(
-    queries: Tensor<B, 4>,
-    planes: Tensor<B, 2>,
-) -> Tensor<B, 3, Int> {
-    let planes = planes.cast(queries.dtype());
-    Tensor::from_primitive(B::lsh_hash(
-        queries.into_primitive().tensor(),
-        planes.into_primitive().tensor(),
-    ))
-}
-
-/// K-means in Hamming space over the codes of the valid queries.
-/// See [`ClusteringBackend::hamming_kmeans`] for the exact definition.
-///
-/// # Shapes
-/// - `codes`: `[batch, heads, L]`
-/// - `query_lengths`: `[batch]`
-/// - output: [`Clusters`] with assignments `[batch, heads, L]` and counts `[batch, heads, C]`
-///
-/// # Panics
-/// If `clusters` is 0 or a query length is outside `0..=L`.
-pub fn hamming_kmeans<B: ClusteringBackend>(
-    codes: Tensor<B, 3, Int>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    clusters: usize,
-    iterations: usize,
-    seed: u64,
-) -> Clusters<B> {
-    let (assignments, counts) = B::hamming_kmeans(
-        codes.into_primitive(),
-        query_lengths.map(Tensor::into_primitive),
-        clusters,
-        iterations,
-        seed,
-    );
-    Clusters {
-        assignments: Tensor::from_primitive(assignments),
-        counts: Tensor::from_primitive(counts),
-    }
-}
-
 /// Hashes and clusters the queries with the given options (paper §3.2.2).
 ///
 /// # Shapes
@@ -146,7 +89,7 @@ pub fn hamming_kmeans<B: ClusteringBackend>(
 /// # Panics
 /// If the options are invalid ([`ClusteringOptions::check`]) or a query length is outside
 /// `0..=L`.
-pub fn cluster_queries<B: ClusteringBackend>(
+pub fn cluster_queries<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     query_lengths: Option<Tensor<B, 1, Int>>,
     options: &ClusteringOptions,

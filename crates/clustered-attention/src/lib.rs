@@ -13,8 +13,19 @@
 //!   [`oracle_top_attention`].
 //! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`].
-//! - The two clustering ops behind a backend extension trait, [`ClusteringBackend`], whose
-//!   default bodies are Burn tensor ops ([`ops::reference`]), so every backend works.
+//! - The ops behind a backend extension trait, [`ClusteredAttentionBackend`] ([`ops`]):
+//!   hashing, K-means, the fused centroid and top-k attentions and the sparse top-k products,
+//!   with default bodies made of Burn tensor ops ([`ops::reference`]), so every backend works;
+//!   host loops on NdArray and Flex ([`backends::cpu`]), CubeCL kernels on WGPU, Vulkan and
+//!   CUDA, backward nodes on `Autodiff`.
+//!
+//! The crate's layout:
+//! - `lib.rs`: this page and the re-exports.
+//! - `layer.rs`: the multi-head layer; `kind.rs`: [`AttentionKind`] and its parser.
+//! - `attention/`: the functional forms, one file per attention.
+//! - `clustering.rs`: [`ClusteringOptions`], the hashing planes and [`cluster_queries`].
+//! - `ops/`: the backend trait, its structs, checks, tensor-level forms and default bodies.
+//! - `backends/`: the trait's implementations, `cpu/`, `cube/` and `autodiff.rs`.
 //!
 //! # Example
 //! ```
@@ -31,13 +42,11 @@
 //! ```
 
 pub mod attention;
-mod backends;
+pub mod backends;
 pub mod clustering;
-#[cfg(feature = "cube")]
-mod kernels;
-mod module;
+mod kind;
+mod layer;
 pub mod ops;
-pub mod sparse;
 
 pub use attention::{
     AttentionOptions, LshOptions, clustered_attention, full_attention,
@@ -46,11 +55,20 @@ pub use attention::{
 pub use clustering::{
     ClusteringOptions, Clusters, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
-pub use module::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
-    ParseAttentionKindError,
-};
-pub use ops::ClusteringBackend;
+pub use kind::{AttentionKind, ParseAttentionKindError};
+pub use layer::{ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention};
+#[allow(deprecated)]
+pub use ops::{ClusteredAttentionBackend, ClusteringBackend};
+
+/// The tensor-level forms of the top-k selection and the sparse top-k products, now in
+/// [`ops`].
+#[deprecated(note = "moved to `clustered_attention::ops`")]
+pub mod sparse {
+    pub use crate::ops::{
+        attention_softmax, centroid_attention, improved_attention, sparse_dot, sparse_scatter,
+        sparse_weighted_sum, top_attention, topk_indices,
+    };
+}
 
 /// The README's examples run as doctests.
 #[cfg(doctest)]

@@ -1,9 +1,10 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, Grouping, check_input, dropout};
-use crate::ClusteringBackend;
+use super::{AttentionOptions, check_input, dropout, inverse_counts};
+use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::sparse::{attention_softmax, centroid_attention};
+use crate::ops::grouping::QueryGroups;
+use crate::ops::{attention_softmax, centroid_attention};
 
 /// Clustered attention (paper §3.2, eqs. 3–6).
 ///
@@ -43,7 +44,7 @@ use crate::sparse::{attention_softmax, centroid_attention};
 /// let out = clustered_attention(q, k, v, None, None, &clustering, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 64, 3]);
 /// ```
-pub fn clustered_attention<B: ClusteringBackend>(
+pub fn clustered_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -62,11 +63,15 @@ pub fn clustered_attention<B: ClusteringBackend>(
         options,
     );
     let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
-    let grouping = Grouping::new(clusters, &queries);
+    let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
+    let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
 
-    // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
-    // products instead of C × S.
-    let centroids = grouping.centroids(queries).mul_scalar(input.scale);
+    // eq. 3, [batch, heads, C, E]: the mean of each cluster's queries, multiplied by 1 / count
+    // (the backward of a division goes through `recip`, which NdArray's SIMD path computes to
+    // only ~12 bits); scaling the centroids rather than the scores: C × E products instead of
+    // C × S.
+    let centroids = (groups.aggregate(queries) * inverse_counts(clusters.counts, dtype))
+        .mul_scalar(input.scale);
     // Dropout applies only under autodiff; without it, the fused op serves both passes.
     let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {
         let scores = centroids.matmul(keys.swap_dims(2, 3));
@@ -76,5 +81,5 @@ pub fn clustered_attention<B: ClusteringBackend>(
         // Without dropout, eqs. 4–5 in one op.
         centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
     };
-    grouping.broadcast(cluster_values) // eq. 6
+    groups.broadcast(cluster_values) // eq. 6
 }

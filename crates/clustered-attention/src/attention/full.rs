@@ -1,8 +1,8 @@
 use burn::tensor::{Int, Tensor};
 
 use super::{AttentionOptions, check_input, dropout};
-use crate::ClusteringBackend;
-use crate::sparse::attention_softmax;
+use crate::ClusteredAttentionBackend;
+use crate::ops::attention_softmax;
 
 /// Full softmax attention, `softmax(Q Kᵀ · scale) V` (paper eqs. 1–2): the exact baseline
 /// that clustered attention approximates. Costs `O(L · S · (E + D))` time and `O(L · S)` memory.
@@ -32,7 +32,7 @@ use crate::sparse::attention_softmax;
 /// let out = full_attention(q, k, v, None, None, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 5, 3]);
 /// ```
-pub fn full_attention<B: ClusteringBackend>(
+pub fn full_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,

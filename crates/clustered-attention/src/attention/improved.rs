@@ -1,10 +1,11 @@
 use burn::tensor::{DType, Int, Tensor};
 
-use super::{AttentionOptions, Grouping, check_input, dropout, inverse_counts, top_keys};
-use crate::ClusteringBackend;
+use super::{AttentionOptions, check_input, dropout, inverse_counts, top_keys};
+use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::ops::reference::rest_weights;
-use crate::sparse::{attention_softmax, improved_attention, sparse_dot, sparse_weighted_sum};
+use crate::ops::grouping::QueryGroups;
+use crate::ops::tensor::rest_weights;
+use crate::ops::{attention_softmax, improved_attention, sparse_dot, sparse_weighted_sum};
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -15,7 +16,7 @@ use crate::sparse::{attention_softmax, improved_attention, sparse_dot, sparse_we
 /// its own exact dot products, softmaxed over `T_j` and scaled by `m̂_j`, and to the other keys
 /// with `Aᶜ_j` (eq. 10); the output is `Aᵗ V` (eq. 11). Padded keys are masked per sequence,
 /// head and cluster. Costs `O(L · k · (E + D))` on top of clustered attention; the sparse
-/// products are backend ops ([`crate::sparse`]).
+/// products are backend ops ([`crate::ops`]).
 ///
 /// Proposition 2 of the paper holds: `‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁` for every query. With
 /// `topk ≥ S` the result equals [`full_attention`](super::full_attention), whatever `C`; so it
@@ -51,7 +52,7 @@ use crate::sparse::{attention_softmax, improved_attention, sparse_dot, sparse_we
 /// assert_eq!(out.dims(), [1, 2, 64, 3]);
 /// ```
 #[allow(clippy::too_many_arguments)]
-pub fn improved_clustered_attention<B: ClusteringBackend>(
+pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -90,12 +91,14 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
             input.scale,
         );
     }
-    let grouping = Grouping::new(clusters, &queries);
-    let assignments = grouping.assignments.clone();
+    let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
+    let grouping = QueryGroups::new(clusters.assignments, num_clusters, dtype);
+    let assignments = grouping.assignments();
 
     // With dropout, which masks the weights between the softmaxes and the products, step by
     // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
-    let centroids = grouping.centroids(queries.clone()).mul_scalar(input.scale);
+    let centroids = (grouping.aggregate(queries.clone()) * inverse_counts(clusters.counts, dtype))
+        .mul_scalar(input.scale);
     // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
     // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,
     // the keys outside the top-k keeping Aᶜ (eq. 10, second case), [batch, heads, C, D].
@@ -137,8 +140,8 @@ pub fn improved_clustered_attention<B: ClusteringBackend>(
 /// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all
 /// of `Aᶜ V` it leaves the rest without a second `[C, S]` tensor. The cancellation costs at
 /// most a few `f32` roundings of `|Aᶜ V|`, below the output's own in practice.
-fn top_share<B: ClusteringBackend>(
-    grouping: &Grouping<B>,
+fn top_share<B: ClusteredAttentionBackend>(
+    grouping: &QueryGroups<B>,
     top_weights: Tensor<B, 4>,
     values: &Tensor<B, 4>,
     top: &Tensor<B, 4, Int>,

@@ -6,7 +6,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{AttentionOptions, Checked, check_input, dropout, positions};
-use crate::ClusteringBackend;
+use crate::ClusteredAttentionBackend;
 
 /// The score a query gets against its own key in shared-QK attention (Reformer, Kitaev et al.
 /// 2020, §2): low enough that the key gets no weight when any other key is available, finite
@@ -198,7 +198,7 @@ pub fn sort_by_bucket<B: Backend>(
 /// let out = lsh_attention(q.clone(), q, v, None, None, &lsh, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 100, 3]);
 /// ```
-pub fn lsh_attention<B: ClusteringBackend>(
+pub fn lsh_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -315,7 +315,7 @@ pub(crate) fn unit_keys<B: Backend>(keys: Tensor<B, 4>) -> Tensor<B, 4> {
 /// Attention of every chunk of the sorted sequence to itself and the chunk before it.
 /// Returns the output `[batch, heads, L, D]` and the log-sum-exp of each query's scores
 /// `[batch, heads, L, 1]`, both in position order.
-fn chunked_attention<B: ClusteringBackend>(
+fn chunked_attention<B: ClusteredAttentionBackend>(
     queries: &Tensor<B, 4>,
     keys: &Tensor<B, 4>,
     values: &Tensor<B, 4>,

@@ -1,8 +1,8 @@
 use burn::tensor::{Int, Tensor};
 
 use super::{AttentionOptions, check_input, dropout, positions, top_keys};
-use crate::ClusteringBackend;
-use crate::sparse::{attention_softmax, sparse_weighted_sum};
+use crate::ClusteredAttentionBackend;
+use crate::ops::{attention_softmax, sparse_weighted_sum};
 
 /// **oracle-top** (paper Table 1): full attention restricted, for every query, to its `topk`
 /// highest-scoring keys, renormalised over them; the rest of the attention is dropped. An
@@ -37,7 +37,7 @@ use crate::sparse::{attention_softmax, sparse_weighted_sum};
 /// let out = oracle_top_attention(q, k, v, None, None, 8, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 40, 3]);
 /// ```
-pub fn oracle_top_attention<B: ClusteringBackend>(
+pub fn oracle_top_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,

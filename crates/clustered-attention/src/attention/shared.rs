@@ -2,8 +2,8 @@ use burn::tensor::{Int, Tensor};
 
 use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
 use super::{AttentionOptions, check_input, dropout};
-use crate::ClusteringBackend;
-use crate::sparse::attention_softmax;
+use crate::ClusteredAttentionBackend;
+use crate::ops::attention_softmax;
 
 /// Full attention with shared queries and keys, the paper's **shared-full** (Table 1): the
 /// attention that [`lsh_attention`](super::lsh_attention) approximates.
@@ -35,7 +35,7 @@ use crate::sparse::attention_softmax;
 /// let out = shared_full_attention(q.clone(), q, v, None, None, &AttentionOptions::new());
 /// assert_eq!(out.dims(), [1, 2, 20, 3]);
 /// ```
-pub fn shared_full_attention<B: ClusteringBackend>(
+pub fn shared_full_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,

@@ -1,13 +1,15 @@
 //! [`Autodiff`]: the clustering ops and the top-k pass through to the inner backend (integer
-//! outputs, no gradient); the three sparse products are differentiated with the inner
-//! backend's own sparse products, since the gradient of each is made of the other two; the
-//! centroid attention and the per-query top-k attention run the inner backend's fused ops
-//! forward and its [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward)
-//! and [`top_attention_backward`](ClusteringBackend::top_attention_backward) backward; the
+//! outputs, no gradient); the three sparse products are differentiated with the inner backend's own
+//! sparse products, since the gradient of each is made of the other two; the centroid attention and
+//! the per-query top-k attention run the inner backend's fused ops forward and its
+//! [`centroid_attention_backward`](ClusteredAttentionBackend::centroid_attention_backward) and
+//! [`top_attention_backward`](ClusteredAttentionBackend::top_attention_backward) backward; the
 //! whole improved attention after clustering
-//! ([`improved_attention`](ClusteringBackend::improved_attention)) is one node, run forward as
-//! its default body composes the inner backend's ops and backward by the inner backend's
-//! [`improved_attention_backward`](ClusteringBackend::improved_attention_backward).
+//! ([`improved_attention`](ClusteredAttentionBackend::improved_attention)) is one node, run forward
+//! by the inner backend's
+//! [`improved_attention_forward`](ClusteredAttentionBackend::improved_attention_forward) and
+//! backward by the inner backend's
+//! [`improved_attention_backward`](ClusteredAttentionBackend::improved_attention_backward).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -17,8 +19,8 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
-use crate::ClusteringBackend;
-use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, reference};
+use crate::ClusteredAttentionBackend;
+use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters};
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -27,7 +29,7 @@ type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
 #[derive(Debug)]
 struct SparseDot;
 
-impl<B: ClusteringBackend> Backward<B, 2> for SparseDot {
+impl<B: ClusteredAttentionBackend> Backward<B, 2> for SparseDot {
     type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -48,7 +50,7 @@ impl<B: ClusteringBackend> Backward<B, 2> for SparseDot {
 #[derive(Debug)]
 struct SparseWeightedSum;
 
-impl<B: ClusteringBackend> Backward<B, 2> for SparseWeightedSum {
+impl<B: ClusteredAttentionBackend> Backward<B, 2> for SparseWeightedSum {
     type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -69,7 +71,7 @@ impl<B: ClusteringBackend> Backward<B, 2> for SparseWeightedSum {
 #[derive(Debug)]
 struct SparseScatter;
 
-impl<B: ClusteringBackend> Backward<B, 2> for SparseScatter {
+impl<B: ClusteredAttentionBackend> Backward<B, 2> for SparseScatter {
     type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -89,7 +91,7 @@ impl<B: ClusteringBackend> Backward<B, 2> for SparseScatter {
 #[derive(Debug)]
 struct AttentionSoftmax;
 
-impl<B: ClusteringBackend> Backward<B, 1> for AttentionSoftmax {
+impl<B: ClusteredAttentionBackend> Backward<B, 1> for AttentionSoftmax {
     type State = FloatTensor<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -117,7 +119,7 @@ type TopState<B> = (
 #[derive(Debug)]
 struct TopAttention;
 
-impl<B: ClusteringBackend> Backward<B, 5> for TopAttention {
+impl<B: ClusteredAttentionBackend> Backward<B, 5> for TopAttention {
     type State = TopState<B>;
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -164,7 +166,7 @@ type CentroidOutput<B> = (
 #[derive(Debug)]
 struct CentroidAttentionOp;
 
-impl<B: ClusteringBackend> Backward<B, 3> for CentroidAttentionOp {
+impl<B: ClusteredAttentionBackend> Backward<B, 3> for CentroidAttentionOp {
     type State = CentroidState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -220,7 +222,7 @@ type ImprovedState<B> = (
 #[derive(Debug)]
 struct ImprovedAttention;
 
-impl<B: ClusteringBackend> Backward<B, 3> for ImprovedAttention {
+impl<B: ClusteredAttentionBackend> Backward<B, 3> for ImprovedAttention {
     type State = ImprovedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -264,7 +266,9 @@ impl<B: ClusteringBackend> Backward<B, 3> for ImprovedAttention {
     }
 }
 
-impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff<B, C> {
+impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBackend
+    for Autodiff<B, C>
+{
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match AttentionSoftmax
             .prepare::<C>([x.node.clone()])
@@ -394,7 +398,7 @@ impl<B: ClusteringBackend, C: CheckpointStrategy> ClusteringBackend for Autodiff
                     clusters.assignments.clone(),
                     clusters.inverse_counts.clone(),
                 );
-                let (output, forward) = reference::improved_attention_forward::<B>(
+                let (output, forward) = B::improved_attention_forward(
                     q,
                     k,
                     v,

@@ -1,16 +1,14 @@
-//! Per-backend implementations of [`ClusteringBackend`](crate::ClusteringBackend).
+//! The implementations of [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) for
+//! Burn's backends, one folder per backend, the same file stem for the same op in each.
 //!
-//! CPU backends (NdArray, Flex) run host loops ([`crate::ops::host`]); `CubeBackend` runs
-//! CubeCL kernels ([`crate::kernels`]) and `Fusion` registers them as custom operations;
-//! [`Autodiff`] passes the clustering ops and the top-k through (no gradient) and
-//! differentiates the sparse products with the inner backend's own.
-//!
-//! [`Autodiff`]: burn::backend::Autodiff
+//! - [`cpu`]: NdArray and Flex, host loops (and the [`HostAccess`](cpu::HostAccess) trait for
+//!   other CPU backends).
+//! - `cube/`: `CubeBackend` (WGPU, Vulkan, CUDA), each CubeCL kernel beside its launcher, and
+//!   `Fusion`, which registers them as custom operations.
+//! - `autodiff.rs`: `Autodiff`, the backward nodes of the differentiable ops.
 
 #[cfg(feature = "autodiff")]
 mod autodiff;
-mod cpu;
+pub mod cpu;
 #[cfg(feature = "cube")]
 mod cube;
-#[cfg(feature = "cube")]
-mod fusion;

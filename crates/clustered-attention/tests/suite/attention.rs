@@ -2,8 +2,8 @@
 
 use burn::tensor::Tensor;
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
-    full_attention, improved_clustered_attention,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, cluster_queries,
+    clustered_attention, full_attention, improved_clustered_attention,
 };
 
 use crate::common::*;
@@ -43,7 +43,7 @@ impl Case {
         }
     }
 
-    fn tensors<B: ClusteringBackend>(&self) -> Inputs<B> {
+    fn tensors<B: ClusteredAttentionBackend>(&self) -> Inputs<B> {
         let device = Default::default();
         (
             self.q.to_tensor(&device),
@@ -63,12 +63,12 @@ type Inputs<B> = (
     Option<Tensor<B, 1, burn::tensor::Int>>,
 );
 
-fn full<B: ClusteringBackend>(case: &Case) -> Host4 {
+fn full<B: ClusteredAttentionBackend>(case: &Case) -> Host4 {
     let (q, k, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(full_attention(q, k, v, ql, kl, &AttentionOptions::new()))
 }
 
-fn clustered<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
+fn clustered<B: ClusteredAttentionBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
     let (q, k, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(clustered_attention(
         q,
@@ -81,7 +81,7 @@ fn clustered<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions) 
     ))
 }
 
-fn improved<B: ClusteringBackend>(
+fn improved<B: ClusteredAttentionBackend>(
     case: &Case,
     clustering: &ClusteringOptions,
     topk: usize,
@@ -99,13 +99,16 @@ fn improved<B: ClusteringBackend>(
     ))
 }
 
-fn assignments<B: ClusteringBackend>(case: &Case, clustering: &ClusteringOptions) -> Vec<i64> {
+fn assignments<B: ClusteredAttentionBackend>(
+    case: &Case,
+    clustering: &ClusteringOptions,
+) -> Vec<i64> {
     let (q, _, _, ql, _) = case.tensors::<B>();
     host_ints(cluster_queries(q, ql, clustering).assignments)
 }
 
 /// Full attention against the f64 reference, with query padding, key padding and S ≠ L.
-pub fn full_matches_reference<B: ClusteringBackend>() {
+pub fn full_matches_reference<B: ClusteredAttentionBackend>() {
     let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 1);
     let diff = max_abs_diff(
@@ -119,7 +122,7 @@ pub fn full_matches_reference<B: ClusteringBackend>() {
 }
 
 /// Clustered == full when clusters ≥ valid queries; improved == full when topk ≥ S.
-pub fn exact_regime_equals_full<B: ClusteringBackend>() {
+pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>() {
     let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 2);
     let reference = full_reference(&case.q, &case.k, &case.v, &case.setup());
@@ -181,7 +184,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>() {
 
 /// Clustered and improved attention against the f64 references computed from the same
 /// assignments (C < L, topk < S), with padding.
-pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
+pub fn approximate_regime_matches_reference<B: ClusteredAttentionBackend>() {
     let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = Case::padded(48, 37, 8, 6, 3);
     let clustering = ClusteringOptions::new(5).with_seed(11);
@@ -205,7 +208,7 @@ pub fn approximate_regime_matches_reference<B: ClusteringBackend>() {
 /// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query (+ 5e-3 on CUDA,
 /// whose f32 matmul rounds to TF32: [`matmul_tolerance`]). With identity values
 /// (D = S) the outputs are the attention matrices themselves.
-pub fn proposition_2<B: ClusteringBackend>() {
+pub fn proposition_2<B: ClusteredAttentionBackend>() {
     let slack = matmul_tolerance::<B>(1e-6);
     for (seed, clusters, topk) in [(4, 3, 5), (5, 6, 2), (6, 2, 16)] {
         let mut case = Case::padded(36, 30, 8, 1, seed);
@@ -246,7 +249,7 @@ pub fn proposition_2<B: ClusteringBackend>() {
 }
 
 /// The same seed gives bit-identical outputs; another seed gives other clusters.
-pub fn same_seed_bit_identical<B: ClusteringBackend>() {
+pub fn same_seed_bit_identical<B: ClusteredAttentionBackend>() {
     let case = Case::padded(64, 50, 8, 4, 7);
     let clustering = ClusteringOptions::new(6).with_seed(3);
     assert_eq!(
@@ -265,7 +268,7 @@ pub fn same_seed_bit_identical<B: ClusteringBackend>() {
 }
 
 /// A NaN in one query row leaves every other batch item's output unchanged.
-pub fn nan_query_is_contained<B: ClusteringBackend>() {
+pub fn nan_query_is_contained<B: ClusteredAttentionBackend>() {
     let case = Case::padded(30, 20, 8, 4, 8);
     let mut poisoned = Case::padded(30, 20, 8, 4, 8);
     let [_, heads, len, dim] = case.q.dims;

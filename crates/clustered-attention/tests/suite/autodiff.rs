@@ -5,9 +5,9 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, LshOptions, clustered_attention,
-    full_attention, improved_clustered_attention, lsh_attention, oracle_top_attention,
-    shared_full_attention,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, LshOptions,
+    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
+    oracle_top_attention, shared_full_attention,
 };
 
 use crate::common::*;
@@ -30,7 +30,7 @@ struct Grads {
 }
 
 /// Gradients of `Σ output ⊙ weights` with respect to queries, keys and values.
-fn gradients<B: AutodiffBackend + ClusteringBackend>(
+fn gradients<B: AutodiffBackend + ClusteredAttentionBackend>(
     kind: Kind,
     q: &Host4,
     k: &Host4,
@@ -67,7 +67,7 @@ fn gradients<B: AutodiffBackend + ClusteringBackend>(
     }
 }
 
-fn run<B: ClusteringBackend>(
+fn run<B: ClusteredAttentionBackend>(
     kind: Kind,
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
@@ -130,7 +130,7 @@ fn norm(a: &[f64]) -> f64 {
 /// Gradients reach queries, keys and values through clustered and improved attention, and in
 /// the exact regime equal full attention's to 1e-4 (5e-3 on CUDA, whose f32 matmul rounds to
 /// TF32: [`matmul_tolerance`]).
-fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteringBackend>() {
+fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteredAttentionBackend>() {
     let q = clustered_queries([2, 2, 24, 8], 3, 1.0, 31);
     let k = normal([2, 2, 19, 8], 32);
     let v = normal([2, 2, 19, 4], 33);

@@ -5,7 +5,7 @@ use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, LshOptions, cluster_queries,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, LshOptions, cluster_queries,
     clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
     oracle_top_attention, shared_full_attention,
 };
@@ -40,7 +40,7 @@ impl SharedCase {
     }
 
     /// Queries, values, query lengths, key lengths.
-    fn tensors<B: ClusteringBackend>(&self) -> SharedInputs<B> {
+    fn tensors<B: ClusteredAttentionBackend>(&self) -> SharedInputs<B> {
         let device = Default::default();
         (
             self.q.to_tensor(&device),
@@ -199,7 +199,7 @@ fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
     rows
 }
 
-fn run_lsh<B: ClusteringBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
+fn run_lsh<B: ClusteredAttentionBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(lsh_attention(
         q.clone(),
@@ -212,7 +212,7 @@ fn run_lsh<B: ClusteringBackend>(case: &SharedCase, options: &LshOptions) -> Hos
     ))
 }
 
-fn run_shared_full<B: ClusteringBackend>(case: &SharedCase) -> Host4 {
+fn run_shared_full<B: ClusteredAttentionBackend>(case: &SharedCase) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(shared_full_attention(
         q.clone(),
@@ -226,7 +226,7 @@ fn run_shared_full<B: ClusteringBackend>(case: &SharedCase) -> Host4 {
 
 /// The angular buckets equal the f64 argmax, and the device sort equals a stable host sort by
 /// bucket, with buckets spanning one to three hexadecimal digits.
-pub fn buckets_and_sort_match_reference<B: ClusteringBackend>() {
+pub fn buckets_and_sort_match_reference<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     let q = normal([2, 3, 300, 8], 11);
     for buckets in [2, 14, 40, 600] {
@@ -262,7 +262,7 @@ pub fn buckets_and_sort_match_reference<B: ClusteringBackend>() {
 
 /// lsh-X against the reference, for 1 and 4 rounds, chunks dividing L or not, the default and
 /// explicit bucket counts, with padded sequences.
-pub fn lsh_matches_reference<B: ClusteringBackend>() {
+pub fn lsh_matches_reference<B: ClusteredAttentionBackend>() {
     let tolerance = matmul_tolerance::<B>(TOLERANCE);
     for (len, rounds, chunk, buckets, seed) in [
         (64, 1, 8, None, 1),
@@ -289,7 +289,7 @@ pub fn lsh_matches_reference<B: ClusteringBackend>() {
 
 /// One chunk covering the sequence: lsh-X attends to every valid key, so it equals
 /// shared-full, which equals its own reference.
-pub fn one_chunk_lsh_equals_shared_full<B: ClusteringBackend>() {
+pub fn one_chunk_lsh_equals_shared_full<B: ClusteredAttentionBackend>() {
     let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = SharedCase::new(40, 8, 4, 9);
     let shared = run_shared_full::<B>(&case);
@@ -315,7 +315,7 @@ pub fn one_chunk_lsh_equals_shared_full<B: ClusteringBackend>() {
 }
 
 /// A query whose other keys are all padded attends to itself.
-pub fn lone_query_attends_to_itself<B: ClusteringBackend>() {
+pub fn lone_query_attends_to_itself<B: ClusteredAttentionBackend>() {
     let mut case = SharedCase::new(10, 4, 2, 12);
     case.lengths = vec![1, 10, 2];
     let lsh = run_lsh::<B>(&case, &LshOptions::new().with_chunk_size(4));
@@ -332,7 +332,7 @@ pub fn lone_query_attends_to_itself<B: ClusteringBackend>() {
 
 /// In shared-QK attention a position past its key length is padding even when its query
 /// length covers it: its row is zero, and the other rows are those of equal lengths.
-pub fn positions_past_key_length_are_padding<B: ClusteringBackend>() {
+pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
     let case = SharedCase::new(30, 8, 3, 14);
     let device = Default::default();
     let options = LshOptions::new().with_chunk_size(4).with_rounds(2);
@@ -406,7 +406,7 @@ fn zero_key_gives_finite_gradients() {
 }
 
 /// The same seed gives bit-identical outputs; another seed other buckets.
-pub fn lsh_same_seed_bit_identical<B: ClusteringBackend>() {
+pub fn lsh_same_seed_bit_identical<B: ClusteredAttentionBackend>() {
     let case = SharedCase::new(96, 8, 4, 13);
     let options = LshOptions::new()
         .with_rounds(2)
@@ -424,7 +424,7 @@ pub fn lsh_same_seed_bit_identical<B: ClusteringBackend>() {
 
 /// oracle-top: each query's top-k valid keys by score, softmax over them; with `k ≥ S` it is
 /// full attention.
-pub fn oracle_top_matches_reference<B: ClusteringBackend>() {
+pub fn oracle_top_matches_reference<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     let q = clustered_queries([3, 2, 30, 8], 4, 1.5, 21);
     let k = normal([3, 2, 25, 8], 22);
@@ -624,7 +624,7 @@ fn dropout_is_unbiased() {
 /// shared-full, lsh-X with one chunk (1 and 3 rounds) and oracle-top with topk ≥ S in `dtype`
 /// against the `f64` references on the inputs rounded to `dtype`, within
 /// [`crate::half::tolerance`] of the largest output.
-pub fn half_baselines_match_reference<B: ClusteringBackend>(dtype: DType) {
+pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
     let tolerance = crate::half::tolerance(dtype);
     let exact = SharedCase::new(40, 8, 4, 9);
     let (q, v, ql, kl) = exact.tensors::<B>();

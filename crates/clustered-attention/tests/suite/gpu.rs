@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use clustered_attention::ops::reference;
-use clustered_attention::{ClusteringBackend, hamming_kmeans, lsh_hash, lsh_planes};
+use clustered_attention::{ClusteredAttentionBackend, hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
 
 use crate::common::*;
@@ -106,19 +106,19 @@ fn cases() -> &'static [Case] {
     })
 }
 
-fn tensor4<B: ClusteringBackend>(values: &[f32], dims: [usize; 4]) -> Tensor<B, 4> {
+fn tensor4<B: ClusteredAttentionBackend>(values: &[f32], dims: [usize; 4]) -> Tensor<B, 4> {
     Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
 }
 
-fn tensor2<B: ClusteringBackend>(values: &[f32], dims: [usize; 2]) -> Tensor<B, 2> {
+fn tensor2<B: ClusteredAttentionBackend>(values: &[f32], dims: [usize; 2]) -> Tensor<B, 2> {
     Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
 }
 
-fn int3<B: ClusteringBackend>(values: &[i64], dims: [usize; 3]) -> Tensor<B, 3, Int> {
+fn int3<B: ClusteredAttentionBackend>(values: &[i64], dims: [usize; 3]) -> Tensor<B, 3, Int> {
     Tensor::from_data(TensorData::new(values.to_vec(), dims), &Default::default())
 }
 
-fn lengths_tensor<B: ClusteringBackend>(values: &[usize]) -> Tensor<B, 1, Int> {
+fn lengths_tensor<B: ClusteredAttentionBackend>(values: &[usize]) -> Tensor<B, 1, Int> {
     lengths::<B>(values, &Default::default())
 }
 
@@ -140,7 +140,7 @@ fn assert_same(actual: &[i64], expected: &[i64], context: &str) {
 }
 
 /// The backend's kernels reproduce every reference case bit for bit.
-pub fn kernels_match_reference<B: ClusteringBackend>() {
+pub fn kernels_match_reference<B: ClusteredAttentionBackend>() {
     for case in cases() {
         let codes = host_ints(lsh_hash(
             tensor4::<B>(&case.queries, case.dims),
@@ -176,7 +176,9 @@ pub fn kernels_match_reference<B: ClusteringBackend>() {
 
 /// The half-precision checks of `half.rs` in `dtype` on the fused backend `F` and on the
 /// unfused `CubeBackend` `U` of the same runtime.
-fn half_precision_matches_reference<F: ClusteringBackend, U: ClusteringBackend>(dtype: DType) {
+fn half_precision_matches_reference<F: ClusteredAttentionBackend, U: ClusteredAttentionBackend>(
+    dtype: DType,
+) {
     crate::half::attention_matches_reference::<F>(dtype);
     crate::half::exact_regime_equals_full::<F>(dtype);
     crate::baselines::half_baselines_match_reference::<F>(dtype);
@@ -229,9 +231,10 @@ mod wgpu {
     const CHILD: &str = "CLUSTERED_ATTENTION_READ_GUARD_CHILD";
 
     /// The forwards of improved clustered attention and of lsh-X on `Wgpu` (fusion on), without
-    /// lengths, read nothing back from the device: hashing, K-means, top-k and the sparse
-    /// products stay there, and so do the angular hashing and the bucket sort of lsh-X. Runs alone in a child process of the test binary, since the read counter is
-    /// process-wide and other tests read.
+    /// lengths, read nothing back from the device: hashing, K-means, top-k and the sparse products
+    /// stay there, and so do the angular hashing and the bucket sort of lsh-X. Runs alone in a
+    /// child process of the test binary, since the read counter is process-wide and other tests
+    /// read.
     #[test]
     fn forwards_read_nothing_back() {
         if std::env::var_os(CHILD).is_none() {

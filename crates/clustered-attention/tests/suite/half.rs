@@ -14,9 +14,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, ElementConversion, FloatDType, Int, Tensor};
 use clustered_attention::ops::reference;
 use clustered_attention::{
-    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteredAttentionInput,
-    ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention, full_attention,
-    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionKind, AttentionOptions, ClusteredAttentionBackend, ClusteredAttentionConfig,
+    ClusteredAttentionInput, ClusteringOptions, cluster_queries, clustered_attention,
+    full_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
 };
 
 use crate::common::*;
@@ -41,7 +41,7 @@ struct HalfCase<B: Backend> {
     key_lengths: Vec<usize>,
 }
 
-impl<B: ClusteringBackend> HalfCase<B> {
+impl<B: ClusteredAttentionBackend> HalfCase<B> {
     fn new(len: usize, keys_len: usize, dtype: DType, seed: u64) -> Self {
         let device = Default::default();
         let round = |host: Host4| {
@@ -118,7 +118,7 @@ pub fn relative_error(out: &Host4, reference: &Rows) -> f64 {
 
 /// Full, clustered and improved attention in `dtype` against the `f64` references (the latter
 /// two on the assignments the half-precision run made), with C < L and topk < S.
-pub fn attention_matches_reference<B: ClusteringBackend>(dtype: DType) {
+pub fn attention_matches_reference<B: ClusteredAttentionBackend>(dtype: DType) {
     let tolerance = tolerance(dtype);
     let case = HalfCase::<B>::new(96, 80, dtype, 5);
     let setup = case.setup();
@@ -152,7 +152,7 @@ pub fn attention_matches_reference<B: ClusteringBackend>(dtype: DType) {
 
 /// With no more valid queries than clusters, clustered and improved attention in `dtype` equal
 /// full attention in `dtype`; so does improved with topk ≥ S.
-pub fn exact_regime_equals_full<B: ClusteringBackend>(dtype: DType) {
+pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>(dtype: DType) {
     let tolerance = tolerance(dtype);
     let case = HalfCase::<B>::new(40, 30, dtype, 9);
     let full = host(case.full(), dtype);
@@ -181,7 +181,7 @@ pub fn exact_regime_equals_full<B: ClusteringBackend>(dtype: DType) {
 /// threshold than 1 % of `Σ |q_e · p_e| + |threshold|` matches the `f64` projection of the
 /// rounded query on the rounded plane. Then K-means on those codes gives the same assignments
 /// and counts as the default body (integer arithmetic) computes on NdArray in `f32`.
-pub fn hashing_and_kmeans_match_reference<B: ClusteringBackend>(dtype: DType) {
+pub fn hashing_and_kmeans_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
     let device = Default::default();
     let dims = [2, 2, 300, 16];
     let queries = clustered_queries(dims, 3, 1.0, 21)
@@ -265,7 +265,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
 /// uniform attention), and within 300 Adam steps the mean squared error falls below 0.1 % of
 /// its start (the same floor an `f32` run reaches: clusters and top-k sets move as the
 /// queries do).
-pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteringBackend>(dtype: FloatDType) {
+pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteredAttentionBackend>(dtype: FloatDType) {
     let device = Default::default();
     B::seed(&device, 3);
     let (batch, len, d_model) = (2, 40, 16);

@@ -2,13 +2,13 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::ops::{initial_centroid_positions, reference};
-use clustered_attention::{ClusteringBackend, hamming_kmeans, lsh_hash, lsh_planes};
+use clustered_attention::{ClusteredAttentionBackend, hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
 
 use crate::common::*;
 
-/// The K-means definition of `ClusteringBackend::hamming_kmeans`, with integer loops and all
-/// `iterations` run: returns (assignments, counts) for one sequence's codes, and the first
+/// The K-means definition of `ClusteredAttentionBackend::hamming_kmeans`, with integer loops and
+/// all `iterations` run: returns (assignments, counts) for one sequence's codes, and the first
 /// round (from 0) whose update left every centroid unchanged, if one did.
 fn kmeans_reference(
     codes: &[u32],
@@ -70,7 +70,10 @@ fn kmeans_reference(
     (assignments, counts, fixed_point)
 }
 
-fn codes_tensor<B: ClusteringBackend>(codes: &[u32], dims: [usize; 3]) -> Tensor<B, 3, Int> {
+fn codes_tensor<B: ClusteredAttentionBackend>(
+    codes: &[u32],
+    dims: [usize; 3],
+) -> Tensor<B, 3, Int> {
     let values: Vec<i64> = codes.iter().map(|&c| c as i32 as i64).collect();
     Tensor::from_data(TensorData::new(values, dims), &Default::default())
 }
@@ -84,7 +87,7 @@ pub enum Implementation {
     Reference,
 }
 
-fn run<B: ClusteringBackend>(
+fn run<B: ClusteredAttentionBackend>(
     implementation: Implementation,
     codes: &[u32],
     dims: [usize; 3],
@@ -122,7 +125,7 @@ fn run<B: ClusteringBackend>(
 /// with more, as many and fewer valid queries than clusters. The 1500-query case reaches a
 /// fixed point of the updates after a few rounds that change centroids and before its last
 /// round (checked below), where an implementation may stop early.
-fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation) {
+fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let mut rng = rng(21);
     let mut early_fixed_points = 0;
     for (len, clusters, iterations, bits) in [
@@ -199,7 +202,7 @@ fn kmeans_matches_reference<B: ClusteringBackend>(implementation: Implementation
 /// 0x00, cluster 1 = {B, W = 0x1F} ties on bits 5–7 and must keep 0xFF. Expected: A, X → 0 and
 /// B, W → 1. (Ties to the highest index would send X to 1; ties setting a bit would pull W
 /// to cluster 0x0F; ties clearing a bit would pull X to 0x1F.)
-fn kmeans_tie_rules<B: ClusteringBackend>(implementation: Implementation) {
+fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let (len, clusters, seed) = (4, 2, 5);
     let initial = initial_centroid_positions(&[len], 1, clusters, seed);
     let (pa, pb) = (initial[0] as usize, initial[1] as usize);
@@ -246,7 +249,7 @@ fn kmeans_tie_rules<B: ClusteringBackend>(implementation: Implementation) {
 /// Planted groups of codes (centres ≥ 16 bits apart, members ≤ 2 bits from their centre) are
 /// recovered exactly when each group holds one initial centroid, and never mixed when there
 /// are more clusters than groups.
-fn kmeans_recovers_planted_groups<B: ClusteringBackend>(implementation: Implementation) {
+fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let centres: [u32; 4] = [0x0000_0000, 0xFFFF_0000, 0x0000_FFFF, 0xF0F0_F0F0];
     for (a, b) in [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)] {
         assert!((centres[a] ^ centres[b]).count_ones() >= 16);
@@ -303,7 +306,7 @@ fn kmeans_recovers_planted_groups<B: ClusteringBackend>(implementation: Implemen
 
 /// Codes against a plain-loop hash on dyadic inputs (exact in f32 whatever the summation
 /// order), for every bit count class and with and without the bias column.
-fn lsh_hash_matches_reference<B: ClusteringBackend>() {
+fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     let (batch, heads, len, dim) = (2, 3, 17, 8);
     let mut rng = rng(8);

@@ -1,32 +1,30 @@
-//! The top-k selection and the sparse products: the backends' implementations (host loops on
-//! NdArray and Flex, custom backward under Autodiff) against the default bodies and against
-//! plain loops.
+//! The top-k selection, the attention softmax and the sparse products: the backends'
+//! implementations (host loops on NdArray and Flex, kernels on WGPU and CUDA, custom backward
+//! under Autodiff) against the default bodies and against plain loops; and `sparse_tests!`,
+//! which runs these and the fused ops' tests (`fused.rs`) on every backend.
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use clustered_attention::ClusteringBackend;
-use clustered_attention::ops::{ClusterTop, QueryClusters, TopAttentionGrads, reference};
-use clustered_attention::sparse::{
-    attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
-    top_attention, topk_indices,
+use clustered_attention::ClusteredAttentionBackend;
+use clustered_attention::ops::{
+    attention_softmax, reference, sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices,
 };
 use rand::RngExt;
 
 use crate::common::*;
 
-const TOLERANCE: f32 = 1e-5;
+pub const TOLERANCE: f32 = 1e-5;
 
 /// Random top-k sets (distinct keys per cluster) and assignments with padded queries.
-struct Indices {
-    topk: Vec<i64>,
-    topk_dims: [usize; 4],
-    assignments: Vec<i64>,
-    assignment_dims: [usize; 3],
+pub struct Indices {
+    pub topk: Vec<i64>,
+    pub topk_dims: [usize; 4],
+    pub assignments: Vec<i64>,
+    pub assignment_dims: [usize; 3],
 }
 
-fn indices(
+pub fn indices(
     batch: usize,
     heads: usize,
     len: usize,
@@ -60,7 +58,7 @@ fn indices(
 }
 
 impl Indices {
-    fn tensors<B: Backend>(&self) -> (Tensor<B, 4, Int>, Tensor<B, 3, Int>) {
+    pub fn tensors<B: Backend>(&self) -> (Tensor<B, 4, Int>, Tensor<B, 3, Int>) {
         let device = Default::default();
         (
             Tensor::from_data(TensorData::new(self.topk.clone(), self.topk_dims), &device),
@@ -72,7 +70,7 @@ impl Indices {
     }
 }
 
-fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
+pub fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
     let a: Vec<f32> = a.into_data().iter::<f32>().collect();
     let b: Vec<f32> = b.into_data().iter::<f32>().collect();
     assert_eq!(a.len(), b.len());
@@ -82,7 +80,7 @@ fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
+pub fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
 }
 
@@ -91,7 +89,7 @@ fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
 /// A third case has widths across the 16-lane blocks of the host kernels (k = 33, E = 70,
 /// cluster sizes not multiples of 4); its tolerance is scaled for 70-term sums of products of
 /// unit normals (|q · k| up to about 30, f32 rounding about 2⁻²⁴ per term).
-fn sparse_products_match_reference<B: ClusteringBackend>() {
+fn sparse_products_match_reference<B: ClusteredAttentionBackend>() {
     check_sparse_products::<B>((2, 3, 37, 29, 10, 5, 6), TOLERANCE);
     check_sparse_products::<B>((1, 2, 700, 300, 8, 7, 5), TOLERANCE);
     check_sparse_products::<B>((1, 2, 301, 90, 70, 6, 33), 1e-4);
@@ -103,7 +101,7 @@ fn sparse_products_match_reference<B: ClusteringBackend>() {
     check_sparse_products::<B>((2, 3, 150, 12, 70, 40, 1), 1e-4);
 }
 
-fn check_sparse_products<B: ClusteringBackend>(
+fn check_sparse_products<B: ClusteredAttentionBackend>(
     (batch, heads, len, keys_len, dim, clusters, k): (
         usize,
         usize,
@@ -190,7 +188,7 @@ fn check_sparse_products<B: ClusteringBackend>(
 
 /// The backend's top-k equals a sort (no ties in random data); among ties it takes the
 /// lowest index (host loops, CubeCL kernel), and k = S returns every index.
-fn topk_matches_sort<B: ClusteringBackend>() {
+fn topk_matches_sort<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     let scores = normal([2, 2, 7, 40], 71);
     let t = scores.to_tensor::<B>(&device);
@@ -250,7 +248,7 @@ fn topk_matches_sort<B: ClusteringBackend>() {
 /// The backend's attention softmax against an f64 softmax: random rows of several widths
 /// (below, at and across the 16-lane blocks), rows with large scores and `−∞` (masked keys,
 /// exactly 0), and scores spanning more than the f32 exponent range below the maximum.
-fn attention_softmax_matches_reference<B: ClusteringBackend>() {
+fn attention_softmax_matches_reference<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     for (width, seed) in [(1, 81), (7, 82), (16, 83), (37, 84), (300, 85)] {
         let mut x = normal([2, 3, 5, width], seed);
@@ -284,709 +282,9 @@ fn attention_softmax_matches_reference<B: ClusteringBackend>() {
     }
 }
 
-/// The backend's centroid attention against plain f64 loops: `Aᶜ V` over the keys outside the
-/// returned top-k (all of it with `topk` 0) and the top-k weights to 1e-5, the top-k sets by
-/// score (a chosen key may differ only among scores within 1e-5 of the k-th best); on CUDA
-/// 5e-3 instead of 1e-5, relative to the k-th best score when it exceeds 1
-/// ([`matmul_tolerance`]), with padded
-/// keys, `topk` from 0 to S, shapes small enough for one thread and large enough for several,
-/// and one (batch, head) with enough clusters for the host loops to split its rows between
-/// threads (on a machine with two or more).
-fn centroid_attention_matches_loops<B: ClusteringBackend>() {
-    let device = Default::default();
-    let tolerance = matmul_tolerance::<B>(1e-5);
-    // TF32 rounds a score relative to its size; f32 elsewhere keeps 1e-5 absolute.
-    let score_slack = |kth: f64| {
-        if tolerance > 1e-5 {
-            tolerance * kth.abs().max(1.0)
-        } else {
-            tolerance
-        }
-    };
-    // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
-    type Case = ([usize; 4], usize, usize, &'static [usize], &'static [usize]);
-    let cases: [Case; 4] = [
-        ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
-        ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
-        ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
-        ([1, 1, 45, 16], 1100, 5, &[1050], &[0, 6]),
-    ];
-    for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
-        let [batch, heads, clusters, dim] = centroid_dims;
-        let seed = 90 + 3 * n as u64;
-        let centroids = normal(centroid_dims, seed);
-        let keys = normal([batch, heads, keys_len, dim], seed + 1);
-        let values = normal([batch, heads, keys_len, dim_v], seed + 2);
-        for &topk in topks {
-            let (out, top) = centroid_attention(
-                centroids.to_tensor::<B>(&device),
-                keys.to_tensor::<B>(&device),
-                values.to_tensor::<B>(&device),
-                Some(lengths::<B>(key_lengths, &device)),
-                topk,
-            );
-            assert_eq!(out.dims(), [batch, heads, clusters, dim_v]);
-            let out = Host4::from_tensor(out);
-            let top = top.map(|(indices, weights)| {
-                assert_eq!(indices.dims(), [batch, heads, clusters, topk]);
-                (host_ints(indices), Host4::from_tensor(weights))
-            });
-            assert_eq!(top.is_some(), topk > 0, "top-k present iff topk > 0");
-            for (b, &valid) in key_lengths.iter().enumerate() {
-                for h in 0..heads {
-                    for c in 0..clusters {
-                        let case = format!("case {n}, topk {topk}, ({b}, {h}, {c})");
-                        let query = centroids.row(b, h, c);
-                        let scores: Vec<f64> = (0..keys_len)
-                            .map(|j| {
-                                if j < valid {
-                                    dot(&query, &keys.row(b, h, j))
-                                } else {
-                                    f64::NEG_INFINITY
-                                }
-                            })
-                            .collect();
-                        let weights = softmax(&scores);
-                        let row = ((b * heads + h) * clusters + c) * topk;
-                        let in_top = |j: usize| match &top {
-                            Some((indices, _)) => indices[row..row + topk].contains(&(j as i64)),
-                            None => false,
-                        };
-                        for d in 0..dim_v {
-                            let expected: f64 = (0..keys_len)
-                                .filter(|&j| !in_top(j))
-                                .map(|j| weights[j] * values.at(b, h, j, d))
-                                .sum();
-                            let got = out.at(b, h, c, d);
-                            assert!(
-                                (got - expected).abs() <= tolerance,
-                                "{case}, column {d}: {got} vs {expected}"
-                            );
-                        }
-                        let Some((indices, top_weights)) = &top else {
-                            continue;
-                        };
-                        let chosen = &indices[row..row + topk];
-                        let mut sorted = scores.clone();
-                        sorted.sort_by(|a, b| b.total_cmp(a));
-                        let kth = sorted[topk - 1];
-                        let mut seen = vec![false; keys_len];
-                        for (r, &j) in chosen.iter().enumerate() {
-                            let j = usize::try_from(j).expect("a key index");
-                            assert!(
-                                j < keys_len && !seen[j],
-                                "{case}: key {j} repeated or out of range"
-                            );
-                            seen[j] = true;
-                            assert!(
-                                scores[j] >= kth - score_slack(kth),
-                                "{case}: key {j} scores {} below the k-th best {kth}",
-                                scores[j]
-                            );
-                            let got = top_weights.at(b, h, c, r);
-                            assert!(
-                                (got - weights[j]).abs() <= tolerance,
-                                "{case}: weight of key {j}: {got} vs {}",
-                                weights[j]
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The backend's per-query top-k attention and its default body against plain f64 loops:
-/// padded queries, a sequence with padded keys in its top-k sets (each set keeps at least one
-/// valid key, as the centroid attention's top-k always does), and widths across the 16-lane
-/// blocks of the host kernels (k = 33, E = 70, D = 20), and one (batch, head) with enough
-/// queries for the host loops to split them between threads (on a machine with two or more),
-/// with the tolerance of `sparse_products_match_reference`.
-fn top_attention_matches_loops<B: ClusteringBackend>() {
-    let device = Default::default();
-    // (batch, heads, L, S, E, D, C, k, key lengths, tolerance)
-    type Case = (
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        &'static [usize],
-        f64,
-    );
-    let cases: [Case; 3] = [
-        (2, 3, 37, 29, 10, 7, 5, 6, &[29, 4], 1e-5),
-        (1, 2, 301, 90, 70, 20, 6, 33, &[85], 1e-4),
-        (1, 1, 2500, 60, 8, 5, 7, 4, &[55], 1e-5),
-    ];
-    let scale = 0.3;
-    for (n, (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths, tolerance)) in
-        cases.into_iter().enumerate()
-    {
-        let seed = 70 + 5 * n as u64;
-        let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
-        for (row, top) in ix.topk.chunks_mut(k).enumerate() {
-            let valid = key_lengths[row / (heads * clusters)] as i64;
-            if top.iter().all(|&t| t >= valid) {
-                top[0] = 0;
-            }
-        }
-        let queries = normal([batch, heads, len, dim], seed + 1);
-        let keys = normal([batch, heads, keys_len, dim], seed + 2);
-        let values = normal([batch, heads, keys_len, dim_v], seed + 3);
-        let mut mass = normal([batch, heads, clusters, 1], seed + 4);
-        for m in &mut mass.data {
-            *m = m.abs() / (1.0 + m.abs());
-        }
-        let rest = normal([batch, heads, clusters, dim_v], seed + 5);
-        let (topk, assignments) = ix.tensors::<B>();
-        let inputs = || {
-            (
-                queries.to_tensor::<B>(&device),
-                keys.to_tensor::<B>(&device),
-                values.to_tensor::<B>(&device),
-                topk.clone(),
-                assignments.clone(),
-                mass.to_tensor::<B>(&device),
-                rest.to_tensor::<B>(&device),
-                Some(lengths::<B>(key_lengths, &device)),
-            )
-        };
-        let (q, kt, v, t, a, m, r, l) = inputs();
-        let out = top_attention(q, kt, v, a, t, m, r, l, scale);
-        let (q, kt, v, t, a, m, r, l) = inputs();
-        let clusters_top = ClusterTop {
-            assignments: a.into_primitive(),
-            topk: t.into_primitive(),
-            mass: m.into_primitive().tensor(),
-            rest: r.into_primitive().tensor(),
-        };
-        let default_body = float::<B>(reference::top_attention::<B>(
-            q.into_primitive().tensor(),
-            kt.into_primitive().tensor(),
-            v.into_primitive().tensor(),
-            clusters_top,
-            l.map(Tensor::into_primitive),
-            scale,
-        ));
-        for (name, out) in [("backend", out), ("default body", default_body)] {
-            assert_eq!(out.dims(), [batch, heads, len, dim_v]);
-            let out = Host4::from_tensor(out);
-            for (b, &valid) in key_lengths.iter().enumerate() {
-                for h in 0..heads {
-                    for i in 0..len {
-                        let case = format!("case {n}, {name}, ({b}, {h}, {i})");
-                        let a = ix.assignments[(b * heads + h) * len + i];
-                        let expected: Vec<f64> = if a < 0 {
-                            vec![0.0; dim_v]
-                        } else {
-                            let a = a as usize;
-                            let row = ((b * heads + h) * clusters + a) * k;
-                            let top = &ix.topk[row..row + k];
-                            let scores: Vec<f64> = top
-                                .iter()
-                                .map(|&t| {
-                                    if (t as usize) < valid {
-                                        scale
-                                            * dot(
-                                                &queries.row(b, h, i),
-                                                &keys.row(b, h, t as usize),
-                                            )
-                                    } else {
-                                        f64::NEG_INFINITY
-                                    }
-                                })
-                                .collect();
-                            let weights = softmax(&scores);
-                            (0..dim_v)
-                                .map(|d| {
-                                    let top_part: f64 = top
-                                        .iter()
-                                        .zip(&weights)
-                                        .map(|(&t, w)| w * values.at(b, h, t as usize, d))
-                                        .sum();
-                                    mass.at(b, h, a, 0) * top_part + rest.at(b, h, a, d)
-                                })
-                                .collect()
-                        };
-                        for (d, expected) in expected.iter().enumerate() {
-                            let got = out.at(b, h, i, d);
-                            assert!(
-                                (got - expected).abs() <= tolerance,
-                                "{case}, column {d}: {got} vs {expected}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Under Autodiff, the gradients of the centroid attention with respect to the centroids, keys
-/// and values, through the backend's `centroid_attention_backward` and through the default body
-/// of that op, equal autodiff through the default forward body (matmul, the attention softmax,
-/// a gather, a scatter): both outputs weighted (the rest of `Aᶜ V` and the top-k weights),
-/// padded keys, `topk` 0 and above 0, more clusters than one block of the host loops (128
-/// rows), more keys than one of their parts (512 keys) and than one task of their backward
-/// (2048 keys). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
-/// rounds to TF32 ([`matmul_tolerance`]).
-fn centroid_attention_gradients_match_reference<B: ClusteringBackend>() {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let tolerance = matmul_tolerance::<B>(1e-4) as f32;
-    // ([batch, heads, C, E], S, D, key lengths, topk)
-    type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 5] = [
-        ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
-        ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
-        ([1, 1, 130, 8], 40, 5, &[33], 3),
-        ([2, 1, 9, 8], 1300, 6, &[1300, 700], 5),
-        ([2, 2, 7, 8], 4700, 6, &[4700, 2100], 5),
-    ];
-    for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
-        let [batch, heads, clusters, dim] = centroid_dims;
-        let seed = 110 + 7 * n as u64;
-        let inputs = [
-            normal(centroid_dims, seed),
-            normal([batch, heads, keys_len, dim], seed + 1),
-            normal([batch, heads, keys_len, dim_v], seed + 2),
-        ];
-        let outer_values = normal([batch, heads, clusters, dim_v], seed + 3);
-        let outer_top = normal([batch, heads, clusters, topk], seed + 4);
-        type Forward<B> = fn(
-            [FloatTensor<A<B>>; 3],
-            Option<burn::tensor::ops::IntTensor<A<B>>>,
-            usize,
-        ) -> clustered_attention::ops::CentroidAttention<A<B>>;
-        // Gradients of Σ Aᶜ V ⊙ outer_values + Σ top weights ⊙ outer_top.
-        let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-            let x: Vec<Tensor<A<B>, 4>> = inputs
-                .iter()
-                .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
-                .collect();
-            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-            let out = forward(
-                [float_in(0), float_in(1), float_in(2)],
-                Some(lengths::<A<B>>(key_lengths, &device).into_primitive()),
-                topk,
-            );
-            let mut loss =
-                (float::<A<B>>(out.values) * outer_values.to_tensor::<A<B>>(&device)).sum();
-            if let Some((_, weights)) = out.top {
-                loss = loss + (float::<A<B>>(weights) * outer_top.to_tensor::<A<B>>(&device)).sum();
-            }
-            let grads = loss.backward();
-            x.iter()
-                .map(|x| x.grad(&grads).expect("a gradient"))
-                .collect()
-        };
-        let expected =
-            gradients(|[c, k, v], l, topk| reference::centroid_attention::<A<B>>(c, k, v, l, topk));
-        let backend = gradients(|[c, k, v], l, topk| A::<B>::centroid_attention(c, k, v, l, topk));
-        let default_body = {
-            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
-            // The top-k indices as the default forward body picks them.
-            let forward = reference::centroid_attention::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                Some(lengths::<B>(key_lengths, &device).into_primitive()),
-                topk,
-            );
-            let grads = reference::centroid_attention_backward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                Some(lengths::<B>(key_lengths, &device).into_primitive()),
-                forward,
-                outer_values
-                    .to_tensor::<B>(&device)
-                    .into_primitive()
-                    .tensor(),
-                (topk > 0).then(|| outer_top.to_tensor::<B>(&device).into_primitive().tensor()),
-            );
-            [grads.centroids, grads.keys, grads.values]
-                .into_iter()
-                .map(float::<B>)
-                .collect::<Vec<_>>()
-        };
-        let names = ["centroids", "keys", "values"];
-        for (body, got) in [("backend", backend), ("default body", default_body)] {
-            for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
-                assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
-                let diff = max_diff(got, expected.clone());
-                assert!(
-                    diff <= tolerance,
-                    "case {n}, {body}: the gradients of {name} differ by {diff}"
-                );
-            }
-        }
-    }
-}
-
-/// Under Autodiff, the gradients of the per-query top-k attention with respect to its five
-/// float inputs, through the backend's `top_attention_backward` and through the default body of
-/// that op, equal autodiff through the default forward body (whose sparse products have their
-/// own backward, checked above): padded queries, a sequence with padded keys in its top-k sets,
-/// widths across the 16-lane blocks of the host kernels (k = 17, E = 19, D = 18), and one
-/// (batch, head) with clusters of several hundred queries, which the host loops take in runs
-/// and split between threads (on a machine with two or more).
-fn top_attention_gradients_match_reference<B: ClusteringBackend>() {
-    let cases: [TopGradCase; 2] = [
-        (2, 2, 41, 37, 19, 18, 4, 17, &[37, 9]),
-        (1, 1, 2500, 300, 16, 12, 6, 9, &[280]),
-    ];
-    for (n, case) in cases.into_iter().enumerate() {
-        top_attention_gradients_case::<B>(n, case, 91 + 10 * n as u64);
-    }
-}
-
-/// (batch, heads, L, S, E, D, C, k, key lengths) of `top_attention_gradients_match_reference`.
-type TopGradCase = (
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    &'static [usize],
-);
-
-/// The float inputs of the top-k attention's backward (queries, keys, values, mass in (0, 1),
-/// rest, and the output's gradient), its top-k indices (each set keeping a valid key, as the
-/// centroid attention's top-k always does) and assignments, and its key lengths.
-struct TopBackwardInputs {
-    ix: Indices,
-    floats: [Host4; 6],
-    key_lengths: &'static [usize],
-}
-
-impl TopBackwardInputs {
-    fn new(
-        (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths): TopGradCase,
-        seed: u64,
-    ) -> Self {
-        let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
-        for (row, top) in ix.topk.chunks_mut(k).enumerate() {
-            let valid = key_lengths[row / (heads * clusters)] as i64;
-            if top.iter().all(|&t| t >= valid) {
-                top[0] = 0;
-            }
-        }
-        let mut mass = normal([batch, heads, clusters, 1], seed + 4);
-        for m in &mut mass.data {
-            *m = m.abs() / (1.0 + m.abs());
-        }
-        let floats = [
-            normal([batch, heads, len, dim], seed + 1),
-            normal([batch, heads, keys_len, dim], seed + 2),
-            normal([batch, heads, keys_len, dim_v], seed + 3),
-            mass,
-            normal([batch, heads, clusters, dim_v], seed + 5),
-            normal([batch, heads, len, dim_v], seed + 6),
-        ];
-        Self {
-            ix,
-            floats,
-            key_lengths,
-        }
-    }
-
-    /// The gradients of the queries, keys, values, mass and rest by `backward` (the backend's
-    /// op or its default body), with scale 0.4.
-    #[allow(clippy::type_complexity)]
-    fn backward<B: ClusteringBackend>(
-        &self,
-        backward: fn(
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FloatTensor<B>,
-            ClusterTop<B>,
-            Option<burn::tensor::ops::IntTensor<B>>,
-            f64,
-            FloatTensor<B>,
-        ) -> TopAttentionGrads<B>,
-    ) -> Vec<Tensor<B, 4>> {
-        let device = Default::default();
-        let float_in = |i: usize| {
-            self.floats[i]
-                .to_tensor::<B>(&device)
-                .into_primitive()
-                .tensor()
-        };
-        let (topk, assignments) = self.ix.tensors::<B>();
-        let grads = backward(
-            float_in(0),
-            float_in(1),
-            float_in(2),
-            ClusterTop {
-                assignments: assignments.into_primitive(),
-                topk: topk.into_primitive(),
-                mass: float_in(3),
-                rest: float_in(4),
-            },
-            Some(lengths::<B>(self.key_lengths, &device).into_primitive()),
-            0.4,
-            float_in(5),
-        );
-        [
-            grads.queries,
-            grads.keys,
-            grads.values,
-            grads.mass,
-            grads.rest,
-        ]
-        .into_iter()
-        .map(float::<B>)
-        .collect()
-    }
-}
-
-fn top_attention_gradients_case<B: ClusteringBackend>(n: usize, case: TopGradCase, seed: u64) {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let scale = 0.4;
-    let input = TopBackwardInputs::new(case, seed);
-    type Forward<B> = fn(
-        [FloatTensor<A<B>>; 3],
-        ClusterTop<A<B>>,
-        Option<burn::tensor::ops::IntTensor<A<B>>>,
-        f64,
-    ) -> FloatTensor<A<B>>;
-    // Gradients of Σ out ⊙ outer.
-    let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-        let x: Vec<Tensor<A<B>, 4>> = input.floats[..5]
-            .iter()
-            .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
-            .collect();
-        let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-        let (topk, assignments) = input.ix.tensors::<A<B>>();
-        let clusters_top = ClusterTop {
-            assignments: assignments.into_primitive(),
-            topk: topk.into_primitive(),
-            mass: float_in(3),
-            rest: float_in(4),
-        };
-        let lengths = Some(lengths::<A<B>>(input.key_lengths, &device).into_primitive());
-        let out = forward(
-            [float_in(0), float_in(1), float_in(2)],
-            clusters_top,
-            lengths,
-            scale,
-        );
-        let outer = input.floats[5].to_tensor::<A<B>>(&device);
-        let loss = (float::<A<B>>(out) * outer).sum();
-        let grads = loss.backward();
-        x.iter()
-            .map(|x| x.grad(&grads).expect("a gradient"))
-            .collect()
-    };
-    let expected =
-        gradients(|[q, k, v], c, l, s| reference::top_attention::<A<B>>(q, k, v, c, l, s));
-    let backend = gradients(|[q, k, v], c, l, s| A::<B>::top_attention(q, k, v, c, l, s));
-    let default_body = input.backward::<B>(reference::top_attention_backward::<B>);
-    let names = ["queries", "keys", "values", "mass", "rest"];
-    for (body, got) in [("backend", backend), ("default body", default_body)] {
-        for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
-            assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
-            let diff = max_diff(got, expected.clone());
-            assert!(
-                diff <= 1e-4,
-                "case {n}, {body}: the gradients of {name} differ by {diff}"
-            );
-        }
-    }
-}
-
-/// Under Autodiff, the gradients of the whole improved attention after clustering with respect
-/// to the queries, keys and values, through the backend's `improved_attention_backward` (one
-/// node: the host loops add the two fused ops' gradients in place) and through the default body
-/// of that op, equal autodiff through the default forward body, whose sparse scatter, centroid
-/// attention and top-k attention are separate nodes whose gradients Burn sums: padded queries
-/// (assignment -1), padded keys, an empty cluster, k = 17 across the 16-lane blocks, and one
-/// case with more keys than a part of the host loops (512) and clusters of several hundred
-/// queries. The centroid scores on both sides are Burn matmuls: 1e-4, raised where the
-/// matmul rounds to TF32 ([`matmul_tolerance`]).
-fn improved_attention_gradients_match_reference<B: ClusteringBackend>() {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let tolerance = matmul_tolerance::<B>(1e-4) as f32;
-    let scale = 0.3;
-    // (batch, heads, L, S, E, D, C, k, key lengths)
-    let cases: [TopGradCase; 2] = [
-        (2, 2, 41, 37, 19, 18, 4, 17, &[37, 9]),
-        (1, 2, 1500, 1100, 16, 12, 5, 9, &[1100]),
-    ];
-    for (n, (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths)) in
-        cases.into_iter().enumerate()
-    {
-        let seed = 171 + 10 * n as u64;
-        let mut ix = indices(batch, heads, len, keys_len, clusters, k, seed);
-        for a in &mut ix.assignments[..len] {
-            if *a == 1 {
-                *a = 2; // cluster 1 of the first head is empty
-            }
-        }
-        // 1 / count of each cluster's members (1 for an empty cluster).
-        let mut inverse_counts = vec![0usize; batch * heads * clusters];
-        for (i, &a) in ix.assignments.iter().enumerate() {
-            if a >= 0 {
-                inverse_counts[(i / len) * clusters + a as usize] += 1;
-            }
-        }
-        let inverse_counts = Host4 {
-            data: inverse_counts
-                .iter()
-                .map(|&c| 1.0 / c.max(1) as f32)
-                .collect(),
-            dims: [batch, heads, clusters, 1],
-        };
-        let inputs = [
-            normal([batch, heads, len, dim], seed + 1),
-            normal([batch, heads, keys_len, dim], seed + 2),
-            normal([batch, heads, keys_len, dim_v], seed + 3),
-        ];
-        let outer = normal([batch, heads, len, dim_v], seed + 4);
-        type Forward<B> = fn(
-            [FloatTensor<A<B>>; 3],
-            QueryClusters<A<B>>,
-            Option<burn::tensor::ops::IntTensor<A<B>>>,
-            usize,
-            f64,
-        ) -> FloatTensor<A<B>>;
-        // Gradients of Σ out ⊙ outer.
-        let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-            let x: Vec<Tensor<A<B>, 4>> = inputs
-                .iter()
-                .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
-                .collect();
-            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-            let clusters = QueryClusters {
-                assignments: ix.tensors::<A<B>>().1.into_primitive(),
-                inverse_counts: inverse_counts
-                    .to_tensor::<A<B>>(&device)
-                    .into_primitive()
-                    .tensor(),
-            };
-            let lengths = Some(lengths::<A<B>>(key_lengths, &device).into_primitive());
-            let out = forward(
-                [float_in(0), float_in(1), float_in(2)],
-                clusters,
-                lengths,
-                k,
-                scale,
-            );
-            let loss = (float::<A<B>>(out) * outer.to_tensor::<A<B>>(&device)).sum();
-            let grads = loss.backward();
-            x.iter()
-                .map(|x| x.grad(&grads).expect("a gradient"))
-                .collect()
-        };
-        let expected = gradients(|[q, k, v], c, l, topk, s| {
-            reference::improved_attention::<A<B>>(q, k, v, c, l, topk, s)
-        });
-        let backend = gradients(|[q, k, v], c, l, topk, s| {
-            A::<B>::improved_attention(q, k, v, c, l, topk, s)
-        });
-        let default_body = {
-            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
-            let clusters = || QueryClusters {
-                assignments: ix.tensors::<B>().1.into_primitive(),
-                inverse_counts: inverse_counts
-                    .to_tensor::<B>(&device)
-                    .into_primitive()
-                    .tensor(),
-            };
-            let lengths = || Some(lengths::<B>(key_lengths, &device).into_primitive());
-            let (_, forward) = reference::improved_attention_forward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                clusters(),
-                lengths(),
-                k,
-                scale,
-            );
-            let grads = reference::improved_attention_backward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                clusters(),
-                lengths(),
-                scale,
-                forward,
-                outer.to_tensor::<B>(&device).into_primitive().tensor(),
-            );
-            [grads.queries, grads.keys, grads.values]
-                .into_iter()
-                .map(float::<B>)
-                .collect::<Vec<_>>()
-        };
-        let names = ["queries", "keys", "values"];
-        for (body, got) in [("backend", backend), ("default body", default_body)] {
-            for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
-                assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
-                let diff = max_diff(got, expected.clone());
-                assert!(
-                    diff <= tolerance,
-                    "case {n}, {body}: the gradients of {name} differ by {diff}"
-                );
-            }
-        }
-    }
-}
-
-/// The backend's `top_attention_backward` gives the same gradients, bit for bit, on one thread
-/// and on four, where the host loops split each of the two heads' clusters between tasks (their
-/// key and value gradients are added in cluster order either way): clusters of several hundred
-/// queries, one of them empty, padded keys and queries, keys in the top-k of several clusters.
-fn top_attention_backward_split_is_exact<B: ClusteringBackend>() {
-    // Few keys, so that most are in the top-k of several clusters, and of both halves.
-    let len = 2500;
-    let mut input = TopBackwardInputs::new((1, 2, len, 24, 16, 12, 6, 9, &[20]), 141);
-    for a in &mut input.ix.assignments[..len] {
-        if *a == 2 {
-            *a = 3; // cluster 2 of the first head is empty
-        }
-    }
-    let gradients = |threads: usize| -> Vec<Vec<f32>> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a thread pool");
-        pool.install(|| {
-            input
-                .backward::<B>(B::top_attention_backward)
-                .into_iter()
-                .map(|x| x.into_data().to_vec::<f32>().expect("f32"))
-                .collect()
-        })
-    };
-    let (one, four) = (gradients(1), gradients(4));
-    let names = ["queries", "keys", "values", "mass", "rest"];
-    for ((name, one), four) in names.iter().zip(&one).zip(&four) {
-        let differ = one
-            .iter()
-            .zip(four)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "the gradients of {name} differ in {differ} places between one and four threads"
-        );
-    }
-}
-
 /// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
 /// sparse products) equals autodiff through the default bodies.
-fn sparse_gradients_match_reference<B: ClusteringBackend>() {
+fn sparse_gradients_match_reference<B: ClusteredAttentionBackend>() {
     type A<B> = Autodiff<B>;
     let device = Default::default();
     let (batch, heads, len, keys_len, dim, clusters, k) = (2, 2, 23, 17, 6, 4, 5);
@@ -1100,12 +398,12 @@ macro_rules! sparse_tests {
             #[test]
             $(#[$ignore])?
             fn centroid_attention_matches_loops() {
-                super::centroid_attention_matches_loops::<$backend>();
+                crate::fused::centroid_attention_matches_loops::<$backend>();
             }
             #[test]
             $(#[$ignore])?
             fn top_attention_matches_loops() {
-                super::top_attention_matches_loops::<$backend>();
+                crate::fused::top_attention_matches_loops::<$backend>();
             }
             #[test]
             $(#[$ignore])?
@@ -1115,17 +413,17 @@ macro_rules! sparse_tests {
             #[test]
             $(#[$ignore])?
             fn centroid_attention_gradients_match_reference() {
-                super::centroid_attention_gradients_match_reference::<$backend>();
+                crate::fused::centroid_attention_gradients_match_reference::<$backend>();
             }
             #[test]
             $(#[$ignore])?
             fn top_attention_gradients_match_reference() {
-                super::top_attention_gradients_match_reference::<$backend>();
+                crate::fused::top_attention_gradients_match_reference::<$backend>();
             }
             #[test]
             $(#[$ignore])?
             fn improved_attention_gradients_match_reference() {
-                super::improved_attention_gradients_match_reference::<$backend>();
+                crate::fused::improved_attention_gradients_match_reference::<$backend>();
             }
         }
     };
@@ -1137,11 +435,11 @@ sparse_tests!(flex, crate::common::FlexBackend);
 // The host loops' split between threads (the CubeCL backends do not use the pool).
 #[test]
 fn ndarray_top_attention_backward_split_is_exact() {
-    top_attention_backward_split_is_exact::<crate::common::NdArrayBackend>();
+    crate::fused::top_attention_backward_split_is_exact::<crate::common::NdArrayBackend>();
 }
 #[test]
 fn flex_top_attention_backward_split_is_exact() {
-    top_attention_backward_split_is_exact::<crate::common::FlexBackend>();
+    crate::fused::top_attention_backward_split_is_exact::<crate::common::FlexBackend>();
 }
 
 // The CubeCL kernels: fused (`Wgpu`), unfused (`CubeBackend`) and, forward, under `Autodiff`

@@ -1,60 +1,14 @@
-//! The backend extension trait: the clustering ops and the sparse top-k products.
-//!
-//! Clustered attention (Vyas et al., 2020, §3.2.2) groups the queries in two steps:
-//! [`lsh_hash`](ClusteringBackend::lsh_hash) turns each query into a `bits`-bit code with
-//! random hyperplanes, and [`hamming_kmeans`](ClusteringBackend::hamming_kmeans) runs Lloyd's
-//! algorithm on those codes in Hamming space. Both produce integer tensors and carry no
-//! gradient.
-//!
-//! Improved clustered attention (§3.3) also needs, per cluster, the `k` keys with the highest
-//! centroid attention ([`topk_indices`](ClusteringBackend::topk_indices)) and two *sparse*
-//! products of every query with its cluster's top-k keys and values (eqs. 10–11):
-//! [`sparse_dot`](ClusteringBackend::sparse_dot),
-//! [`sparse_weighted_sum`](ClusteringBackend::sparse_weighted_sum) and their transpose
-//! [`sparse_scatter`](ClusteringBackend::sparse_scatter). The three are differentiable, and the
-//! gradient of each is made of the other two, so `Autodiff<B>` differentiates them with `B`'s
-//! own implementations. Everything else (centroids, softmax, broadcast) is ordinary Burn
-//! tensor ops in [`crate::attention`].
-//!
-//! Without dropout the attentions call two fused ops instead:
-//! [`centroid_attention`](ClusteringBackend::centroid_attention) (eqs. 4–5 and 9: the
-//! clusters' scores, top-k, softmax and `Aᶜ V`) and
-//! [`top_attention`](ClusteringBackend::top_attention) (eqs. 10–11: each query's top-k
-//! scores, softmax, weighted sum and its cluster's rest). Their default bodies compose the ops
-//! above; the CPU backends override them so that no `[C, S]` or `[L, k]` tensor is built.
-//! `Autodiff<B>` runs `B`'s fused ops forward and differentiates them with
-//! [`centroid_attention_backward`](ClusteringBackend::centroid_attention_backward) and
-//! [`top_attention_backward`](ClusteringBackend::top_attention_backward), which recompute
-//! the `[C, S]` and `[L, k]` softmax instead of keeping it. Improved clustered attention calls
-//! them through [`improved_attention`](ClusteringBackend::improved_attention) (the centroids,
-//! both fused ops and the mass), which `Autodiff<B>` records as one node, differentiated by
-//! [`improved_attention_backward`](ClusteringBackend::improved_attention_backward): the CPU
-//! backends add the two ops' gradients of the keys and values, and the centroids' share of the
-//! queries', in place.
-//!
-//! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so
-//! every backend works with `impl ClusteringBackend for MyBackend {}`. The CPU backends
-//! (NdArray, Flex) override them with multi-threaded host loops ([`host`](mod@host)), the
-//! CubeCL backends (WGPU, Vulkan, CUDA, fused or not) with CubeCL kernels that keep every
-//! step on the device; the default bodies are the specification: codes, assignments and
-//! counts must be reproduced bit for bit, top-k sets up to ties, the sparse products up to
-//! rounding.
-
-pub mod host;
-pub mod reference;
-mod simd;
+//! The backend extension trait and its deprecated former name.
 
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use rand::SeedableRng;
-use rand::rngs::Xoshiro256PlusPlus;
 
-/// Largest number of hash bits: codes are read as `u32` (WGSL has no 64-bit integers).
-pub const MAX_BITS: usize = 32;
-
-/// Marker stored in `assignments` for a padded query (position ≥ its sequence's length).
-pub const NO_CLUSTER: i64 = -1;
+use super::reference;
+use super::{
+    AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+    QueryClusters, TopAttentionGrads,
+};
 
 /// A backend that can hash and cluster queries and compute the sparse top-k products of
 /// improved clustered attention.
@@ -62,7 +16,7 @@ pub const NO_CLUSTER: i64 = -1;
 /// Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)); a
 /// backend may override them with custom kernels but must then reproduce the default bodies
 /// (bit for bit for the integer outputs).
-pub trait ClusteringBackend: Backend {
+pub trait ClusteredAttentionBackend: Backend {
     /// Hashes every query with random hyperplanes (sign of random projections, paper §3.2.2).
     ///
     /// Bit `b` of the code of a query `q` is set when `q · planes[b, ..E] > planes[b, E]`,
@@ -76,7 +30,8 @@ pub trait ClusteringBackend: Backend {
     /// - output codes: `[batch, heads, L]`
     ///
     /// # Panics
-    /// If `bits` is 0 or above [`MAX_BITS`], or `planes` does not have `E + 1` columns.
+    /// If `bits` is 0 or above [`MAX_BITS`](super::MAX_BITS), or `planes` does not have `E + 1`
+    /// columns.
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         reference::lsh_hash::<Self>(queries, planes)
     }
@@ -88,7 +43,7 @@ pub trait ClusteringBackend: Backend {
     /// - if `n ≤ clusters`, query `i` is alone in cluster `i` (so clustered attention equals
     ///   full attention) and k-means does not run;
     /// - otherwise the initial centroids are the codes of `clusters` distinct valid positions
-    ///   drawn by [`initial_centroid_positions`] from `seed`;
+    ///   drawn by [`initial_centroid_positions`](super::initial_centroid_positions) from `seed`;
     /// - an assignment step gives each valid query the centroid nearest in Hamming distance
     ///   (popcount of xor), ties going to the lowest cluster index;
     /// - an update step sets each centroid bit to the majority of its members' bits; an exact
@@ -97,7 +52,8 @@ pub trait ClusteringBackend: Backend {
     ///   implementation may stop once an update leaves every centroid unchanged, since the
     ///   remaining rounds would then repeat it and the result is the same.
     ///
-    /// Padded queries belong to no cluster: their assignment is [`NO_CLUSTER`] (`-1`).
+    /// Padded queries belong to no cluster: their assignment is [`NO_CLUSTER`](super::NO_CLUSTER)
+    /// (`-1`).
     ///
     /// # Shapes
     /// - `codes`: `[batch, heads, L]`, 32-bit codes as produced by [`Self::lsh_hash`]
@@ -324,7 +280,33 @@ pub trait ClusteringBackend: Backend {
         topk: usize,
         scale: f64,
     ) -> FloatTensor<Self> {
-        reference::improved_attention::<Self>(
+        Self::improved_attention_forward(queries, keys, values, clusters, key_lengths, topk, scale)
+            .0
+    }
+
+    /// [`Self::improved_attention`] with the intermediate results its backward pass takes
+    /// ([`ImprovedForward`]): the centroids, their [`Self::centroid_attention`] with the top-k
+    /// keys and the mass `m̂` (eq. 9). `Autodiff<B>` runs `B`'s forward through it and keeps
+    /// those results for [`Self::improved_attention_backward`].
+    ///
+    /// The default body composes the backend's ops ([`reference::improved_attention_forward`]).
+    ///
+    /// # Shapes
+    /// As [`Self::improved_attention`]; the intermediate results are described at
+    /// [`ImprovedForward`].
+    ///
+    /// # Panics
+    /// As [`Self::improved_attention`].
+    fn improved_attention_forward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+        scale: f64,
+    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+        reference::improved_attention_forward::<Self>(
             queries,
             keys,
             values,
@@ -337,7 +319,7 @@ pub trait ClusteringBackend: Backend {
 
     /// The gradients of [`Self::improved_attention`] with respect to `queries`, `keys` and
     /// `values`, given its intermediate results `forward` (as
-    /// [`reference::improved_attention_forward`] returns them) and the gradient `grad` of its
+    /// [`Self::improved_attention_forward`] returns them) and the gradient `grad` of its
     /// output: [`Self::top_attention_backward`], then [`Self::centroid_attention_backward`]
     /// of the rest's and the mass's gradients (the mass is the sum of the top-k weights), the
     /// centroids' gradient spread back to their member queries (times `scale` and the
@@ -457,166 +439,13 @@ pub trait ClusteringBackend: Backend {
     }
 }
 
-/// The result of [`ClusteringBackend::centroid_attention`].
-pub struct CentroidAttention<B: Backend> {
-    /// `Aᶜ · values` (paper eq. 5), over the keys outside each row's top-k when `top` is
-    /// given (eq. 10, second case), `[batch, heads, C, D]`.
-    pub values: FloatTensor<B>,
-    /// With `topk > 0`: the `[batch, heads, C, topk]` indices of each cluster's top-k keys in
-    /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
-    /// sum is the mass `m̂` of paper eq. 9).
-    pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
-    /// Where the op computes it (the host loops of the CPU backends): each row's log-sum-exp
-    /// of the scores, `log Σ_l e^(centroids_j · keys_l)` over the valid keys,
-    /// `[batch, heads, C, 1]` in `f32`, so that the backward pass has `Aᶜ` from one product.
-    pub log_sum_exp: Option<FloatTensor<B>>,
-}
-
-/// The gradients of [`ClusteringBackend::centroid_attention`] with respect to its inputs,
-/// each of its input's shape.
-pub struct CentroidAttentionGrads<B: Backend> {
-    /// `[batch, heads, C, E]`.
-    pub centroids: FloatTensor<B>,
-    /// `[batch, heads, S, E]`.
-    pub keys: FloatTensor<B>,
-    /// `[batch, heads, S, D]`.
-    pub values: FloatTensor<B>,
-}
-
-/// Each cluster's share of improved clustered attention that its member queries use: the
-/// input of [`ClusteringBackend::top_attention`] (paper eqs. 9–10).
-pub struct ClusterTop<B: Backend> {
-    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
-    /// query.
-    pub assignments: IntTensor<B>,
-    /// `[batch, heads, C, k]`: each cluster's top-k keys, distinct within a row, in `0..S`.
-    pub topk: IntTensor<B>,
-    /// `[batch, heads, C, 1]`: the centroid attention mass `m̂` of the top-k keys (eq. 9).
-    pub mass: FloatTensor<B>,
-    /// `[batch, heads, C, D]`: `Aᶜ V` over the keys outside the top-k (eq. 10, second case).
-    pub rest: FloatTensor<B>,
-}
-
-/// The gradients of [`ClusteringBackend::top_attention`] with respect to its float inputs,
-/// each of its input's shape.
-pub struct TopAttentionGrads<B: Backend> {
-    /// `[batch, heads, L, E]`.
-    pub queries: FloatTensor<B>,
-    /// `[batch, heads, S, E]`.
-    pub keys: FloatTensor<B>,
-    /// `[batch, heads, S, D]`.
-    pub values: FloatTensor<B>,
-    /// `[batch, heads, C, 1]`: of [`ClusterTop::mass`].
-    pub mass: FloatTensor<B>,
-    /// `[batch, heads, C, D]`: of [`ClusterTop::rest`].
-    pub rest: FloatTensor<B>,
-}
-
-/// The clustering of the queries that [`ClusteringBackend::improved_attention`] takes.
-#[derive(Clone, Debug)]
-pub struct QueryClusters<B: Backend> {
-    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
-    /// query.
-    pub assignments: IntTensor<B>,
-    /// `[batch, heads, C, 1]`: `1 / count` of each cluster's member queries, in the queries'
-    /// float type (any value for an empty cluster, which has no members to scale).
-    pub inverse_counts: FloatTensor<B>,
-}
-
-/// The intermediate results of [`ClusteringBackend::improved_attention`] that its backward
-/// pass takes.
-pub struct ImprovedForward<B: Backend> {
-    /// `[batch, heads, C, E]`: the scaled centroids.
-    pub centroids: FloatTensor<B>,
-    /// Their [`ClusteringBackend::centroid_attention`] with the top-k keys.
-    pub centroid_attention: CentroidAttention<B>,
-    /// `[batch, heads, C, 1]`: the mass `m̂` of each cluster's top-k keys (eq. 9).
-    pub mass: FloatTensor<B>,
-}
-
-/// The gradients of an attention with respect to its queries, keys and values, each of its
-/// input's shape.
-pub struct AttentionGrads<B: Backend> {
-    /// `[batch, heads, L, E]`.
-    pub queries: FloatTensor<B>,
-    /// `[batch, heads, S, E]`.
-    pub keys: FloatTensor<B>,
-    /// `[batch, heads, S, D]`.
-    pub values: FloatTensor<B>,
-}
-
-/// Positions of the initial centroids of [`ClusteringBackend::hamming_kmeans`], drawn on the
-/// host so that every backend starts from the same ones.
+/// The former name of [`ClusteredAttentionBackend`], which holds the attention and sparse
+/// product ops as well as the clustering ones.
 ///
-/// For each `(batch, head)` with `n = lengths[batch]` valid queries, a
-/// [`Xoshiro256PlusPlus`] generator seeded from `(seed, batch, head)` draws `clusters`
-/// distinct positions in `0..n` (Floyd's algorithm as implemented by
-/// [`rand::seq::index::sample`]). When `n ≤ clusters` no k-means runs and the row holds
-/// `0, 1, …, n − 1` followed by zeros.
-///
-/// # Shapes
-/// Returns `batch × heads × clusters` positions in row-major order.
-pub fn initial_centroid_positions(
-    lengths: &[usize],
-    heads: usize,
-    clusters: usize,
-    seed: u64,
-) -> Vec<i64> {
-    let mut positions = Vec::with_capacity(lengths.len() * heads * clusters);
-    for (batch, &n) in lengths.iter().enumerate() {
-        for head in 0..heads {
-            if n <= clusters {
-                positions.extend((0..clusters).map(|c| if c < n { c as i64 } else { 0 }));
-            } else {
-                let mut rng = Xoshiro256PlusPlus::seed_from_u64(stream_seed(seed, batch, head));
-                let picked = rand::seq::index::sample(&mut rng, n, clusters);
-                positions.extend(picked.iter().map(|p| p as i64));
-            }
-        }
-    }
-    positions
-}
+/// Every [`ClusteredAttentionBackend`] is a `ClusteringBackend`, so bounds written with the
+/// old name keep working; a backend of one's own implements [`ClusteredAttentionBackend`].
+#[deprecated(note = "renamed to `ClusteredAttentionBackend`")]
+pub trait ClusteringBackend: ClusteredAttentionBackend {}
 
-/// Mixes `(seed, batch, head)` into one 64-bit seed (SplitMix64 finaliser), so that each
-/// sequence and head draws from its own stream.
-fn stream_seed(seed: u64, batch: usize, head: usize) -> u64 {
-    let mut z = seed
-        ^ (batch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (head as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Reads `query_lengths` to the host and checks it against the codes' shape.
-///
-/// Returns one length per batch item (all `seq_len` when `None`).
-///
-/// # Panics
-/// If `query_lengths` is not `[batch]` or holds a length outside `0..=seq_len`.
-pub(crate) fn host_lengths<B: Backend>(
-    name: &str,
-    lengths: Option<burn::tensor::Tensor<B, 1, burn::tensor::Int>>,
-    batch: usize,
-    seq_len: usize,
-) -> Vec<usize> {
-    let Some(lengths) = lengths else {
-        return vec![seq_len; batch];
-    };
-    let dims = lengths.dims();
-    assert!(
-        dims == [batch],
-        "{name} must have shape [batch] = [{batch}], got {dims:?}"
-    );
-    let data = lengths.into_data();
-    data.iter::<i64>()
-        .enumerate()
-        .map(|(b, len)| {
-            assert!(
-                (0..=seq_len as i64).contains(&len),
-                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
-            );
-            len as usize
-        })
-        .collect()
-}
+#[allow(deprecated)]
+impl<B: ClusteredAttentionBackend> ClusteringBackend for B {}

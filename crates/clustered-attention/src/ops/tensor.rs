@@ -1,18 +1,70 @@
-//! Tensor-level forms of the top-k selection and the sparse top-k products of improved
-//! clustered attention (paper §3.3, eqs. 9–11); see [`ClusteringBackend`] for their
-//! definitions.
+//! The ops of [`ClusteredAttentionBackend`] on [`Tensor`]s: hashing and K-means (paper
+//! §3.2.2), the softmax, the top-k selection, the fused centroid, top-k and improved attention
+//! ops and the sparse top-k products of improved clustered attention (§3.3, eqs. 9–11); see
+//! the trait for their definitions.
 
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::backend::Backend;
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
 
-use crate::ClusteringBackend;
-use crate::ops::{ClusterTop, QueryClusters};
+use super::{ClusterTop, ClusteredAttentionBackend, Clusters, QueryClusters};
+
+/// Hashes the queries: bit `b` of a code is set when `q · planes[b, ..E] > planes[b, E]`.
+/// See [`ClusteredAttentionBackend::lsh_hash`]. Carries no gradient.
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`
+/// - `planes`: `[bits, E + 1]`
+/// - output: `[batch, heads, L]`, 32-bit codes (read as `u32`)
+///
+/// # Panics
+/// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
+pub fn lsh_hash<B: ClusteredAttentionBackend>(
+    queries: Tensor<B, 4>,
+    planes: Tensor<B, 2>,
+) -> Tensor<B, 3, Int> {
+    let planes = planes.cast(queries.dtype());
+    Tensor::from_primitive(B::lsh_hash(
+        queries.into_primitive().tensor(),
+        planes.into_primitive().tensor(),
+    ))
+}
+
+/// K-means in Hamming space over the codes of the valid queries.
+/// See [`ClusteredAttentionBackend::hamming_kmeans`] for the exact definition.
+///
+/// # Shapes
+/// - `codes`: `[batch, heads, L]`
+/// - `query_lengths`: `[batch]`
+/// - output: [`Clusters`] with assignments `[batch, heads, L]` and counts `[batch, heads, C]`
+///
+/// # Panics
+/// If `clusters` is 0 or a query length is outside `0..=L`.
+pub fn hamming_kmeans<B: ClusteredAttentionBackend>(
+    codes: Tensor<B, 3, Int>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    clusters: usize,
+    iterations: usize,
+    seed: u64,
+) -> Clusters<B> {
+    let (assignments, counts) = B::hamming_kmeans(
+        codes.into_primitive(),
+        query_lengths.map(Tensor::into_primitive),
+        clusters,
+        iterations,
+        seed,
+    );
+    Clusters {
+        assignments: Tensor::from_primitive(assignments),
+        counts: Tensor::from_primitive(counts),
+    }
+}
 
 /// Softmax over the last dimension with a division-free gradient
-/// (see [`ClusteringBackend::attention_softmax`]).
+/// (see [`ClusteredAttentionBackend::attention_softmax`]).
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, rows, S]`, output of the same shape
-pub fn attention_softmax<B: ClusteringBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+pub fn attention_softmax<B: ClusteredAttentionBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(B::attention_softmax(
         x.into_primitive().tensor(),
     )))
@@ -26,18 +78,21 @@ pub fn attention_softmax<B: ClusteringBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> 
 ///
 /// # Panics
 /// If `k` is 0 or greater than `S`.
-pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Tensor<B, 4, Int> {
+pub fn topk_indices<B: ClusteredAttentionBackend>(
+    scores: Tensor<B, 4>,
+    k: usize,
+) -> Tensor<B, 4, Int> {
     Tensor::from_primitive(B::topk_indices(scores.into_primitive().tensor(), k))
 }
 
 /// Centroid attention and each cluster's top-k keys in one op (paper eqs. 4–5 and 9; see
-/// [`ClusteringBackend::centroid_attention`]): returns `Aᶜ · values` with
+/// [`ClusteredAttentionBackend::centroid_attention`]): returns `Aᶜ · values` with
 /// `Aᶜ = softmax(centroids · keysᵀ)` (keys at or past `key_lengths[b]` masked out), and with
 /// `topk > 0` the indices of each row's `topk` highest scores in descending order and the
 /// weights `Aᶜ` at them; then the first output leaves those keys out (the rest of eq. 10,
 /// `Σ_{l ∉ T_j} Aᶜ_jl v_l`, with no cancellation). The centroids come scaled by the softmax
 /// temperature. Differentiable on `Autodiff` with respect to the centroids, keys and values
-/// (by [`ClusteringBackend::centroid_attention_backward`]).
+/// (by [`ClusteredAttentionBackend::centroid_attention_backward`]).
 ///
 /// # Shapes
 /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -48,7 +103,7 @@ pub fn topk_indices<B: ClusteringBackend>(scores: Tensor<B, 4>, k: usize) -> Ten
 /// If the shapes disagree or `topk > S` (the CPU backends also when a key length is outside
 /// `1..=S`).
 #[allow(clippy::type_complexity)]
-pub fn centroid_attention<B: ClusteringBackend>(
+pub fn centroid_attention<B: ClusteredAttentionBackend>(
     centroids: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -70,11 +125,11 @@ pub fn centroid_attention<B: ClusteringBackend>(
 }
 
 /// The per-query part of improved clustered attention in one op (paper eqs. 10–11; see
-/// [`ClusteringBackend::top_attention`]): for every query `i` of cluster `j`,
+/// [`ClusteredAttentionBackend::top_attention`]): for every query `i` of cluster `j`,
 /// `m̂_j · Σ_r softmax_r(scale · q_i · k_{t_r}) · v_{t_r} + rest_j` over the cluster's top-k
 /// keys `t_r` (keys at or past `key_lengths[b]` take no weight), zero for padded queries.
 /// Differentiable on `Autodiff` with respect to the queries, keys, values, mass and rest (by
-/// [`ClusteringBackend::top_attention_backward`]).
+/// [`ClusteredAttentionBackend::top_attention_backward`]).
 ///
 /// # Shapes
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -88,7 +143,7 @@ pub fn centroid_attention<B: ClusteringBackend>(
 /// If the shapes disagree or `k` is 0 or above `S` (the CPU backends also when an index or a
 /// key length is out of range).
 #[allow(clippy::too_many_arguments)]
-pub fn top_attention<B: ClusteringBackend>(
+pub fn top_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -115,9 +170,9 @@ pub fn top_attention<B: ClusteringBackend>(
     )))
 }
 
-/// [`ClusteringBackend::improved_attention`] on tensors: improved clustered attention (paper
-/// eqs. 3–5 and 9–11) once the queries are clustered; `inverse_counts` is `1 / count` of each
-/// cluster's members. `Autodiff<B>` differentiates it as one node with respect to `queries`,
+/// [`ClusteredAttentionBackend::improved_attention`] on tensors: improved clustered attention
+/// (paper eqs. 3–5 and 9–11) once the queries are clustered; `inverse_counts` is `1 / count` of
+/// each cluster's members. `Autodiff<B>` differentiates it as one node with respect to `queries`,
 /// `keys` and `values`.
 ///
 /// # Shapes
@@ -127,9 +182,9 @@ pub fn top_attention<B: ClusteringBackend>(
 /// `1..=S`; output `[batch, heads, L, D]`.
 ///
 /// # Panics
-/// As [`ClusteringBackend::improved_attention`].
+/// As [`ClusteredAttentionBackend::improved_attention`].
 #[allow(clippy::too_many_arguments)]
-pub fn improved_attention<B: ClusteringBackend>(
+pub fn improved_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -161,7 +216,7 @@ pub fn improved_attention<B: ClusteringBackend>(
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, L, k]`
-pub fn sparse_dot<B: ClusteringBackend>(
+pub fn sparse_dot<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     topk: Tensor<B, 4, Int>,
@@ -182,7 +237,7 @@ pub fn sparse_dot<B: ClusteringBackend>(
 /// - `weights`: `[batch, heads, L, k]`, `values`: `[batch, heads, S, D]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, L, D]`
-pub fn sparse_weighted_sum<B: ClusteringBackend>(
+pub fn sparse_weighted_sum<B: ClusteredAttentionBackend>(
     weights: Tensor<B, 4>,
     values: Tensor<B, 4>,
     topk: Tensor<B, 4, Int>,
@@ -203,7 +258,7 @@ pub fn sparse_weighted_sum<B: ClusteringBackend>(
 /// - `weights`: `[batch, heads, L, k]`, `x`: `[batch, heads, L, F]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, keys_len, F]`
-pub fn sparse_scatter<B: ClusteringBackend>(
+pub fn sparse_scatter<B: ClusteredAttentionBackend>(
     weights: Tensor<B, 4>,
     x: Tensor<B, 4>,
     topk: Tensor<B, 4, Int>,
@@ -217,4 +272,20 @@ pub fn sparse_scatter<B: ClusteringBackend>(
         assignments.into_primitive(),
         keys_len,
     )))
+}
+
+/// `weights` (`[batch, heads, C, S]`) with each row's top-k entries set to exactly zero
+/// (`w + (−w) = 0`; a row's top-k keys are distinct): the weights of the rest of `Aᶜ V` (paper
+/// eq. 10, second case). Subtracting the top-k share from all of `Aᶜ V` instead would cancel
+/// when the top-k mass is near 1.
+///
+/// # Shapes
+/// - `weights`: `[batch, heads, C, S]`, `top` and `top_weights`: `[batch, heads, C, k]`
+/// - output: `[batch, heads, C, S]`
+pub(crate) fn rest_weights<B: Backend>(
+    weights: Tensor<B, 4>,
+    top: Tensor<B, 4, Int>,
+    top_weights: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    weights.scatter(3, top, top_weights.neg(), IndexingUpdateOp::Add)
 }

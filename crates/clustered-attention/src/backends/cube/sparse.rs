@@ -1,5 +1,6 @@
 //! The sparse top-k products of improved clustered attention (paper eqs. 10–11) and their
-//! transpose; see [`ClusteringBackend`](crate::ClusteringBackend) for the definitions.
+//! transpose; see [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) for the
+//! definitions.
 //!
 //! `sparse_dot` and `sparse_weighted_sum` give one unit per output element. The transpose,
 //! `sparse_scatter`, is a sum over the queries of each cluster: it first sorts the queries by
@@ -11,7 +12,16 @@
 //!
 //! All tensors are contiguous; `bh` below is the flattened `(batch, head)` index.
 
+use burn::tensor::{DType, Int as IntKind, Shape, Tensor as BurnTensor, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
+
+use super::{cube_count, linear};
+use crate::ops::reference;
 
 /// Flat index of this unit in a grid laid out by [`super::cube_count`] (Z ignored).
 #[cube]
@@ -28,7 +38,7 @@ fn unit_index() -> usize {
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
 /// - `output`: `[B, H, L, k]`
 #[cube(launch)]
-pub(crate) fn sparse_dot_kernel<F: Float, I: Int>(
+fn sparse_dot_kernel<F: Float, I: Int>(
     queries: &Tensor<F>,
     keys: &Tensor<F>,
     topk: &Tensor<I>,
@@ -82,7 +92,7 @@ pub(crate) fn sparse_dot_kernel<F: Float, I: Int>(
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
 /// - `output`: `[B, H, L, D]`
 #[cube(launch)]
-pub(crate) fn sparse_weighted_sum_kernel<F: Float, I: Int>(
+fn sparse_weighted_sum_kernel<F: Float, I: Int>(
     weights: &Tensor<F>,
     values: &Tensor<F>,
     topk: &Tensor<I>,
@@ -131,7 +141,7 @@ pub(crate) fn sparse_weighted_sum_kernel<F: Float, I: Int>(
 /// Grid: X (folded into Y) over chunks, Z over `bh`.
 /// - `assignments`: `[bh, L]`; `chunk_counts`: `[bh, chunks, clusters]`
 #[cube(launch)]
-pub(crate) fn cluster_histogram_kernel<I: Int>(
+fn cluster_histogram_kernel<I: Int>(
     assignments: &Tensor<I>,
     chunk_counts: &mut Tensor<u32>,
     #[comptime] clusters: usize,
@@ -174,7 +184,7 @@ pub(crate) fn cluster_histogram_kernel<I: Int>(
 ///
 /// - `chunk_counts`: `[bh, chunks, clusters]`; `starts`: `[bh, clusters + 1]`
 #[cube(launch)]
-pub(crate) fn cluster_offsets_kernel(
+fn cluster_offsets_kernel(
     chunk_counts: &mut Tensor<u32>,
     starts: &mut Tensor<u32>,
     #[comptime] clusters: usize,
@@ -229,7 +239,7 @@ pub(crate) fn cluster_offsets_kernel(
 /// Grid as [`cluster_histogram_kernel`], with the same cube size.
 /// - `assignments`, `order`: `[bh, L]`; `chunk_offsets`: `[bh, chunks, clusters]`
 #[cube(launch)]
-pub(crate) fn cluster_order_kernel<I: Int>(
+fn cluster_order_kernel<I: Int>(
     assignments: &Tensor<I>,
     chunk_offsets: &Tensor<u32>,
     order: &mut Tensor<u32>,
@@ -272,7 +282,7 @@ pub(crate) fn cluster_order_kernel<I: Int>(
 /// - `order`: `[bh, L]`, `starts`: `[bh, clusters + 1]`
 /// - `slot_sums`: `[bh, clusters, k, F]`
 #[cube(launch)]
-pub(crate) fn cluster_slot_sums_kernel<F: Float>(
+fn cluster_slot_sums_kernel<F: Float>(
     weights: &Tensor<F>,
     x: &Tensor<F>,
     order: &Tensor<u32>,
@@ -305,7 +315,7 @@ pub(crate) fn cluster_slot_sums_kernel<F: Float>(
 ///
 /// - `topk`: `[B, H, C, k]`; `slots`: `[bh, C, keys_len]`
 #[cube(launch)]
-pub(crate) fn invert_topk_kernel<I: Int>(
+fn invert_topk_kernel<I: Int>(
     topk: &Tensor<I>,
     slots: &mut Tensor<i32>,
     #[define(I)] _dtype: StorageType,
@@ -328,7 +338,7 @@ pub(crate) fn invert_topk_kernel<I: Int>(
 /// - `slots`: `[bh, C, keys_len]`; `slot_sums`: `[bh, C, k, F]`
 /// - `output`: `[B, H, keys_len, F]`
 #[cube(launch)]
-pub(crate) fn gather_slot_sums_kernel<F: Float>(
+fn gather_slot_sums_kernel<F: Float>(
     slots: &Tensor<i32>,
     slot_sums: &Tensor<f32>,
     output: &mut Tensor<F>,
@@ -354,4 +364,239 @@ pub(crate) fn gather_slot_sums_kernel<F: Float>(
         }
         output[out_base + f] = F::cast_from(sum);
     }
+}
+
+/// Outputs per unit of the sparse products along a dimension of size `n`: 4 when it divides
+/// `n` (each loaded index and weight then serves four products), else 1.
+fn width(n: usize) -> usize {
+    if n.is_multiple_of(4) { 4 } else { 1 }
+}
+
+/// Threads per cube of the element-wise sparse kernels.
+const SPARSE_THREADS: usize = 256;
+
+/// Checks the index tensors of a sparse product against the float operands.
+///
+/// # Panics
+/// If `topk` is not `[batch, heads, C, k]`, `assignments` is not `[batch, heads, rows]`, or
+/// the two have different dtypes.
+fn check_indices<R: CubeRuntime>(
+    topk: &CubeTensor<R>,
+    assignments: &CubeTensor<R>,
+    batch_heads: [usize; 2],
+    rows: usize,
+) -> [usize; 2] {
+    let [batch, heads, clusters, k] = topk.shape().dims();
+    let assignment_dims: [usize; 3] = assignments.shape().dims();
+    assert!(
+        [batch, heads] == batch_heads && assignment_dims == [batch, heads, rows],
+        "topk {:?} and assignments {:?} must be [{}, {}, C, k] and [{}, {}, {rows}]",
+        topk.shape().dims::<4>(),
+        assignment_dims,
+        batch_heads[0],
+        batch_heads[1],
+        batch_heads[0],
+        batch_heads[1],
+    );
+    assert_eq!(
+        topk.dtype, assignments.dtype,
+        "topk and assignments must share an int dtype"
+    );
+    [clusters, k]
+}
+
+/// The launch of [`sparse_dot_kernel`] or [`sparse_weighted_sum_kernel`]: the two operands,
+/// `topk`, `assignments` and the output, then the outputs per unit and the dtypes.
+type SparseLaunch<R> =
+    fn(&ComputeClient<R>, CubeCount, CubeDim, [TensorArg<R>; 5], usize, [StorageType; 2]);
+
+/// Launches one of the two sparse products whose output is `[batch, heads, L, last]`, `last`
+/// being `k` for `sparse_dot` and `D` for `sparse_weighted_sum`.
+fn sparse_product<R: CubeRuntime>(
+    launch: SparseLaunch<R>,
+    first: CubeTensor<R>,
+    second: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+    last: usize,
+) -> CubeTensor<R> {
+    let [batch, heads, len, _] = first.shape().dims();
+    check_indices(&topk, &assignments, [batch, heads], len);
+    let (float_dtype, int_dtype) = (first.dtype, topk.dtype);
+    let client = first.client.clone();
+    let output = empty_device_contiguous_dtype(
+        client.clone(),
+        first.device.clone(),
+        Shape::new([batch, heads, len, last]),
+        float_dtype,
+    );
+    let width = width(last);
+    let units = batch * heads * len * last / width;
+    let [first, second, topk, assignments] =
+        [first, second, topk, assignments].map(|x| linear(into_contiguous(x)));
+    launch(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        [first, second, topk, assignments, linear(output.clone())],
+        width,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    output
+}
+
+/// Launches [`sparse_dot_kernel`].
+pub(super) fn sparse_dot<R: CubeRuntime>(
+    queries: CubeTensor<R>,
+    keys: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let k = topk.shape()[3];
+    let launch: SparseLaunch<R> = |client, count, dim, [q, k, t, a, o], width, dtypes| {
+        sparse_dot_kernel::launch::<R>(client, count, dim, q, k, t, a, o, width, dtypes)
+    };
+    sparse_product(launch, queries, keys, topk, assignments, k)
+}
+
+/// Launches [`sparse_weighted_sum_kernel`].
+pub(super) fn sparse_weighted_sum<R: CubeRuntime>(
+    weights: CubeTensor<R>,
+    values: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let dim = values.shape()[3];
+    let launch: SparseLaunch<R> = |client, count, dim, [w, v, t, a, o], width, dtypes| {
+        sparse_weighted_sum_kernel::launch::<R>(client, count, dim, w, v, t, a, o, width, dtypes)
+    };
+    sparse_product(launch, weights, values, topk, assignments, dim)
+}
+
+/// Most clusters the counting sort of [`sparse_scatter`] handles in shared memory (16 KiB);
+/// beyond, the default body runs.
+const SORT_CLUSTERS: usize = 4095;
+
+/// Sorts the queries by cluster and sums each cluster's products per top-k slot, then gathers
+/// the slots of every key (see the module documentation).
+pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    weights: CubeTensor<R>,
+    x: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+    keys_len: usize,
+) -> CubeTensor<R> {
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let [batch, heads, len, _] = weights.shape().dims();
+    let [_, _, _, features] = x.shape().dims();
+    let [clusters, k] = check_indices(&topk, &assignments, [batch, heads], len);
+    if clusters > SORT_CLUSTERS {
+        return reference::sparse_scatter::<B<R, F, I, BT>>(
+            weights,
+            x,
+            topk,
+            assignments,
+            keys_len,
+        );
+    }
+    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
+    let (client, device) = (weights.client.clone(), weights.device.clone());
+    let bh = batch * heads;
+    let u32_tensor = |dims: Vec<usize>| {
+        empty_device_contiguous_dtype(
+            client.clone(),
+            device.clone(),
+            Shape::from(dims),
+            DType::U32,
+        )
+    };
+
+    // Counting sort of the queries by cluster.
+    let assignments = reshape(into_contiguous(assignments), Shape::new([bh, len]));
+    let chunks = len.div_ceil(SPARSE_THREADS);
+    let offsets = u32_tensor(vec![bh, chunks, clusters]);
+    let starts = u32_tensor(vec![bh, clusters + 1]);
+    let order = u32_tensor(vec![bh, len]);
+    cluster_histogram_kernel::launch::<R>(
+        &client,
+        cube_count(chunks, bh),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(assignments.clone()),
+        linear(offsets.clone()),
+        clusters,
+        int_dtype.into(),
+    );
+    cluster_offsets_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(bh as u32, 1, 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(offsets.clone()),
+        linear(starts.clone()),
+        clusters,
+    );
+    cluster_order_kernel::launch::<R>(
+        &client,
+        cube_count(chunks, bh),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(assignments),
+        linear(offsets),
+        linear(order.clone()),
+        SPARSE_THREADS,
+        int_dtype.into(),
+    );
+
+    // Per cluster and slot, the sum of its queries' products, kept in f32 until the last sum.
+    let slot_sums = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([bh, clusters, k, features]),
+        DType::F32,
+    );
+    let units = bh * clusters * k * features;
+    cluster_slot_sums_kernel::launch::<R>(
+        &client,
+        cube_count(units.div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(into_contiguous(weights)),
+        linear(into_contiguous(x)),
+        linear(order),
+        linear(starts),
+        linear(slot_sums.clone()),
+        float_dtype.into(),
+    );
+
+    // For every key, the slots that hold it, then the sum of their slot sums.
+    let slots = into_contiguous(
+        BurnTensor::<B<R, F, I, BT>, 3, IntKind>::full(
+            [bh, clusters, keys_len],
+            -1,
+            (&device, DType::I32),
+        )
+        .into_primitive(),
+    );
+    let topk = into_contiguous(topk);
+    invert_topk_kernel::launch::<R>(
+        &client,
+        cube_count((bh * clusters * k).div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(topk),
+        linear(slots.clone()),
+        int_dtype.into(),
+    );
+    let output = empty_device_contiguous_dtype(
+        client.clone(),
+        device,
+        Shape::new([batch, heads, keys_len, features]),
+        float_dtype,
+    );
+    gather_slot_sums_kernel::launch::<R>(
+        &client,
+        cube_count((bh * keys_len).div_ceil(SPARSE_THREADS), 1),
+        CubeDim::new_1d(SPARSE_THREADS as u32),
+        linear(slots),
+        linear(slot_sums),
+        linear(output.clone()),
+        float_dtype.into(),
+    );
+    output
 }

@@ -1,7 +1,15 @@
 //! LSH hashing (paper §3.2.2): bit `b` of a query's code is set when its projection on plane
 //! `b` exceeds the plane's threshold.
 
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+use super::{cube_count, linear};
+use crate::ops::checks::check_planes;
 
 /// One thread per query. A cube of `tile` threads first copies its `tile × dim` queries into
 /// shared memory with coalesced reads (rows padded to `dim + 1` floats, so that the threads'
@@ -12,7 +20,7 @@ use cubecl::prelude::*;
 /// - `planes`: `[bits, dim + 1]`, contiguous, the last column the thresholds
 /// - `codes`: `[rows]`, the 32-bit codes as `i32` bit patterns
 #[cube(launch)]
-pub(crate) fn lsh_hash_kernel<F: Float, I: Int>(
+fn lsh_hash_kernel<F: Float, I: Int>(
     queries: &Tensor<F>,
     planes: &Tensor<F>,
     codes: &mut Tensor<I>,
@@ -56,4 +64,45 @@ pub(crate) fn lsh_hash_kernel<F: Float, I: Int>(
         }
         codes[row] = I::cast_from(i32::reinterpret(code));
     }
+}
+
+/// Launches [`lsh_hash_kernel`]: `queries [batch, heads, L, E]`, `planes [bits, E + 1]` →
+/// codes `[batch, heads, L]` of dtype `int_dtype`.
+pub(super) fn lsh_hash<R: CubeRuntime>(
+    queries: CubeTensor<R>,
+    planes: CubeTensor<R>,
+    int_dtype: DType,
+) -> CubeTensor<R> {
+    let [batch, heads, len, dim] = queries.shape().dims();
+    let [bits, columns] = planes.shape().dims();
+    check_planes([batch, heads, len, dim], [bits, columns]);
+    assert_eq!(
+        queries.dtype, planes.dtype,
+        "queries and planes must share a dtype"
+    );
+    let (queries, planes) = (into_contiguous(queries), into_contiguous(planes));
+    let client = queries.client.clone();
+    let rows = batch * heads * len;
+    let codes = empty_device_contiguous_dtype(
+        client.clone(),
+        queries.device.clone(),
+        Shape::new([batch, heads, len]),
+        int_dtype,
+    );
+    // Queries per cube: a power of two, at most 64, with the tile within 16 KiB of f32.
+    let fit = (4096 / (dim + 1)).clamp(1, 64);
+    let tile = 1usize << fit.ilog2();
+    let float_dtype = queries.dtype;
+    lsh_hash_kernel::launch::<R>(
+        &client,
+        cube_count(rows.div_ceil(tile), 1),
+        CubeDim::new_1d(tile as u32),
+        linear(queries),
+        linear(planes),
+        linear(codes.clone()),
+        dim,
+        tile,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    codes
 }

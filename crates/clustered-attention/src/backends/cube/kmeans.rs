@@ -1,22 +1,32 @@
 //! Lloyd's algorithm in Hamming space (paper §3.2.2), one launch per step.
 //!
-//! The definition is [`ClusteringBackend::hamming_kmeans`](crate::ClusteringBackend); all
-//! arithmetic is on integers, so every backend agrees bit for bit. The assignment step gives
-//! each query its own thread; the update step tallies the members' bits with integer atomics,
-//! one thread per query, then gives each `(row, cluster)` a thread to take the majority.
+//! The definition is
+//! [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend); all arithmetic
+//! is on integers, so every backend agrees bit for bit. The assignment step gives each query its
+//! own thread; the update step tallies the members' bits with integer atomics, one thread per
+//! query, then gives each `(row, cluster)` a thread to take the majority.
 
+use burn::tensor::{Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
+
+use super::{cube_count, linear};
+use crate::ops::checks::host_lengths;
+use crate::ops::initial_centroid_positions;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
 /// (16 KiB, the smallest limit among the runtimes); beyond, it reads them from global memory.
-pub(crate) const SHARED_CENTROIDS: usize = 4096;
+const SHARED_CENTROIDS: usize = 4096;
 
 /// Votes per cluster: one per bit, then the member count.
-pub(crate) const VOTES: usize = 33;
+const VOTES: usize = 33;
 
 /// Largest number of clusters whose votes one cube tallies in shared memory (16 KiB of
 /// `u32`, the smallest limit among the runtimes); beyond, the votes go to global memory.
-pub(crate) const SHARED_VOTES: usize = 4096 / VOTES;
+const SHARED_VOTES: usize = 4096 / VOTES;
 
 /// Assignment step: `assignments[row, i]` = the nearest centroid of query `i` in Hamming
 /// distance, ties to the lowest index; `-1` for padded queries (`i ≥ lengths[row]`); `i`
@@ -29,7 +39,7 @@ pub(crate) const SHARED_VOTES: usize = 4096 / VOTES;
 /// - `centroids`: `[rows, clusters]`
 /// - `lengths`: `[rows]`
 #[cube(launch)]
-pub(crate) fn kmeans_assign_kernel<I: Int>(
+fn kmeans_assign_kernel<I: Int>(
     codes: &Tensor<I>,
     centroids: &Tensor<I>,
     lengths: &Tensor<I>,
@@ -94,7 +104,7 @@ pub(crate) fn kmeans_assign_kernel<I: Int>(
 /// - `codes`, `assignments`: `[rows, L]`
 /// - `votes`: `[rows, clusters * 33]`
 #[cube(launch)]
-pub(crate) fn kmeans_votes_kernel<I: Int>(
+fn kmeans_votes_kernel<I: Int>(
     codes: &Tensor<I>,
     assignments: &Tensor<I>,
     votes: &mut Tensor<Atomic<u32>>,
@@ -170,7 +180,7 @@ pub(crate) fn kmeans_votes_kernel<I: Int>(
 /// - `lengths`: `[rows]`
 /// - `centroids`, `counts`: `[rows, clusters]`
 #[cube(launch)]
-pub(crate) fn kmeans_update_kernel<I: Int>(
+fn kmeans_update_kernel<I: Int>(
     votes: &mut Tensor<u32>,
     lengths: &Tensor<I>,
     centroids: &mut Tensor<I>,
@@ -209,4 +219,121 @@ pub(crate) fn kmeans_update_kernel<I: Int>(
             centroids[row * clusters + c] = I::cast_from(i32::reinterpret(centroid));
         }
     }
+}
+
+/// Threads per cube of the K-means kernels.
+const CUBE_THREADS: usize = 256;
+
+/// The whole Lloyd loop on the device: the host only draws the initial centroid positions
+/// (and reads the query lengths, to do so), then enqueues `iterations` assignment and update
+/// launches and a final assignment and count.
+pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    codes: CubeTensor<R>,
+    query_lengths: Option<CubeTensor<R>>,
+    clusters: usize,
+    iterations: usize,
+    seed: u64,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    assert!(clusters > 0, "clusters must be at least 1, got 0");
+    let [batch, heads, len] = codes.shape().dims();
+    let (client, device, dtype) = (codes.client.clone(), codes.device.clone(), codes.dtype);
+    let lengths = host_lengths::<B<R, F, I, BT>>(
+        "query_lengths",
+        query_lengths.map(BurnTensor::from_primitive),
+        batch,
+        len,
+    );
+    let rows = batch * heads;
+    let initial = initial_centroid_positions(&lengths, heads, clusters, seed);
+    let row_lengths: Vec<i64> = (0..rows).map(|r| lengths[r / heads] as i64).collect();
+
+    let options = (&device, dtype);
+    let codes = BurnTensor::<B<R, F, I, BT>, 3, IntKind>::from_primitive(into_contiguous(codes))
+        .reshape([rows, len]);
+    let positions = BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_data(
+        TensorData::new(initial, [rows, clusters]),
+        options,
+    );
+    let centroids = into_contiguous(codes.clone().gather(1, positions).into_primitive());
+    let codes = into_contiguous(codes.into_primitive());
+    let row_lengths = into_contiguous(
+        BurnTensor::<B<R, F, I, BT>, 1, IntKind>::from_data(
+            TensorData::new(row_lengths, [rows]),
+            options,
+        )
+        .into_primitive(),
+    );
+    let assignments = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([rows, len]),
+        dtype,
+    );
+    let counts = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([rows, clusters]),
+        dtype,
+    );
+
+    // Burn's `zeros` may pitch its rows (CUDA does); the kernels index `votes` linearly.
+    let votes = into_contiguous(
+        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::zeros([rows, clusters * VOTES], options)
+            .into_primitive(),
+    );
+
+    let shared = clusters <= SHARED_CENTROIDS;
+    let assign = || {
+        kmeans_assign_kernel::launch::<R>(
+            &client,
+            cube_count(len.div_ceil(CUBE_THREADS), rows),
+            CubeDim::new_1d(CUBE_THREADS as u32),
+            linear(codes.clone()),
+            linear(centroids.clone()),
+            linear(row_lengths.clone()),
+            linear(assignments.clone()),
+            clusters,
+            shared,
+            dtype.into(),
+        )
+    };
+    let update = |update: bool| {
+        kmeans_votes_kernel::launch::<R>(
+            &client,
+            cube_count(len.div_ceil(CUBE_THREADS), rows),
+            CubeDim::new_1d(CUBE_THREADS as u32),
+            linear(codes.clone()),
+            linear(assignments.clone()),
+            linear(votes.clone()),
+            clusters,
+            clusters <= SHARED_VOTES,
+            update,
+            dtype.into(),
+        );
+        kmeans_update_kernel::launch::<R>(
+            &client,
+            cube_count(clusters.div_ceil(CUBE_THREADS), rows),
+            CubeDim::new_1d(CUBE_THREADS.min(clusters.next_power_of_two()) as u32),
+            linear(votes.clone()),
+            linear(row_lengths.clone()),
+            linear(centroids.clone()),
+            linear(counts.clone()),
+            update,
+            dtype.into(),
+        )
+    };
+    for _ in 0..iterations {
+        assign();
+        update(true);
+    }
+    assign();
+    update(false);
+
+    let reshape = |x: CubeTensor<R>, last: usize| {
+        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_primitive(x)
+            .reshape([batch, heads, last])
+            .into_primitive()
+    };
+    (reshape(assignments, len), reshape(counts, clusters))
 }

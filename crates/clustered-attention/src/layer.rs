@@ -1,142 +1,19 @@
 //! The multi-head layer: projections around full, clustered or improved clustered attention.
 
-use core::fmt;
-use core::str::FromStr;
-
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
-use serde::{Deserialize, Serialize};
 
-use crate::ClusteringBackend;
+use crate::ClusteredAttentionBackend;
 use crate::attention::{
     AttentionOptions, LshOptions, clustered_attention, full_attention,
     improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
 };
 use crate::clustering::ClusteringOptions;
-
-/// Which attention a [`MultiHeadClusteredAttention`] layer computes.
-///
-/// The kind holds no weights, so a trained layer can switch kind for evaluation
-/// ([`MultiHeadClusteredAttention::with_attention`]), as the paper's Table 1 does.
-/// Parses from and prints as `full`, `clustered:C`, `improved:C:K`, `shared-full`,
-/// `lsh:X` (or `lsh:X:M` for chunks of `M`) and `oracle:K`.
-///
-/// `shared-full` and `lsh:X` are shared-QK attentions: a layer created with one of them
-/// computes its keys with the query projection ([`MultiHeadClusteredAttention::shared_qk`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AttentionKind {
-    /// Full softmax attention (paper eq. 1–2).
-    Full,
-    /// Clustered attention with `clusters` clusters (paper §3.2, eqs. 3–6).
-    Clustered {
-        /// Number of clusters `C`.
-        clusters: usize,
-    },
-    /// Improved clustered attention (paper §3.3, eqs. 9–11).
-    Improved {
-        /// Number of clusters `C`.
-        clusters: usize,
-        /// Number of keys `k` recomputed exactly per cluster.
-        topk: usize,
-    },
-    /// Full attention with shared queries and keys, the paper's shared-full
-    /// ([`shared_full_attention`]).
-    SharedFull,
-    /// Reformer's LSH attention, the paper's lsh-X ([`lsh_attention`]).
-    Lsh {
-        /// Hashing rounds `X`.
-        rounds: usize,
-        /// Queries per chunk of the sorted sequence.
-        chunk_size: usize,
-    },
-    /// Each query's `topk` highest-scoring keys only, the paper's oracle-top
-    /// ([`oracle_top_attention`]).
-    OracleTop {
-        /// Keys kept per query.
-        topk: usize,
-    },
-}
-
-/// Reformer's chunk size, the default of `lsh:X`.
-const DEFAULT_CHUNK_SIZE: usize = 32;
-
-impl AttentionKind {
-    /// Whether the attention needs keys computed with the query projection (shared-QK).
-    pub fn is_shared_qk(&self) -> bool {
-        matches!(self, Self::SharedFull | Self::Lsh { .. })
-    }
-}
-
-impl fmt::Display for AttentionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let text = match self {
-            Self::Full => "full".to_string(),
-            Self::Clustered { clusters } => format!("clustered:{clusters}"),
-            Self::Improved { clusters, topk } => format!("improved:{clusters}:{topk}"),
-            Self::SharedFull => "shared-full".to_string(),
-            Self::Lsh {
-                rounds,
-                chunk_size: DEFAULT_CHUNK_SIZE,
-            } => format!("lsh:{rounds}"),
-            Self::Lsh { rounds, chunk_size } => format!("lsh:{rounds}:{chunk_size}"),
-            Self::OracleTop { topk } => format!("oracle:{topk}"),
-        };
-        f.pad(&text)
-    }
-}
-
-/// Error returned when an [`AttentionKind`] cannot be parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseAttentionKindError(String);
-
-impl fmt::Display for ParseAttentionKindError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid attention kind {:?}: expected full, clustered:C, improved:C:K, shared-full, lsh:X, lsh:X:M or oracle:K with C, K, X, M ≥ 1",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for ParseAttentionKindError {}
-
-impl FromStr for AttentionKind {
-    type Err = ParseAttentionKindError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error = || ParseAttentionKindError(s.to_string());
-        let number = |part: &str| match part.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(error()),
-        };
-        let parts: Vec<&str> = s.trim().split(':').collect();
-        match parts.as_slice() {
-            ["full"] => Ok(Self::Full),
-            ["clustered", c] => Ok(Self::Clustered {
-                clusters: number(c)?,
-            }),
-            ["improved", c, k] => Ok(Self::Improved {
-                clusters: number(c)?,
-                topk: number(k)?,
-            }),
-            ["shared-full"] => Ok(Self::SharedFull),
-            ["lsh", x] => Ok(Self::Lsh {
-                rounds: number(x)?,
-                chunk_size: DEFAULT_CHUNK_SIZE,
-            }),
-            ["lsh", x, m] => Ok(Self::Lsh {
-                rounds: number(x)?,
-                chunk_size: number(m)?,
-            }),
-            ["oracle", k] => Ok(Self::OracleTop { topk: number(k)? }),
-            _ => Err(error()),
-        }
-    }
-}
+use crate::kind::AttentionKind;
+use crate::ops::checks::check_bits;
 
 /// Configuration of a [`MultiHeadClusteredAttention`] layer.
 #[derive(Config, Debug)]
@@ -251,8 +128,8 @@ impl ClusteredAttentionConfig {
             self.d_model,
             self.n_heads
         );
-        check_kind(self.attention);
-        crate::ops::reference::check_bits(self.bits);
+        self.attention.check();
+        check_bits(self.bits);
         assert!(
             (0.0..1.0).contains(&self.dropout),
             "dropout must be in [0, 1), got {}",
@@ -279,24 +156,6 @@ impl ClusteredAttentionConfig {
             scale: self.scale,
             dropout: self.dropout,
             seed: self.seed,
-        }
-    }
-}
-
-fn check_kind(kind: AttentionKind) {
-    match kind {
-        AttentionKind::Full | AttentionKind::SharedFull => {}
-        AttentionKind::Lsh { rounds, chunk_size } => {
-            assert!(rounds > 0, "rounds must be at least 1, got 0");
-            assert!(chunk_size > 0, "chunk_size must be at least 1, got 0");
-        }
-        AttentionKind::OracleTop { topk } => assert!(topk > 0, "topk must be at least 1, got 0"),
-        AttentionKind::Clustered { clusters } => {
-            assert!(clusters > 0, "clusters must be at least 1, got 0")
-        }
-        AttentionKind::Improved { clusters, topk } => {
-            assert!(clusters > 0, "clusters must be at least 1, got 0");
-            assert!(topk > 0, "topk must be at least 1, got 0");
         }
     }
 }
@@ -387,7 +246,7 @@ fn mask_to_lengths<B: Backend>(mask: Tensor<B, 2, Bool>) -> Tensor<B, 1, Int> {
     Tensor::from_data(TensorData::new(lengths, [batch]), &device)
 }
 
-impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
+impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
     /// The same layer (same weights) computing another attention.
     ///
     /// # Panics
@@ -395,7 +254,7 @@ impl<B: ClusteringBackend> MultiHeadClusteredAttention<B> {
     /// and the layer was not created with a shared-QK kind: its keys come from its own `key`
     /// projection, which a shared-QK attention cannot use.
     pub fn with_attention(mut self, attention: AttentionKind) -> Self {
-        check_kind(attention);
+        attention.check();
         assert!(
             !attention.is_shared_qk() || self.shared_qk,
             "{attention} needs a layer trained with shared queries and keys; this one was created with {}",

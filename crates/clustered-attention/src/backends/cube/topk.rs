@@ -3,7 +3,16 @@
 //! The order is total and the same as the host implementation's: by score, descending, ties
 //! to the lower index. Rows holding NaN give an unspecified set of in-range indices.
 
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+use super::{cube_count, linear};
+use crate::ops::checks::check_topk;
 
 /// Marks an empty slot of the merge (no candidate left in that unit).
 const EMPTY: u32 = u32::MAX;
@@ -31,7 +40,7 @@ fn ranks_before<F: Float>(value: F, index: u32, other_value: F, other_index: u32
 /// - `indices`: `[rows, k]`, in `0..S`
 /// - shared memory: `units · k` scores and indices
 #[cube(launch)]
-pub(crate) fn topk_kernel<F: Float, I: Int>(
+fn topk_kernel<F: Float, I: Int>(
     scores: &Tensor<F>,
     indices: &mut Tensor<I>,
     #[comptime] k: usize,
@@ -142,4 +151,49 @@ pub(crate) fn topk_kernel<F: Float, I: Int>(
         indices[row * k + j] = I::cast_from(index as u32);
         j += units;
     }
+}
+
+/// Most units per row of the top-k kernel.
+const TOPK_UNITS: usize = 64;
+
+/// Scores and indices the top-k kernel's merge may keep in shared memory (8 KiB).
+pub(super) const TOPK_SHARED: usize = 1024;
+
+/// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
+/// of dtype `int_dtype`, descending by score, ties to the lower index.
+pub(super) fn topk_indices<R: CubeRuntime>(
+    scores: CubeTensor<R>,
+    k: usize,
+    int_dtype: DType,
+) -> CubeTensor<R> {
+    let [batch, heads, rows, len] = scores.shape().dims();
+    check_topk(k, len);
+    let scores = into_contiguous(scores);
+    let client = scores.client.clone();
+    let all_rows = batch * heads * rows;
+    // Written as `[all_rows, k]` and reshaped after, so that the tensor returned is the one the
+    // kernel wrote, whatever `reshape` does.
+    let indices = empty_device_contiguous_dtype(
+        client.clone(),
+        scores.device.clone(),
+        Shape::new([all_rows, k]),
+        int_dtype,
+    );
+    // A power of two: one list of k per unit in shared memory, and no more units than scores.
+    let units = (TOPK_SHARED / k)
+        .min(TOPK_UNITS)
+        .min(len.next_power_of_two());
+    let units = 1usize << units.max(1).ilog2();
+    let float_dtype = scores.dtype;
+    topk_kernel::launch::<R>(
+        &client,
+        cube_count(all_rows, 1),
+        CubeDim::new_1d(units as u32),
+        linear(reshape(scores, Shape::new([all_rows, len]))),
+        linear(indices.clone()),
+        k,
+        units,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    reshape(indices, Shape::new([batch, heads, rows, k]))
 }

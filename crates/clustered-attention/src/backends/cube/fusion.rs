@@ -11,8 +11,8 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::ClusteringBackend;
-use crate::ops::reference::{check_planes, check_topk};
+use crate::ClusteredAttentionBackend;
+use crate::ops::checks::{check_planes, check_topk};
 
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
@@ -23,7 +23,7 @@ struct LshHash<B> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for LshHash<B> {
+impl<B: FusionBackend + ClusteredAttentionBackend> Operation<B::FusionRuntime> for LshHash<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([queries, planes], [codes]) = self.desc.as_fixed();
         let output = B::lsh_hash(
@@ -43,7 +43,9 @@ struct HammingKmeans<B> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for HammingKmeans<B> {
+impl<B: FusionBackend + ClusteredAttentionBackend> Operation<B::FusionRuntime>
+    for HammingKmeans<B>
+{
     fn execute(&self, handles: &mut Handles<B>) {
         let codes = handles.get_int_tensor::<B>(&self.desc.inputs[0]);
         let lengths = self
@@ -66,7 +68,7 @@ struct TopkIndices<B> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for TopkIndices<B> {
+impl<B: FusionBackend + ClusteredAttentionBackend> Operation<B::FusionRuntime> for TopkIndices<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([scores], [indices]) = self.desc.as_fixed();
         let output = B::topk_indices(handles.get_float_tensor::<B>(scores), self.k);
@@ -101,7 +103,9 @@ struct SparseProduct<B> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for SparseProduct<B> {
+impl<B: FusionBackend + ClusteredAttentionBackend> Operation<B::FusionRuntime>
+    for SparseProduct<B>
+{
     fn execute(&self, handles: &mut Handles<B>) {
         let ([first, second, topk, assignments], [output]) = self.desc.as_fixed();
         let first = handles.get_float_tensor::<B>(first);
@@ -120,7 +124,7 @@ impl<B: FusionBackend + ClusteringBackend> Operation<B::FusionRuntime> for Spars
 }
 
 /// Registers a sparse product whose output has shape `shape` and the dtype of `first`.
-fn sparse_product<B: FusionBackend + ClusteringBackend>(
+fn sparse_product<B: FusionBackend + ClusteredAttentionBackend>(
     op: Sparse,
     inputs: [FloatTensor<Fusion<B>>; 2],
     topk: IntTensor<Fusion<B>>,
@@ -154,7 +158,7 @@ fn sparse_product<B: FusionBackend + ClusteringBackend>(
         .output()
 }
 
-impl<B: FusionBackend + ClusteringBackend> ClusteringBackend for Fusion<B> {
+impl<B: FusionBackend + ClusteredAttentionBackend> ClusteredAttentionBackend for Fusion<B> {
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         let [batch, heads, len, dim] = queries.shape().dims();
         let [bits, columns] = planes.shape().dims();

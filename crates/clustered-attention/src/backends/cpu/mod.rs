@@ -1,0 +1,253 @@
+//! The CPU backends (NdArray, Flex): host loops for every op of
+//! [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend), compiled for the CPU's
+//! vector instructions, one file per op family.
+//!
+//! - `access.rs`: [`HostAccess`], the backends' tensors borrowed as `f32` slices, and the
+//!   reads and writes of the host ops.
+//! - `parallel.rs`: the work split over rayon's global pool.
+//! - `gemm.rs`: matrix products with the `gemm` crate.
+//! - `simd.rs`: the vector loops (dot products, softmax, top-k, gathers and scatters), each
+//!   compiled for AVX-512, AVX2 + FMA and the baseline.
+//! - `hash.rs`: [`lsh_hash`]; `kmeans.rs`: [`hamming_kmeans`]; `softmax.rs`:
+//!   [`attention_softmax`]; `topk.rs`: [`topk_indices`].
+//! - `centroid.rs`: [`centroid_attention`] and its backward; `top.rs`: [`top_attention`] and
+//!   its backward; `improved.rs`: [`improved_attention_backward`].
+//! - `sparse.rs`: [`sparse_dot`], [`sparse_weighted_sum`], [`sparse_scatter`].
+//!
+//! The tensors already live in host memory on these backends, so each op borrows its float
+//! inputs (copying only non-contiguous ones), runs loops — the projections of four queries on
+//! all hash planes at once, for the K-means vector popcounts over sixteen codes (AVX-512) or
+//! per-byte distance tables (elsewhere), a vectorised `exp` for the softmax, a single pass with
+//! a small sorted buffer for the top-k, per-cluster blocks of gathered keys for the sparse
+//! products and the per-query top-k attention, and the `gemm` crate's products for the
+//! centroid attention — split over rows on rayon's global pool (the one the backends use), and
+//! writes the result back with `from_data`. They reproduce the default bodies
+//! ([`crate::ops::reference`]): bit for bit for the integer outputs, to rounding for the float
+//! ones. Float ops compute and accumulate in `f32`: `f16` and `bf16` inputs are widened on the
+//! way in and the results rounded to the input's dtype on the way out; `f64` inputs fall back
+//! to the default bodies.
+//!
+//! A CPU backend of one's own gets them by implementing [`HostAccess`] and calling these
+//! functions from its `ClusteredAttentionBackend` methods.
+
+mod access;
+mod centroid;
+mod gemm;
+mod hash;
+mod improved;
+mod kmeans;
+mod parallel;
+mod simd;
+mod softmax;
+mod sparse;
+mod top;
+mod topk;
+
+pub use access::HostAccess;
+pub use centroid::{centroid_attention, centroid_attention_backward};
+pub use hash::lsh_hash;
+pub use improved::improved_attention_backward;
+pub use kmeans::hamming_kmeans;
+pub use softmax::attention_softmax;
+pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
+pub use top::{top_attention, top_attention_backward};
+pub use topk::topk_indices;
+
+/// Implements [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) with the host ops.
+#[cfg(any(feature = "ndarray", feature = "flex"))]
+macro_rules! host_ops {
+    () => {
+        fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
+            $crate::backends::cpu::lsh_hash::<Self>(queries, planes)
+        }
+
+        fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            $crate::backends::cpu::attention_softmax::<Self>(x)
+        }
+
+        fn hamming_kmeans(
+            codes: IntTensor<Self>,
+            query_lengths: Option<IntTensor<Self>>,
+            clusters: usize,
+            iterations: usize,
+            seed: u64,
+        ) -> (IntTensor<Self>, IntTensor<Self>) {
+            $crate::backends::cpu::hamming_kmeans::<Self>(
+                codes,
+                query_lengths,
+                clusters,
+                iterations,
+                seed,
+            )
+        }
+
+        fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+            $crate::backends::cpu::topk_indices::<Self>(scores, k)
+        }
+
+        fn centroid_attention(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            topk: usize,
+        ) -> CentroidAttention<Self> {
+            $crate::backends::cpu::centroid_attention::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                topk,
+            )
+        }
+
+        fn top_attention(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: ClusterTop<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::top_attention::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+            )
+        }
+
+        fn centroid_attention_backward(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            forward: CentroidAttention<Self>,
+            grad_values: FloatTensor<Self>,
+            grad_top_weights: Option<FloatTensor<Self>>,
+        ) -> CentroidAttentionGrads<Self> {
+            $crate::backends::cpu::centroid_attention_backward::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                forward,
+                grad_values,
+                grad_top_weights,
+            )
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn improved_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: QueryClusters<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            forward: ImprovedForward<Self>,
+            grad: FloatTensor<Self>,
+        ) -> AttentionGrads<Self> {
+            $crate::backends::cpu::improved_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                forward,
+                grad,
+            )
+        }
+
+        fn top_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: ClusterTop<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            grad: FloatTensor<Self>,
+        ) -> TopAttentionGrads<Self> {
+            $crate::backends::cpu::top_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                grad,
+            )
+        }
+
+        fn sparse_dot(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::sparse_dot::<Self>(queries, keys, topk, assignments)
+        }
+
+        fn sparse_weighted_sum(
+            weights: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::sparse_weighted_sum::<Self>(weights, values, topk, assignments)
+        }
+
+        fn sparse_scatter(
+            weights: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            topk: IntTensor<Self>,
+            assignments: IntTensor<Self>,
+            keys_len: usize,
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len)
+        }
+    };
+}
+
+#[cfg(feature = "ndarray")]
+mod ndarray {
+    use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
+    use burn::backend::ndarray::{NdArrayTensor, SharedArray};
+    use burn::tensor::ops::{FloatTensor, IntTensor};
+
+    use crate::ClusteredAttentionBackend;
+    use crate::ops::{
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        QueryClusters, TopAttentionGrads,
+    };
+
+    impl<E, I, Q> ClusteredAttentionBackend for NdArray<E, I, Q>
+    where
+        E: FloatNdArrayElement,
+        I: IntNdArrayElement,
+        Q: QuantElement,
+        NdArrayTensor: From<SharedArray<E>>,
+        NdArrayTensor: From<SharedArray<I>>,
+    {
+        host_ops!();
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex {
+    use burn::backend::Flex;
+    use burn::tensor::ops::{FloatTensor, IntTensor};
+
+    use crate::ClusteredAttentionBackend;
+    use crate::ops::{
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        QueryClusters, TopAttentionGrads,
+    };
+
+    impl ClusteredAttentionBackend for Flex {
+        host_ops!();
+    }
+}

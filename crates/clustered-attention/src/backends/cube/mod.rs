@@ -1,0 +1,122 @@
+//! [`CubeBackend`] (WGPU, Vulkan, CUDA without fusion) and [`Fusion`](burn_fusion::Fusion)
+//! over it (`burn::backend::Wgpu`, `Cuda`): hashing, K-means, the top-k and the sparse products
+//! as CubeCL kernels, each `#[cube]` kernel beside its launcher.
+//!
+//! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
+//!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
+//!   `sparse_scatter`.
+//! - `fusion.rs`: the same ops registered as Fusion custom operations.
+//!
+//! The other ops keep their default bodies, made of Burn's own kernels. Nothing is read back
+//! to the host but the query lengths, when given (the initial centroids are drawn on the
+//! host). The kernels reproduce the default bodies ([`crate::ops::reference`]) bit for bit
+//! where the result is integer: the codes whenever the projections are computed exactly (the
+//! summation order differs from a matrix product), the K-means always (integer arithmetic
+//! only), the top-k given the same scores (same order, ties to the lower index); the sparse
+//! products up to rounding (they accumulate in `f32`, in another order).
+//!
+//! The kernels index every buffer linearly, so each one they read or write is contiguous:
+//! inputs go through `into_contiguous`, and outputs and scratch buffers are allocated with
+//! `empty_device_contiguous_dtype`. Burn's default allocation (`empty_device_dtype`) may pad
+//! each row: on CUDA, cubecl-runtime's `PitchedMemoryLayoutPolicy` rounds a row's bytes up to
+//! a multiple of a power of two between 16 and 512, and a linear write then lands partly in the
+//! padding and partly in the wrong rows.
+
+mod fusion;
+mod hash;
+mod kmeans;
+mod sparse;
+mod topk;
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+
+use crate::ClusteredAttentionBackend;
+use crate::ops::reference;
+
+impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
+        hash::lsh_hash::<R>(queries, planes, I::dtype())
+    }
+
+    fn hamming_kmeans(
+        codes: IntTensor<Self>,
+        query_lengths: Option<IntTensor<Self>>,
+        clusters: usize,
+        iterations: usize,
+        seed: u64,
+    ) -> (IntTensor<Self>, IntTensor<Self>) {
+        kmeans::hamming_kmeans::<R, F, I, BT>(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        if k > topk::TOPK_SHARED {
+            // One sorted list of k would not fit in the merge's shared memory: the default
+            // body, which sorts on the host.
+            return reference::topk_indices::<Self>(scores, k);
+        }
+        topk::topk_indices::<R>(scores, k, I::dtype())
+    }
+
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sparse::sparse_dot::<R>(queries, keys, topk, assignments)
+    }
+
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        sparse::sparse_weighted_sum::<R>(weights, values, topk, assignments)
+    }
+
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        sparse::sparse_scatter::<R, F, I, BT>(weights, x, topk, assignments, keys_len)
+    }
+}
+
+/// `tensor` as the argument of a kernel, which indexes it linearly.
+///
+/// # Panics
+/// If `tensor` is not contiguous (row-major, no padding): a pitched buffer, as CUDA allocates by
+/// default, would be read and written at the wrong places.
+pub(super) fn linear<R: CubeRuntime>(tensor: CubeTensor<R>) -> TensorArg<R> {
+    assert!(
+        tensor.is_contiguous(),
+        "a kernel argument must be contiguous, got shape {:?} with strides {:?}",
+        tensor.meta.shape(),
+        tensor.meta.strides(),
+    );
+    tensor.into_tensor_arg()
+}
+
+/// Most cubes a grid dimension may hold on every runtime (WebGPU's limit).
+const MAX_CUBES_PER_DIM: u32 = 65_535;
+
+/// A 2-D grid of at least `cubes` cubes along X (folded into Y beyond the per-dimension
+/// limit), times `rows` along Z.
+fn cube_count(cubes: usize, rows: usize) -> CubeCount {
+    let cubes = cubes.max(1) as u32;
+    let x = cubes.min(MAX_CUBES_PER_DIM);
+    CubeCount::Static(x, cubes.div_ceil(x), rows.max(1) as u32)
+}

@@ -1,0 +1,172 @@
+//! The argument checks every backend shares: each panics with a message that names the
+//! argument and the shapes.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorMetadata};
+
+#[cfg(doc)]
+use super::ClusteredAttentionBackend;
+use super::{MAX_BITS, QueryClusters};
+
+/// Panics unless `1 ≤ bits ≤ 32`.
+pub(crate) fn check_bits(bits: usize) {
+    assert!(
+        (1..=MAX_BITS).contains(&bits),
+        "bits must be in 1..={MAX_BITS} (codes are u32 words), got {bits}"
+    );
+}
+
+/// Checks `bits` ([`check_bits`]) and that `planes [bits, E + 1]` fit `queries [batch, heads, L,
+/// E]`.
+///
+/// # Panics
+/// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
+pub(crate) fn check_planes(queries: [usize; 4], planes: [usize; 2]) {
+    let [bits, columns] = planes;
+    check_bits(bits);
+    assert!(
+        columns == queries[3] + 1,
+        "planes must have shape [bits, E + 1] = [{bits}, {}] for queries of shape {:?}, got {:?}",
+        queries[3] + 1,
+        queries,
+        planes
+    );
+}
+
+/// Checks the shapes of a [`ClusteredAttentionBackend::centroid_attention`] call.
+///
+/// # Panics
+/// If `centroids [batch, heads, C, E]`, `keys [batch, heads, S, E]` and
+/// `values [batch, heads, S, D]` disagree, or `topk > S`.
+pub(crate) fn check_centroid_attention(
+    centroids: [usize; 4],
+    keys: [usize; 4],
+    values: [usize; 4],
+    topk: usize,
+) {
+    assert!(
+        centroids[..2] == keys[..2]
+            && keys[..3] == values[..3]
+            && centroids[3] == keys[3]
+            && keys[2] > 0,
+        "centroids {centroids:?}, keys {keys:?} and values {values:?} must be \
+         [batch, heads, C, E], [batch, heads, S, E] and [batch, heads, S, D] with S > 0"
+    );
+    assert!(
+        topk <= keys[2],
+        "topk must be in 0..={} (the number of keys), got {topk}",
+        keys[2]
+    );
+}
+
+/// Checks the shapes of a [`ClusteredAttentionBackend::improved_attention`] call's clustering and
+/// returns `C`.
+///
+/// # Panics
+/// If `assignments` is not `[batch, heads, L]` or `inverse_counts` not `[batch, heads, C, 1]`.
+pub(crate) fn check_query_clusters(
+    queries: [usize; 4],
+    clusters: &QueryClusters<impl Backend>,
+) -> usize {
+    let [batch, heads, len, _] = queries;
+    let assignments: [usize; 3] = clusters.assignments.shape().dims();
+    let inverse: [usize; 4] = clusters.inverse_counts.shape().dims();
+    assert!(
+        assignments == [batch, heads, len] && inverse[..2] == [batch, heads] && inverse[3] == 1,
+        "clusters.assignments {assignments:?} must be [batch, heads, L] = {:?} and \
+         clusters.inverse_counts {inverse:?} [batch, heads, C, 1]",
+        [batch, heads, len]
+    );
+    inverse[2]
+}
+
+/// Checks the shapes of a [`ClusteredAttentionBackend::top_attention`] call.
+///
+/// # Panics
+/// If `queries [batch, heads, L, E]`, `keys [batch, heads, S, E]`, `values [batch, heads, S, D]`,
+/// `assignments [batch, heads, L]`, `topk [batch, heads, C, k]`, `mass [batch, heads, C, 1]`
+/// and `rest [batch, heads, C, D]` disagree, or `k` is 0 or above `S`.
+pub(crate) fn check_top_attention(
+    queries: [usize; 4],
+    keys: [usize; 4],
+    values: [usize; 4],
+    assignments: [usize; 3],
+    topk: [usize; 4],
+    mass: [usize; 4],
+    rest: [usize; 4],
+) {
+    let [batch, heads, len, dim] = queries;
+    let [_, _, keys_len, dim_v] = values;
+    let [_, _, clusters, k] = topk;
+    assert!(
+        keys == [batch, heads, keys_len, dim]
+            && assignments == [batch, heads, len]
+            && topk[..2] == [batch, heads]
+            && mass == [batch, heads, clusters, 1]
+            && rest == [batch, heads, clusters, dim_v],
+        "queries {queries:?}, keys {keys:?}, values {values:?}, assignments {assignments:?}, \
+         topk {topk:?}, mass {mass:?} and rest {rest:?} must be [batch, heads, L, E], \
+         [batch, heads, S, E], [batch, heads, S, D], [batch, heads, L], [batch, heads, C, k], \
+         [batch, heads, C, 1] and [batch, heads, C, D]"
+    );
+    check_topk(k, keys_len);
+}
+
+/// Panics unless `1 ≤ k ≤ len`.
+pub(crate) fn check_topk(k: usize, len: usize) {
+    assert!(
+        (1..=len).contains(&k),
+        "topk must be in 1..={len} (the number of keys), got {k}"
+    );
+}
+
+/// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
+/// sequence's length `seq_len`.
+///
+/// Returns one length per batch item (all `seq_len` when `None`).
+///
+/// # Panics
+/// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
+pub(crate) fn host_lengths<B: Backend>(
+    name: &str,
+    lengths: Option<Tensor<B, 1, Int>>,
+    batch: usize,
+    seq_len: usize,
+) -> Vec<usize> {
+    let Some(lengths) = lengths else {
+        return vec![seq_len; batch];
+    };
+    let dims = lengths.dims();
+    assert!(
+        dims == [batch],
+        "{name} must have shape [batch] = [{batch}], got {dims:?}"
+    );
+    let data = lengths.into_data();
+    data.iter::<i64>()
+        .enumerate()
+        .map(|(b, len)| {
+            assert!(
+                (0..=seq_len as i64).contains(&len),
+                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
+            );
+            len as usize
+        })
+        .collect()
+}
+
+/// Reads `key_lengths` (`[batch]`) to the host, as [`host_lengths`] does, and checks that every
+/// sequence has a key: all `keys_len` when `None`.
+///
+/// # Panics
+/// If the tensor is not `[batch]` or a length is outside `1..=keys_len`.
+pub(crate) fn host_key_lengths<B: Backend>(
+    key_lengths: Option<Tensor<B, 1, Int>>,
+    batch: usize,
+    keys_len: usize,
+) -> Vec<usize> {
+    let lengths = host_lengths("key_lengths", key_lengths, batch, keys_len);
+    if let Some(b) = lengths.iter().position(|&n| n == 0) {
+        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+    }
+    lengths
+}

@@ -1,0 +1,77 @@
+//! Which query belongs to which cluster, in the form the sparse products take.
+
+use burn::tensor::{DType, Int, Tensor};
+
+use super::ClusteredAttentionBackend;
+use super::tensor::{sparse_scatter, sparse_weighted_sum};
+
+/// The clustering of a batch's queries as the sparse products take it: each cluster a one-key
+/// "top-k" of its own index, `[batch, heads, C, 1]`, with unit weights for the queries,
+/// `[batch, heads, L, 1]`.
+///
+/// Its two halves are fast-transformers' `clustered_aggregate` ([`Self::aggregate`], a
+/// [`sparse_scatter`]: the sum of each cluster's member rows) and `clustered_broadcast`
+/// ([`Self::broadcast`], a [`sparse_weighted_sum`]: each query's cluster row, paper eq. 6).
+/// Both skip padded queries (assignment `-1`), and both are differentiable on `Autodiff`.
+pub(crate) struct QueryGroups<B: ClusteredAttentionBackend> {
+    /// `[batch, heads, L]`: each query's cluster, in `0..C`, `-1` for a padded query.
+    assignments: Tensor<B, 3, Int>,
+    /// `[batch, heads, C, 1]`, `identity[b, h, j, 0] = j`.
+    identity: Tensor<B, 4, Int>,
+    /// `[batch, heads, L, 1]` ones, in the float type of the rows moved.
+    ones: Tensor<B, 4>,
+}
+
+impl<B: ClusteredAttentionBackend> QueryGroups<B> {
+    /// The groups of `assignments` (`[batch, heads, L]`, in `0..clusters` or `-1`), moving rows
+    /// of the float type `dtype`.
+    pub fn new(assignments: Tensor<B, 3, Int>, clusters: usize, dtype: DType) -> Self {
+        let [batch, heads, len] = assignments.dims();
+        let device = assignments.device();
+        let identity = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+            .reshape([1, 1, clusters, 1])
+            .expand([batch, heads, clusters, 1]);
+        Self {
+            identity,
+            ones: Tensor::ones([batch, heads, len, 1], (&device, dtype)),
+            assignments,
+        }
+    }
+
+    /// `[batch, heads, L]`: each query's cluster, `-1` for a padded query.
+    pub fn assignments(&self) -> Tensor<B, 3, Int> {
+        self.assignments.clone()
+    }
+
+    /// The sums of `x` over each cluster's member queries (`clustered_aggregate`, the
+    /// numerator of paper eq. 3): `[batch, heads, L, F]` → `[batch, heads, C, F]`, zero for an
+    /// empty cluster.
+    pub fn aggregate(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let clusters = self.identity.dims()[2];
+        sparse_scatter(
+            self.ones.clone(),
+            x,
+            self.identity.clone(),
+            self.assignments.clone(),
+            clusters,
+        )
+    }
+
+    /// Each query's row of the per-cluster `x` (`clustered_broadcast`, paper eq. 6):
+    /// `[batch, heads, C, F]` → `[batch, heads, L, F]`, zero for padded queries.
+    pub fn broadcast(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        sparse_weighted_sum(
+            self.ones.clone(),
+            x,
+            self.identity.clone(),
+            self.assignments.clone(),
+        )
+    }
+
+    /// `[batch, heads, C]`, `rows[b, h, j] = j`: assignments that make each cluster its own
+    /// "query", for sparse products over the clusters' top-k keys.
+    pub fn cluster_rows(&self) -> Tensor<B, 3, Int> {
+        let [batch, heads, clusters, _] = self.identity.dims();
+        self.identity.clone().reshape([batch, heads, clusters])
+    }
+}

@@ -1,0 +1,161 @@
+//! Default bodies of [`ClusteredAttentionBackend::centroid_attention`] and its backward.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+
+use super::{float_out, float4, padded_keys};
+use crate::ops::checks::check_centroid_attention;
+use crate::ops::tensor::rest_weights;
+use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend};
+
+/// Default body of [`ClusteredAttentionBackend::centroid_attention`]: the scores as a `[C, S]`
+/// matrix product, the padded keys filled with `-inf`,
+/// [`ClusteredAttentionBackend::attention_softmax`] and [`ClusteredAttentionBackend::topk_indices`]
+/// (all keys in order when `topk = S`).
+///
+/// # Panics
+/// If the shapes disagree or `topk > S`.
+pub fn centroid_attention<B: ClusteredAttentionBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+) -> CentroidAttention<B> {
+    let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
+    let (centroids, keys, values) = (float(centroids), float(keys), float(values));
+    let [batch, heads, clusters, _] = centroids.dims();
+    let [_, _, keys_len, _] = keys.dims();
+    check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), topk);
+    let device = centroids.device();
+    let scores = centroid_scores(centroids, keys, key_lengths);
+    let weights = float(B::attention_softmax(
+        scores.clone().into_primitive().tensor(),
+    ));
+    let top = (topk > 0).then(|| {
+        let top = if topk == keys_len {
+            Tensor::<B, 1, Int>::arange(0..topk as i64, &device)
+                .reshape([1, 1, 1, topk])
+                .expand([batch, heads, clusters, topk])
+        } else {
+            Tensor::<B, 4, Int>::from_primitive(B::topk_indices(
+                scores.into_primitive().tensor(),
+                topk,
+            ))
+        };
+        let top_weights = weights.clone().gather(3, top.clone());
+        (top, top_weights)
+    });
+    let values = match &top {
+        Some((top, top_weights)) => rest_weights(weights, top.clone(), top_weights.clone()),
+        None => weights,
+    }
+    .matmul(values);
+    CentroidAttention {
+        values: values.into_primitive().tensor(),
+        top: top.map(|(top, weights)| (top.into_primitive(), weights.into_primitive().tensor())),
+        log_sum_exp: None,
+    }
+}
+
+/// `centroids · keysᵀ` with the keys at or past `key_lengths[b]` at `-inf`,
+/// `[batch, heads, C, S]`.
+fn centroid_scores<B: Backend>(
+    centroids: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    key_lengths: Option<IntTensor<B>>,
+) -> Tensor<B, 4> {
+    let [batch, heads, clusters, _] = centroids.dims();
+    let keys_len = keys.dims()[2];
+    let device = centroids.device();
+    let scores = centroids.matmul(keys.swap_dims(2, 3));
+    let Some(lengths) = key_lengths else {
+        return scores;
+    };
+    let positions = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
+        .reshape([1, 1, 1, keys_len])
+        .expand([batch, 1, 1, keys_len]);
+    let padded = padded_keys(lengths, positions);
+    scores.mask_fill(
+        padded.expand([batch, heads, clusters, keys_len]),
+        f32::NEG_INFINITY,
+    )
+}
+
+/// Default body of [`ClusteredAttentionBackend::centroid_attention_backward`]: `Aᶜ` recomputed as
+/// [`centroid_attention`] computes it, then the softmax's Jacobian and three products.
+///
+/// Uses `forward`'s top-k indices only.
+///
+/// # Panics
+/// If the shapes disagree, or `forward.top` and `grad_top_weights` are not both given or both
+/// `None`.
+pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
+    centroids: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    key_lengths: Option<IntTensor<B>>,
+    forward: CentroidAttention<B>,
+    grad_values: FloatTensor<B>,
+    grad_top_weights: Option<FloatTensor<B>>,
+) -> CentroidAttentionGrads<B> {
+    let (centroids, keys, values) = (
+        float4::<B>(centroids),
+        float4::<B>(keys),
+        float4::<B>(values),
+    );
+    let grad_values = float4::<B>(grad_values);
+    let [batch, heads, clusters, _] = centroids.dims();
+    let dim_v = values.dims()[3];
+    check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), 0);
+    assert!(
+        grad_values.dims() == [batch, heads, clusters, dim_v],
+        "grad_values {:?} must be [batch, heads, C, D] = {:?}",
+        grad_values.dims(),
+        [batch, heads, clusters, dim_v]
+    );
+    let scores = centroid_scores(centroids.clone(), keys.clone(), key_lengths);
+    let weights = float4::<B>(B::attention_softmax(scores.into_primitive().tensor()));
+    let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
+    let mut rest = weights.clone();
+    match (forward.top.map(|(top, _)| top), grad_top_weights) {
+        (Some(top), Some(grad_top)) => {
+            let (top, grad_top) = (
+                Tensor::<B, 4, Int>::from_primitive(top),
+                float4::<B>(grad_top),
+            );
+            assert!(
+                top.dims() == grad_top.dims() && top.dims()[..3] == [batch, heads, clusters],
+                "top {:?} and grad_top_weights {:?} must both be [batch, heads, C, k] with \
+                 [batch, heads, C] = {:?}",
+                top.dims(),
+                grad_top.dims(),
+                [batch, heads, clusters]
+            );
+            // A top-k key's weight reaches the output through the top-k weights only: its
+            // entry of dA is its weight's gradient, and the rest's weights leave it out (a
+            // row's top-k keys are distinct, so each adds to its own entry).
+            let in_top = weights
+                .zeros_like()
+                .scatter(3, top.clone(), grad_top.ones_like(), IndexingUpdateOp::Add)
+                .greater_elem(0.5);
+            grad_weights = grad_weights.mask_fill(in_top.clone(), 0.0).scatter(
+                3,
+                top,
+                grad_top,
+                IndexingUpdateOp::Add,
+            );
+            rest = rest.mask_fill(in_top, 0.0);
+        }
+        (None, None) => {}
+        _ => panic!("top and grad_top_weights must be both given or both None"),
+    }
+    let delta = (weights.clone() * grad_weights.clone()).sum_dim(3);
+    let grad_scores = weights.clone() * (grad_weights - delta);
+    CentroidAttentionGrads {
+        centroids: float_out(grad_scores.clone().matmul(keys)),
+        keys: float_out(grad_scores.swap_dims(2, 3).matmul(centroids)),
+        values: float_out(rest.swap_dims(2, 3).matmul(grad_values)),
+    }
+}

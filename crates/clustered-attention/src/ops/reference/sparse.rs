@@ -1,0 +1,260 @@
+//! Default bodies of [`ClusteredAttentionBackend::sparse_dot`],
+//! [`ClusteredAttentionBackend::sparse_weighted_sum`] and
+//! [`ClusteredAttentionBackend::sparse_scatter`].
+
+use core::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Bool, Int, Tensor};
+
+use super::{float_out, float4};
+#[cfg(doc)]
+use crate::ops::ClusteredAttentionBackend;
+
+/// The top-k indices of each query's cluster, `[batch, heads, L, k]` (padded queries read
+/// cluster 0), and the `[batch, heads, L, 1]` mask of the padded queries.
+fn query_topk<B: Backend>(
+    topk: Tensor<B, 4, Int>,
+    assignments: Tensor<B, 3, Int>,
+) -> (Tensor<B, 4, Int>, Tensor<B, 4, Bool>) {
+    let [batch, heads, len] = assignments.dims();
+    let [_, _, _, k] = topk.dims();
+    let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
+    let index = assignments
+        .clamp_min(0)
+        .unsqueeze_dim::<4>(3)
+        .expand([batch, heads, len, k]);
+    (topk.gather(2, index), padded)
+}
+
+/// Rows `index[b, h, i, r]` of `x[b, h]`: `[batch, heads, N, k, F]`.
+fn gather_rows<B: Backend>(x: Tensor<B, 4>, index: Tensor<B, 4, Int>) -> Tensor<B, 5> {
+    let [batch, heads, rows, features] = x.dims();
+    let [_, _, n, k] = index.dims();
+    let offsets = Tensor::<B, 1, Int>::arange(0..(batch * heads) as i64, &index.device())
+        .mul_scalar(rows as i64)
+        .reshape([batch, heads, 1, 1]);
+    let flat_index = (index + offsets).reshape([batch * heads * n * k]);
+    x.reshape([batch * heads * rows, features])
+        .select(0, flat_index)
+        .reshape([batch, heads, n, k, features])
+}
+
+/// Largest tensor a sparse product materialises at once, in bytes: the gathered rows are built
+/// for a chunk of queries at a time. (Below WebGPU's guaranteed 128 MiB storage binding.)
+const GATHER_BYTES: usize = 64 << 20;
+
+/// Ranges of queries whose gathered `[batch, heads, chunk, k, features]` rows fit in
+/// [`GATHER_BYTES`].
+fn query_chunks(len: usize, rows: usize, k: usize, features: usize) -> Vec<Range<usize>> {
+    query_chunks_within(GATHER_BYTES, len, rows, k, features)
+}
+
+fn query_chunks_within(
+    budget: usize,
+    len: usize,
+    rows: usize,
+    k: usize,
+    features: usize,
+) -> Vec<Range<usize>> {
+    #[cfg(all(test, feature = "ndarray"))]
+    let budget = tests::BUDGET.with(|b| b.get().unwrap_or(budget));
+    let per_query = (rows * k * features * 4).max(1);
+    let chunk = (budget / per_query).clamp(1, len.max(1));
+    (0..len)
+        .step_by(chunk)
+        .map(|start| start..(start + chunk).min(len))
+        .collect()
+}
+
+/// Default body of [`ClusteredAttentionBackend::sparse_dot`]:
+/// gathers the `[batch, heads, chunk, k, E]` keys of a chunk of queries at a time.
+pub fn sparse_dot<B: Backend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+) -> FloatTensor<B> {
+    let (queries, keys) = (float4::<B>(queries), float4::<B>(keys));
+    let [batch, heads, len, dim] = queries.dims();
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    let [_, _, _, k] = index.dims();
+    let parts = query_chunks(len, batch * heads, k, dim)
+        .into_iter()
+        .map(|r| {
+            let queries = queries
+                .clone()
+                .slice([0..batch, 0..heads, r.clone(), 0..dim]);
+            let index = index.clone().slice([0..batch, 0..heads, r, 0..k]);
+            (queries.unsqueeze_dim::<5>(3) * gather_rows(keys.clone(), index))
+                .sum_dim(4)
+                .squeeze_dim::<4>(4)
+        })
+        .collect();
+    let dots = Tensor::cat(parts, 2);
+    let shape = dots.dims();
+    float_out(dots.mask_fill(padded.expand(shape), 0.0))
+}
+
+/// Default body of
+/// [`ClusteredAttentionBackend::sparse_weighted_sum`]:
+/// gathers the `[batch, heads, chunk, k, D]` values of a chunk of queries at a time.
+pub fn sparse_weighted_sum<B: Backend>(
+    weights: FloatTensor<B>,
+    values: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+) -> FloatTensor<B> {
+    let (weights, values) = (float4::<B>(weights), float4::<B>(values));
+    let [batch, heads, len, k] = weights.dims();
+    let [_, _, _, dim] = values.dims();
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    let parts = query_chunks(len, batch * heads, k, dim)
+        .into_iter()
+        .map(|r| {
+            let weights = weights.clone().slice([0..batch, 0..heads, r.clone(), 0..k]);
+            let index = index.clone().slice([0..batch, 0..heads, r, 0..k]);
+            (weights.unsqueeze_dim::<5>(4) * gather_rows(values.clone(), index))
+                .sum_dim(3)
+                .squeeze_dim::<4>(3)
+        })
+        .collect();
+    let sums = Tensor::cat(parts, 2);
+    let shape = sums.dims();
+    float_out(sums.mask_fill(padded.expand(shape), 0.0))
+}
+
+/// Default body of [`ClusteredAttentionBackend::sparse_scatter`]:
+/// scatter-adds the `[batch, heads, chunk · k, F]` products `weights[i, r] · x[i]` of a chunk
+/// of queries at a time into the key rows.
+pub fn sparse_scatter<B: Backend>(
+    weights: FloatTensor<B>,
+    x: FloatTensor<B>,
+    topk: IntTensor<B>,
+    assignments: IntTensor<B>,
+    keys_len: usize,
+) -> FloatTensor<B> {
+    let (weights, x) = (float4::<B>(weights), float4::<B>(x));
+    let [batch, heads, len, k] = weights.dims();
+    let [_, _, _, features] = x.dims();
+    let (index, padded) = query_topk(
+        Tensor::from_primitive(topk),
+        Tensor::from_primitive(assignments),
+    );
+    // Padded rows may hold anything, even NaN: zero them (and their weights) before summing.
+    let x = x.mask_fill(padded.clone().expand([batch, heads, len, features]), 0.0);
+    let weights = weights.mask_fill(padded.expand([batch, heads, len, k]), 0.0);
+    let mut out =
+        Tensor::<B, 4>::zeros([batch, heads, keys_len, features], (&x.device(), x.dtype()));
+    for r in query_chunks(len, batch * heads, k, features) {
+        let n = r.len();
+        let weights = weights.clone().slice([0..batch, 0..heads, r.clone(), 0..k]);
+        let x = x
+            .clone()
+            .slice([0..batch, 0..heads, r.clone(), 0..features]);
+        let products = weights.unsqueeze_dim::<5>(4) * x.unsqueeze_dim::<5>(3); // [b, h, n, k, F]
+        let index = index
+            .clone()
+            .slice([0..batch, 0..heads, r, 0..k])
+            .unsqueeze_dim::<5>(4)
+            .expand([batch, heads, n, k, features])
+            .reshape([batch, heads, n * k, features]);
+        out = out.scatter(
+            2,
+            index,
+            products.reshape([batch, heads, n * k, features]),
+            burn::tensor::IndexingUpdateOp::Add,
+        );
+    }
+    float_out(out)
+}
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use std::cell::Cell;
+
+    use burn::backend::NdArray;
+    use burn::tensor::{Distribution, Int, Tensor, TensorData};
+
+    thread_local! {
+        /// Overrides [`super::GATHER_BYTES`] on this thread.
+        pub(super) static BUDGET: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    type B = NdArray;
+
+    /// The sparse products give the same result whether the gathered rows are built for all
+    /// queries at once or for chunks of 3 queries (a budget of 3 queries' rows).
+    #[test]
+    fn chunked_sparse_products_match_unchunked() {
+        let device = Default::default();
+        let (batch, heads, len, keys_len, dim, clusters, k) = (2, 2, 10, 7, 5, 3, 4);
+        let q = Tensor::<B, 4>::random([batch, heads, len, dim], Distribution::Default, &device);
+        let keys = Tensor::<B, 4>::random(
+            [batch, heads, keys_len, dim],
+            Distribution::Default,
+            &device,
+        );
+        let w = Tensor::<B, 4>::random([batch, heads, len, k], Distribution::Default, &device);
+        let top: Vec<i64> = (0..batch * heads * clusters * k)
+            .map(|i| (i % keys_len) as i64)
+            .collect();
+        let top = Tensor::<B, 4, Int>::from_data(
+            TensorData::new(top, [batch, heads, clusters, k]),
+            &device,
+        );
+        let assign: Vec<i64> = (0..batch * heads * len)
+            .map(|i| {
+                if i % len == len - 1 {
+                    -1
+                } else {
+                    (i % clusters) as i64
+                }
+            })
+            .collect();
+        let assign =
+            Tensor::<B, 3, Int>::from_data(TensorData::new(assign, [batch, heads, len]), &device);
+        let run = |budget: Option<usize>| {
+            BUDGET.with(|b| b.set(budget));
+            let f = |x: burn::tensor::ops::FloatTensor<B>| {
+                Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(x))
+            };
+            let p = |x: &Tensor<B, 4>| x.clone().into_primitive().tensor();
+            [
+                f(super::sparse_dot::<B>(
+                    p(&q),
+                    p(&keys),
+                    top.clone().into_primitive(),
+                    assign.clone().into_primitive(),
+                )),
+                f(super::sparse_weighted_sum::<B>(
+                    p(&w),
+                    p(&keys),
+                    top.clone().into_primitive(),
+                    assign.clone().into_primitive(),
+                )),
+                f(super::sparse_scatter::<B>(
+                    p(&w),
+                    p(&q),
+                    top.clone().into_primitive(),
+                    assign.clone().into_primitive(),
+                    keys_len,
+                )),
+            ]
+        };
+        let whole = run(None);
+        let chunked = run(Some(3 * batch * heads * k * dim * 4));
+        BUDGET.with(|b| b.set(None));
+        for (a, b) in whole.into_iter().zip(chunked) {
+            let diff: f32 = (a - b).abs().max().into_scalar();
+            assert!(diff <= 1e-6, "chunked and whole results differ by {diff}");
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The initial centroids of the Hamming K-means, drawn on the host so that every backend
+//! starts from the same ones.
+
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+
+#[cfg(doc)]
+use super::ClusteredAttentionBackend;
+
+/// Positions of the initial centroids of [`ClusteredAttentionBackend::hamming_kmeans`], drawn on
+/// the host so that every backend starts from the same ones.
+///
+/// For each `(batch, head)` with `n = lengths[batch]` valid queries, a
+/// [`Xoshiro256PlusPlus`] generator seeded from `(seed, batch, head)` draws `clusters`
+/// distinct positions in `0..n` (Floyd's algorithm as implemented by
+/// [`rand::seq::index::sample`]). When `n ≤ clusters` no k-means runs and the row holds
+/// `0, 1, …, n − 1` followed by zeros.
+///
+/// # Shapes
+/// Returns `batch × heads × clusters` positions in row-major order.
+pub fn initial_centroid_positions(
+    lengths: &[usize],
+    heads: usize,
+    clusters: usize,
+    seed: u64,
+) -> Vec<i64> {
+    let mut positions = Vec::with_capacity(lengths.len() * heads * clusters);
+    for (batch, &n) in lengths.iter().enumerate() {
+        for head in 0..heads {
+            if n <= clusters {
+                positions.extend((0..clusters).map(|c| if c < n { c as i64 } else { 0 }));
+            } else {
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(stream_seed(seed, batch, head));
+                let picked = rand::seq::index::sample(&mut rng, n, clusters);
+                positions.extend(picked.iter().map(|p| p as i64));
+            }
+        }
+    }
+    positions
+}
+
+/// Mixes `(seed, batch, head)` into one 64-bit seed (SplitMix64 finaliser), so that each
+/// sequence and head draws from its own stream.
+fn stream_seed(seed: u64, batch: usize, head: usize) -> u64 {
+    let mut z = seed
+        ^ (batch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (head as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,105 @@
+//! The structs the ops of [`ClusteredAttentionBackend`] take and return.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor};
+
+#[cfg(doc)]
+use super::{ClusteredAttentionBackend, NO_CLUSTER};
+
+/// The result of clustering the queries of every `(batch, head)`.
+#[derive(Debug, Clone)]
+pub struct Clusters<B: Backend> {
+    /// Cluster of each query, `[batch, heads, L]`, in `0..C`; `-1` for padded queries.
+    pub assignments: Tensor<B, 3, Int>,
+    /// Number of valid queries in each cluster, `[batch, heads, C]`.
+    pub counts: Tensor<B, 3, Int>,
+}
+
+/// The result of [`ClusteredAttentionBackend::centroid_attention`].
+pub struct CentroidAttention<B: Backend> {
+    /// `Aᶜ · values` (paper eq. 5), over the keys outside each row's top-k when `top` is
+    /// given (eq. 10, second case), `[batch, heads, C, D]`.
+    pub values: FloatTensor<B>,
+    /// With `topk > 0`: the `[batch, heads, C, topk]` indices of each cluster's top-k keys in
+    /// descending order of score, and the `[batch, heads, C, topk]` weights `Aᶜ` at them (their
+    /// sum is the mass `m̂` of paper eq. 9).
+    pub top: Option<(IntTensor<B>, FloatTensor<B>)>,
+    /// Where the op computes it (the host loops of the CPU backends): each row's log-sum-exp
+    /// of the scores, `log Σ_l e^(centroids_j · keys_l)` over the valid keys,
+    /// `[batch, heads, C, 1]` in `f32`, so that the backward pass has `Aᶜ` from one product.
+    pub log_sum_exp: Option<FloatTensor<B>>,
+}
+
+/// The gradients of [`ClusteredAttentionBackend::centroid_attention`] with respect to its inputs,
+/// each of its input's shape.
+pub struct CentroidAttentionGrads<B: Backend> {
+    /// `[batch, heads, C, E]`.
+    pub centroids: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
+}
+
+/// Each cluster's share of improved clustered attention that its member queries use: the
+/// input of [`ClusteredAttentionBackend::top_attention`] (paper eqs. 9–10).
+pub struct ClusterTop<B: Backend> {
+    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
+    /// query.
+    pub assignments: IntTensor<B>,
+    /// `[batch, heads, C, k]`: each cluster's top-k keys, distinct within a row, in `0..S`.
+    pub topk: IntTensor<B>,
+    /// `[batch, heads, C, 1]`: the centroid attention mass `m̂` of the top-k keys (eq. 9).
+    pub mass: FloatTensor<B>,
+    /// `[batch, heads, C, D]`: `Aᶜ V` over the keys outside the top-k (eq. 10, second case).
+    pub rest: FloatTensor<B>,
+}
+
+/// The gradients of [`ClusteredAttentionBackend::top_attention`] with respect to its float inputs,
+/// each of its input's shape.
+pub struct TopAttentionGrads<B: Backend> {
+    /// `[batch, heads, L, E]`.
+    pub queries: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
+    /// `[batch, heads, C, 1]`: of [`ClusterTop::mass`].
+    pub mass: FloatTensor<B>,
+    /// `[batch, heads, C, D]`: of [`ClusterTop::rest`].
+    pub rest: FloatTensor<B>,
+}
+
+/// The clustering of the queries that [`ClusteredAttentionBackend::improved_attention`] takes.
+#[derive(Clone, Debug)]
+pub struct QueryClusters<B: Backend> {
+    /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
+    /// query.
+    pub assignments: IntTensor<B>,
+    /// `[batch, heads, C, 1]`: `1 / count` of each cluster's member queries, in the queries'
+    /// float type (any value for an empty cluster, which has no members to scale).
+    pub inverse_counts: FloatTensor<B>,
+}
+
+/// The intermediate results of [`ClusteredAttentionBackend::improved_attention`] that its backward
+/// pass takes.
+pub struct ImprovedForward<B: Backend> {
+    /// `[batch, heads, C, E]`: the scaled centroids.
+    pub centroids: FloatTensor<B>,
+    /// Their [`ClusteredAttentionBackend::centroid_attention`] with the top-k keys.
+    pub centroid_attention: CentroidAttention<B>,
+    /// `[batch, heads, C, 1]`: the mass `m̂` of each cluster's top-k keys (eq. 9).
+    pub mass: FloatTensor<B>,
+}
+
+/// The gradients of an attention with respect to its queries, keys and values, each of its
+/// input's shape.
+pub struct AttentionGrads<B: Backend> {
+    /// `[batch, heads, L, E]`.
+    pub queries: FloatTensor<B>,
+    /// `[batch, heads, S, E]`.
+    pub keys: FloatTensor<B>,
+    /// `[batch, heads, S, D]`.
+    pub values: FloatTensor<B>,
+}
