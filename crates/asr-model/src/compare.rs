@@ -1,16 +1,45 @@
-//! The paper's Table 2 and Figure 1 for trained models: time per epoch, time to the best dev
-//! PER and test PER per attention, and dev PER against forward time per utterance.
+//! The paper's tables for trained models: the attentions of Table 1's rows, and Table 2 and
+//! Figure 1 (time per epoch, time to the best dev PER and test PER per attention, and dev PER
+//! against forward time per utterance).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use plotters::prelude::*;
 
 use crate::data::{CtcBatch, CtcBatcher, Example, bucket};
 use crate::model::AsrModel;
 use crate::train::TrainingLog;
+
+/// The attentions of the paper's Table 1 rows, with which every trained model is evaluated:
+/// full, shared-full, lsh-1, lsh-4, clustered with `clusters` and `2 · clusters` clusters,
+/// improved clustered with the same and `topk` keys, and oracle-top with `topk` keys.
+pub fn table1_attentions(clusters: usize, topk: usize) -> [AttentionKind; 9] {
+    // Reformer's chunks of the parser's default size.
+    let lsh = |rounds: usize| -> AttentionKind {
+        format!("lsh:{rounds}")
+            .parse()
+            .expect("lsh:X parses for X ≥ 1")
+    };
+    [
+        AttentionKind::Full,
+        AttentionKind::SharedFull,
+        lsh(1),
+        lsh(4),
+        AttentionKind::Clustered { clusters },
+        AttentionKind::Clustered {
+            clusters: 2 * clusters,
+        },
+        AttentionKind::Improved { clusters, topk },
+        AttentionKind::Improved {
+            clusters: 2 * clusters,
+            topk,
+        },
+        AttentionKind::OracleTop { topk },
+    ]
+}
 
 /// One trained model's row of Table 2 and point of Figure 1.
 #[derive(Debug, Clone)]
@@ -67,9 +96,10 @@ impl ModelSummary {
     }
 }
 
-/// Mean wall-clock time of the forward pass per utterance over `examples`, in milliseconds:
-/// batches of at most `batch_frames` padded frames, each waited for ([`burn::tensor::backend::Backend::sync`]).
-pub fn forward_ms_per_utterance<B: ClusteringBackend>(
+/// Mean wall-clock time of the forward pass per utterance over `examples`, in milliseconds: batches
+/// of at most `batch_frames` padded frames, each waited for
+/// ([`burn::tensor::backend::Backend::sync`]).
+pub fn forward_ms_per_utterance<B: ClusteredAttentionBackend>(
     model: &AsrModel<B>,
     examples: &[Example],
     batch_frames: usize,

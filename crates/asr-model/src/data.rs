@@ -44,6 +44,40 @@ pub fn load_split(
     Ok(featurize(&utterances, log_mel, false))
 }
 
+/// Reads a corpus directory: its phone inventory (`phones.txt`) and the splits `splits`
+/// (`<split>.jsonl`), every manifest validated (all problems reported at once) before any
+/// feature is computed. The audio of the `train` split is kept when `keep_train_audio` (for
+/// waveform augmentation).
+///
+/// # Errors
+/// When `phones.txt` cannot be read, or a manifest has bad lines (all of them listed).
+pub fn load_corpus(
+    corpus: &Path,
+    log_mel: &LogMel,
+    splits: &[&str],
+    keep_train_audio: bool,
+) -> anyhow::Result<(PhoneInventory, Vec<Vec<Example>>)> {
+    let inventory = PhoneInventory::load(&corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
+    let mut problems = Vec::new();
+    let mut manifests = Vec::new();
+    for split in splits {
+        let path = corpus.join(format!("{split}.jsonl"));
+        match read_manifest(&path, &inventory, true) {
+            Ok(utterances) => manifests.push(utterances),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("the corpus is not usable:\n{}", problems.join("\n"));
+    }
+    let examples = splits
+        .iter()
+        .zip(&manifests)
+        .map(|(split, u)| featurize(u, log_mel, keep_train_audio && *split == "train"))
+        .collect();
+    Ok((inventory, examples))
+}
+
 /// Computes the features of utterances on all cores (the audio was validated).
 pub fn featurize(utterances: &[Utterance], log_mel: &LogMel, keep_audio: bool) -> Vec<Example> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -7,8 +7,8 @@
 //!   sample rate, log-mel filterbank features;
 //! - [`augment`]: training-time augmentation (speed, reverberation, band-limiting, noise,
 //!   8-bit quantization, SpecAugment);
-//! - [`import`]: `asr manifest`, a corpus split from one's own recordings (LibriSpeech,
-//!   Kaldi or TSV layout);
+//! - [`manifest::import`](mod@manifest::import): `asr manifest`, a corpus split from one's own
+//!   recordings (LibriSpeech, Kaldi or TSV layout);
 //! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
 //! - [`train`]: training with burn-train, evaluation, saving and loading;
@@ -22,9 +22,14 @@ pub mod corpus;
 pub mod data;
 pub mod decode;
 pub mod features;
-pub mod import;
 pub mod manifest;
 pub mod model;
 pub mod phones;
 pub mod render;
 pub mod train;
+
+/// `asr manifest`'s importer, now [`manifest::import`](mod@manifest::import).
+#[deprecated(note = "moved to `asr_model::manifest::import`")]
+pub mod import {
+    pub use crate::manifest::import::*;
+}

@@ -9,7 +9,7 @@ use burn::tensor::activation::{gelu, log_softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, ClusteringBackend,
+    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
     MultiHeadClusteredAttention,
 };
 
@@ -136,7 +136,7 @@ pub fn sinusoidal_positions<B: Backend>(
     Tensor::from_data(TensorData::new(data, [steps, d_model]), device)
 }
 
-impl<B: ClusteringBackend> AsrModel<B> {
+impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// Encoder steps of an utterance of `frames` feature frames: `ceil(frames / subsampling)`.
     pub fn output_length(&self, frames: usize) -> usize {
         frames.div_ceil(self.subsampling)

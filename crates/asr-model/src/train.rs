@@ -23,7 +23,7 @@ use burn::train::metric::{
 use burn::train::{
     InferenceStep, Interrupter, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use serde::{Deserialize, Serialize};
 
 use crate::augment::AugmentSet;
@@ -126,7 +126,7 @@ impl Numeric for PhoneErrorRateMetric {
     }
 }
 
-impl<B: ClusteringBackend> AsrModel<B> {
+impl<B: ClusteredAttentionBackend> AsrModel<B> {
     fn loss_of(&self, batch: &CtcBatch<B>, log_probs: Tensor<B, 3>) -> Tensor<B, 1> {
         let per_utterance = self.ctc_loss(
             log_probs,
@@ -138,6 +138,17 @@ impl<B: ClusteringBackend> AsrModel<B> {
         let lengths: Vec<f32> = batch.target_lengths.iter().map(|&t| t as f32).collect();
         let n = lengths.len();
         (per_utterance / Tensor::<B, 1>::from_data(TensorData::new(lengths, [n]), &device)).mean()
+    }
+
+    /// The phone errors of a batch: its greedy transcriptions from the log-probabilities
+    /// `[batch, steps, n_outputs]` against its reference phones.
+    pub fn phone_errors(&self, log_probs: Tensor<B, 3>, batch: &CtcBatch<B>) -> PhoneErrorRate {
+        let mut per = PhoneErrorRate::default();
+        let hypotheses = self.decode(log_probs, &batch.frame_lengths);
+        for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
+            per.add(hypothesis, reference);
+        }
+        per
     }
 
     /// Greedy transcriptions of a batch's log-probabilities `[batch, steps, n_outputs]`.
@@ -161,7 +172,7 @@ impl<B: ClusteringBackend> AsrModel<B> {
     }
 }
 
-impl<B: AutodiffBackend + ClusteringBackend> TrainStep for AsrModel<B> {
+impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
     type Input = CtcBatch<B>;
     type Output = CtcOutput<B>;
 
@@ -180,21 +191,14 @@ impl<B: AutodiffBackend + ClusteringBackend> TrainStep for AsrModel<B> {
     }
 }
 
-impl<B: ClusteringBackend> InferenceStep for AsrModel<B> {
+impl<B: ClusteredAttentionBackend> InferenceStep for AsrModel<B> {
     type Input = CtcBatch<B>;
     type Output = CtcOutput<B>;
 
     fn step(&self, batch: CtcBatch<B>) -> CtcOutput<B> {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs.clone());
-        let mut per = PhoneErrorRate::default();
-        for (hypothesis, reference) in self
-            .decode(log_probs, &batch.frame_lengths)
-            .iter()
-            .zip(&batch.references)
-        {
-            per.add(hypothesis, reference);
-        }
+        let per = self.phone_errors(log_probs, &batch);
         CtcOutput { loss, per }
     }
 }
@@ -286,7 +290,7 @@ impl Dataset<Vec<Example>> for StopAfter {
 ///
 /// # Errors
 /// When the directory cannot be written or a checkpoint cannot be read.
-pub fn train<B: AutodiffBackend + ClusteringBackend>(
+pub fn train<B: AutodiffBackend + ClusteredAttentionBackend>(
     saved: &SavedModel,
     train: Vec<Example>,
     valid: Vec<Example>,
@@ -294,7 +298,7 @@ pub fn train<B: AutodiffBackend + ClusteringBackend>(
     device: &B::Device,
 ) -> anyhow::Result<AsrModel<B::InnerBackend>>
 where
-    B::InnerBackend: ClusteringBackend,
+    B::InnerBackend: ClusteredAttentionBackend,
 {
     std::fs::create_dir_all(&options.dir)?;
     B::seed(device, options.seed);
@@ -420,6 +424,18 @@ pub struct EpochLog {
 }
 
 impl TrainingLog {
+    /// Loads the log that [`train`] wrote into the model directory `dir`
+    /// (`dir/training.json`).
+    ///
+    /// # Errors
+    /// When the file cannot be read (the model was not trained there) or is malformed.
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join(TRAINING_LOG);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("{}: cannot read (train the model first)", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: malformed", path.display()))
+    }
+
     /// Reads the validation logs burn-train wrote under `dir/valid/epoch-N/PER.log`
     /// (`value,phones` per batch) and their modification times.
     ///
@@ -526,7 +542,7 @@ pub fn save_model<B: Backend>(
 ///
 /// # Errors
 /// When a file is missing or does not match.
-pub fn load_model<B: ClusteringBackend>(
+pub fn load_model<B: ClusteredAttentionBackend>(
     dir: &Path,
     device: &B::Device,
 ) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
@@ -541,7 +557,7 @@ pub fn load_model<B: ClusteringBackend>(
 }
 
 /// Phone error rate of `model` (with `attention`, when given) over `examples`.
-pub fn evaluate<B: ClusteringBackend>(
+pub fn evaluate<B: ClusteredAttentionBackend>(
     model: &AsrModel<B>,
     examples: &[Example],
     attention: Option<AttentionKind>,
@@ -555,14 +571,8 @@ pub fn evaluate<B: ClusteringBackend>(
     let mut per = PhoneErrorRate::default();
     for batch in bucket(examples.to_vec(), batch_frames) {
         let batch: CtcBatch<B> = CtcBatcher.make(&batch, device);
-        let log_probs = model.forward(batch.features, &batch.frame_lengths);
-        for (h, r) in model
-            .decode(log_probs, &batch.frame_lengths)
-            .iter()
-            .zip(&batch.references)
-        {
-            per.add(h, r);
-        }
+        let log_probs = model.forward(batch.features.clone(), &batch.frame_lengths);
+        per.merge(model.phone_errors(log_probs, &batch));
     }
     per
 }

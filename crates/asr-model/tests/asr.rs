@@ -13,7 +13,7 @@ use asr_model::corpus::{CorpusOptions, generate, phrases};
 use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
 use asr_model::decode::{PhoneErrorRate, edit_distance, greedy_ctc_decode};
 use asr_model::features::{Features, LogMel, LogMelConfig};
-use asr_model::import::{ImportOptions, Source, import, normalize_text};
+use asr_model::manifest::import::{ImportOptions, Source, import, normalize_text};
 use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
@@ -928,8 +928,8 @@ fn manifests_from_librispeech_kaldi_and_tsv_layouts() {
 }
 
 /// Unreadable audio, a missing file, an empty transcript, a currency sign and a word in another
-/// script (which espeak-ng would read as "Chinese letter") are all reported, each with its file and line, in one
-/// error; with `skip_bad` the good utterance is written and the others are listed.
+/// script (which espeak-ng would read as "Chinese letter") are all reported, each with its file and
+/// line, in one error; with `skip_bad` the good utterance is written and the others are listed.
 #[test]
 fn manifest_problems_are_reported_with_file_and_line_all_at_once() {
     let dir = tempdir("import-bad");

@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use num2words::{Lang, Num2Words};
 
+use super::read::{ManifestEntry, write_manifest};
 use crate::audio::{SAMPLE_RATE_HZ, load_audio};
 use crate::corpus::phonemize;
-use crate::manifest::{ManifestEntry, write_manifest};
 use crate::phones::PhoneInventory;
 
 /// Where the recordings and transcripts are.

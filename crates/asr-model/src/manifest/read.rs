@@ -1,4 +1,5 @@
-//! JSONL manifests: one utterance per line, validated as a whole before any training.
+//! Reading and writing JSONL manifests: one utterance per line, validated as a whole before
+//! any training.
 //!
 //! A line is `{"id", "audio", "duration_s", "text", "phones", "voice"}`; `audio` is relative to
 //! the manifest's directory (or absolute) and `phones` is the space-separated phone labels.
