@@ -18,17 +18,18 @@ mod report;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use backend_select::BackendName;
 use clap::{Parser, ValueEnum};
 
 /// Command-line arguments.
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmark full, clustered and improved clustered attention across backends")]
 pub struct Args {
-    /// Backends to run, comma separated: `ndarray`, `flex`, `wgpu`, `cuda` (Burn's `Wgpu` and
-    /// `Cuda`, with fusion), `wgpu-unfused`, `cuda-unfused` (the plain `CubeBackend`); default:
-    /// every compiled one but the unfused.
-    #[arg(long, value_delimiter = ',')]
-    pub backends: Vec<String>,
+    /// Backends to run, comma separated: `ndarray`, `flex`, `wgpu`, `vulkan`, `cuda` (Burn's
+    /// `Wgpu`, `Vulkan` and `Cuda`, with fusion), `wgpu-unfused`, `cuda-unfused` (the plain
+    /// `CubeBackend`); default: every compiled one but the unfused.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub backends: Vec<BackendName>,
     /// Sequence lengths L = S, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
     pub lengths: Vec<usize>,
@@ -144,16 +145,17 @@ fn main() -> Result<()> {
     if args.backends.is_empty() {
         args.backends = compiled
             .iter()
-            .filter(|b| !b.ends_with("-unfused"))
-            .map(|s| s.to_string())
+            .copied()
+            .filter(|b| !b.is_unfused())
             .collect();
     }
     for backend in &args.backends {
-        if !compiled.contains(&backend.as_str()) {
+        if !compiled.contains(backend) {
+            let names: Vec<&str> = compiled.iter().map(|b| b.name()).collect();
             bail!(
-                "backend {backend:?} is not compiled into this binary (compiled: {}); rebuild with `--features {}`",
-                compiled.join(", "),
-                backends::feature(backend)
+                "backend {backend} is not compiled into this binary (compiled: {}); rebuild with `--features {}`",
+                names.join(", "),
+                backend.feature()
             );
         }
     }
@@ -182,7 +184,7 @@ fn main() -> Result<()> {
     eprintln!("machine: {}", machine.describe());
     let mut records = Vec::new();
     for backend in args.backends.clone() {
-        records.extend(backends::run(&backend, &args)?);
+        records.extend(backends::run(backend, &args)?);
     }
     report::write_all(&args, &machine, &records)
 }

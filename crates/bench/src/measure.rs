@@ -8,8 +8,8 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, clustered_attention, full_attention,
-    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, clustered_attention,
+    full_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
 };
 use serde::Serialize;
 
@@ -237,7 +237,7 @@ fn clustering(args: &Args) -> ClusteringOptions {
 }
 
 /// One attention forward pass.
-fn attend<B: ClusteringBackend>(
+fn attend<B: ClusteredAttentionBackend>(
     op: &str,
     args: &Args,
     q: Tensor<B, 4>,
@@ -302,7 +302,6 @@ struct DeviceMemory {
 
 impl Limits {
     /// A CPU backend: the budget is the host's memory.
-    #[cfg(any(feature = "ndarray", feature = "flex"))]
     pub fn host() -> Self {
         Self {
             gpu: false,
@@ -462,7 +461,7 @@ fn run_all(
 }
 
 /// `--mode forward`: every op's forward pass.
-pub fn run_forward<B: ClusteringBackend>(
+pub fn run_forward<B: ClusteredAttentionBackend>(
     backend: &str,
     device: B::Device,
     limits: Limits,
@@ -497,7 +496,7 @@ pub fn run_forward<B: ClusteringBackend>(
 /// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v,
 /// each run right after a run of the forward pass alone (inputs not tracked, so no autodiff
 /// graph is built).
-pub fn run_train<B: AutodiffBackend + ClusteringBackend>(
+pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
     backend: &str,
     device: B::Device,
     limits: Limits,

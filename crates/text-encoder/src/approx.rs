@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use burn::tensor::backend::AutodiffBackend;
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use serde::Serialize;
 
 use crate::data::{Document, Snippet, join_documents, split_documents};
@@ -87,7 +87,7 @@ pub fn attentions(options: &ApproxOptions) -> Vec<AttentionKind> {
 }
 
 /// Embeds `documents` cut to `length` tokens, `batch_size` at a time.
-pub fn embed_documents<B: ClusteringBackend>(
+pub fn embed_documents<B: ClusteredAttentionBackend>(
     model: &TextEncoder<B>,
     tokenizer: &WordPieceTokenizer,
     documents: &[Document],
@@ -144,7 +144,7 @@ pub fn approximate<B>(
 ) -> anyhow::Result<Vec<ApproxRow>>
 where
     B: AutodiffBackend,
-    B::InnerBackend: ClusteringBackend,
+    B::InnerBackend: ClusteredAttentionBackend,
 {
     let words = snippets
         .iter()
@@ -229,7 +229,7 @@ where
     Ok(rows)
 }
 
-fn time_batch<B: ClusteringBackend>(
+fn time_batch<B: ClusteredAttentionBackend>(
     model: &TextEncoder<B>,
     tokenizer: &WordPieceTokenizer,
     documents: &[Document],

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
 use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore, SafetensorsStoreError};
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use regex::Regex;
 use serde::Deserialize;
 
@@ -271,7 +271,7 @@ impl HfBertConfig {
 ///
 /// # Panics
 /// If `attention` is invalid for the layer (a cluster count or `topk` of 0).
-pub fn load_pretrained<B: ClusteringBackend>(
+pub fn load_pretrained<B: ClusteredAttentionBackend>(
     dir: &Path,
     attention: AttentionKind,
     device: &B::Device,
@@ -292,7 +292,7 @@ pub fn load_pretrained<B: ClusteringBackend>(
 /// [`LoadError::Store`] if the file cannot be read; [`LoadError::Mismatch`], naming the
 /// tensors, if tensors are missing, unused or of the wrong shape or type. On error `model` may
 /// hold some of the file's tensors: drop it.
-pub fn load_safetensors<B: ClusteringBackend>(
+pub fn load_safetensors<B: ClusteredAttentionBackend>(
     model: &mut TextEncoder<B>,
     path: &Path,
 ) -> Result<(), LoadError> {

@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+use backend_select::{BackendName, BackendTask, run_on};
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
-use clap::{Parser, Subcommand, ValueEnum};
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clap::{Parser, Subcommand};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use text_encoder::approx::{ApproxOptions, approximate, markdown};
 use text_encoder::data::read_snippets;
 use text_encoder::probe::ProbeOptions;
@@ -88,71 +89,33 @@ struct ApproxArgs {
     backend: BackendName,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendName {
-    /// Burn's NdArray CPU backend.
-    Ndarray,
-    /// Burn's Flex CPU backend.
-    Flex,
-    /// WGPU (Vulkan, Metal, DirectX or WebGPU).
-    Wgpu,
-    /// CUDA.
-    Cuda,
-}
-
-/// Runs `$body` with `$B` bound to the chosen autodiff backend and `$device` to its default
-/// device.
-macro_rules! with_backend {
-    ($name:expr, $B:ident, $device:ident, $body:expr) => {
-        match $name {
-            #[cfg(feature = "ndarray")]
-            BackendName::Ndarray => {
-                type $B = Autodiff<burn::backend::NdArray>;
-                let $device = Default::default();
-                $body
-            }
-            #[cfg(feature = "flex")]
-            BackendName::Flex => {
-                type $B = Autodiff<burn::backend::Flex>;
-                let $device = Default::default();
-                $body
-            }
-            #[cfg(feature = "wgpu")]
-            BackendName::Wgpu => {
-                type $B = Autodiff<burn::backend::Wgpu>;
-                let $device = Default::default();
-                $body
-            }
-            #[cfg(feature = "cuda")]
-            BackendName::Cuda => {
-                type $B = Autodiff<burn::backend::Cuda>;
-                let $device = Default::default();
-                $body
-            }
-            #[allow(unreachable_patterns)]
-            other => bail!(
-                "backend {other:?} is not compiled in: rebuild with `--features {}`",
-                format!("{other:?}").to_lowercase()
-            ),
-        }
-    };
-}
-
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Embed(args) => with_backend!(
-            args.backend,
-            B,
-            device,
-            run_embed::<<B as AutodiffBackend>::InnerBackend>(&args, &device)
-        ),
-        Command::Approx(args) => {
-            with_backend!(args.backend, B, device, run_approx::<B>(&args, &device))
-        }
+        Command::Embed(args) => run_on!(args.backend, &args)?,
+        Command::Approx(args) => run_on!(args.backend, &args)?,
     }
 }
 
-fn run_embed<B: ClusteringBackend>(args: &EmbedArgs, device: &B::Device) -> anyhow::Result<()> {
+impl BackendTask for &EmbedArgs {
+    type Output = anyhow::Result<()>;
+
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        run_embed::<B>(self, &device)
+    }
+}
+
+impl BackendTask for &ApproxArgs {
+    type Output = anyhow::Result<()>;
+
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        run_approx::<Autodiff<B>>(self, &device)
+    }
+}
+
+fn run_embed<B: ClusteredAttentionBackend>(
+    args: &EmbedArgs,
+    device: &B::Device,
+) -> anyhow::Result<()> {
     let model = load_pretrained::<B>(&args.model, args.attention, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
     for text in &args.texts {
@@ -179,7 +142,7 @@ fn run_embed<B: ClusteringBackend>(args: &EmbedArgs, device: &B::Device) -> anyh
 fn run_approx<B>(args: &ApproxArgs, device: &B::Device) -> anyhow::Result<()>
 where
     B: AutodiffBackend,
-    B::InnerBackend: ClusteringBackend,
+    B::InnerBackend: ClusteredAttentionBackend,
 {
     let model = load_pretrained::<B::InnerBackend>(&args.model, AttentionKind::Full, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;

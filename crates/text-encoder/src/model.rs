@@ -7,7 +7,7 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, ClusteringBackend,
+    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
     MultiHeadClusteredAttention,
 };
 
@@ -50,7 +50,7 @@ pub struct TextEncoderConfig {
 
 /// Word, position and token-type embeddings, summed and normalised.
 #[derive(Module, Debug)]
-pub struct Embeddings<B: ClusteringBackend> {
+pub struct Embeddings<B: ClusteredAttentionBackend> {
     /// Token embeddings `[vocab_size, hidden_size]`.
     pub word_embeddings: Embedding<B>,
     /// Absolute position embeddings `[max_position_embeddings, hidden_size]`.
@@ -63,7 +63,7 @@ pub struct Embeddings<B: ClusteringBackend> {
 
 /// One post-norm transformer layer: `x = LN(x + Attn(x))`, `x = LN(x + W₂ GELU(W₁ x))`.
 #[derive(Module, Debug)]
-pub struct EncoderLayer<B: ClusteringBackend> {
+pub struct EncoderLayer<B: ClusteredAttentionBackend> {
     /// Multi-head self-attention (query, key, value and output projections).
     pub attention: MultiHeadClusteredAttention<B>,
     /// LayerNorm after the attention's residual sum.
@@ -83,7 +83,7 @@ pub struct EncoderLayer<B: ClusteringBackend> {
 /// The attention holds no weights, so a model pretrained with full attention is evaluated with
 /// another one by [`TextEncoder::with_attention`], as in the paper's §4.3 (Table 4).
 #[derive(Module, Debug)]
-pub struct TextEncoder<B: ClusteringBackend> {
+pub struct TextEncoder<B: ClusteredAttentionBackend> {
     /// The input embeddings.
     pub embeddings: Embeddings<B>,
     /// The transformer layers.
@@ -99,7 +99,7 @@ impl TextEncoderConfig {
     /// If `num_attention_heads` does not divide `hidden_size`, `bits` is outside `1..=32`, or
     /// the attention kind is invalid (a cluster count or `topk` of 0; see
     /// [`ClusteredAttentionConfig::init`]).
-    pub fn init<B: ClusteringBackend>(&self, device: &B::Device) -> TextEncoder<B> {
+    pub fn init<B: ClusteredAttentionBackend>(&self, device: &B::Device) -> TextEncoder<B> {
         let d = self.hidden_size;
         let norm = || {
             LayerNormConfig::new(d)
@@ -134,7 +134,7 @@ impl TextEncoderConfig {
     }
 }
 
-impl<B: ClusteringBackend> TextEncoder<B> {
+impl<B: ClusteredAttentionBackend> TextEncoder<B> {
     /// The same weights with every layer computing `attention` (paper §4.3: approximating a
     /// pretrained model without retraining).
     ///

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use clustered_attention::{AttentionKind, ClusteringBackend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use safetensors::{Dtype, tensor::TensorView};
 use serde::Deserialize;
 use text_encoder::data::{Snippet, join_documents, split_documents};
@@ -63,7 +63,7 @@ fn rows<B: Backend>(tensor: Tensor<B, 2>) -> Vec<Vec<f32>> {
 }
 
 /// The numpy reference's embeddings, all sentences in one padded batch: max abs ≤ 1e-4.
-fn check_reference<B: ClusteringBackend>(attention: AttentionKind) {
+fn check_reference<B: ClusteredAttentionBackend>(attention: AttentionKind) {
     let Some(dir) = minilm_dir() else { return };
     let device = Default::default();
     let tokenizer = WordPieceTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();

@@ -1,0 +1,80 @@
+//! `asr compare`: the paper's Table 2 and Figure 1 for trained models.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use asr_model::compare::{ModelSummary, forward_ms_per_utterance, markdown_table, plot};
+use asr_model::data::load_corpus;
+use asr_model::features::LogMel;
+use asr_model::train::{TrainingLog, evaluate, load_model};
+use backend_select::{BackendName, BackendTask};
+use clap::Args;
+use clustered_attention::ClusteredAttentionBackend;
+
+/// Arguments of `asr compare`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Trained model directories (each with model.json, model.mpk and training.json).
+    #[arg(long = "model", required = true)]
+    models: Vec<PathBuf>,
+    /// Corpus directory (its dev split is timed, its test split scored).
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Backend of the forward-time measurement and the test PER.
+    #[arg(long, value_enum, default_value = "flex")]
+    pub backend: BackendName,
+    /// Padded frames per batch.
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+    /// Write the plot of best dev PER against forward time here (SVG).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Title of the plot.
+    #[arg(long, default_value = "dev PER against forward time")]
+    caption: String,
+}
+
+impl BackendTask for &CompareArgs {
+    type Output = anyhow::Result<()>;
+
+    /// Times and scores every model on `B`, prints the table and draws the plot.
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        let args = self;
+        let mut rows = Vec::new();
+        let mut loaded_splits = None;
+        for dir in &args.models {
+            let (model, saved) = load_model::<B>(dir, &device)?;
+            let log = TrainingLog::load(dir)?;
+            if loaded_splits.is_none() {
+                let log_mel = LogMel::new(saved.features.clone());
+                loaded_splits = Some(load_corpus(
+                    &args.corpus,
+                    &log_mel,
+                    &["dev", "test"],
+                    false,
+                )?);
+            }
+            let (inventory, splits) = loaded_splits.as_ref().expect("loaded above");
+            if saved.phones != inventory.phones() {
+                bail!(
+                    "{}: the model's phone inventory differs from {}",
+                    dir.display(),
+                    args.corpus.display()
+                );
+            }
+            let (dev, test) = (&splits[0], &splits[1]);
+            // One untimed pass first: kernels, caches and allocations warm up.
+            let warm_up = &dev[..dev.len().min(4)];
+            forward_ms_per_utterance(&model, warm_up, args.batch_frames, &device);
+            let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, &device);
+            let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
+            rows.push(ModelSummary::new(dir, &log, test_per, forward_ms)?);
+        }
+        print!("{}", markdown_table(&rows));
+        if let Some(path) = &args.svg {
+            plot(path, &rows, &args.caption)?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+}

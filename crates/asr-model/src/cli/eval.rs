@@ -1,0 +1,133 @@
+//! `asr eval`: the phone error rates of trained models, with their own or another attention,
+//! or the paper's Table 1.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use asr_model::compare::table1_attentions;
+use asr_model::data::load_split;
+use asr_model::features::LogMel;
+use asr_model::phones::PhoneInventory;
+use asr_model::train::{evaluate, load_model};
+use backend_select::{BackendName, BackendTask};
+use clap::Args;
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+/// Arguments of `asr eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Trained model directories (each with model.json and model.mpk).
+    #[arg(long = "model", required = true)]
+    models: Vec<PathBuf>,
+    /// Corpus directory.
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Split to evaluate.
+    #[arg(long, default_value = "test")]
+    split: String,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    pub backend: BackendName,
+    /// Evaluate with this attention instead of the trained one.
+    #[arg(long)]
+    attention: Option<AttentionKind>,
+    /// Print the paper's Table 1: every model (columns, trained with) evaluated with full,
+    /// shared-full, lsh:1, lsh:4, clustered:C, clustered:2C, improved:C:K, improved:2C:K and
+    /// oracle:K (rows); shared-QK rows are left empty (–) for models not trained shared-QK.
+    #[arg(long)]
+    table: bool,
+    /// Clusters C of the table (default: the mean number of encoder steps / 8).
+    #[arg(long)]
+    clusters: Option<usize>,
+    /// Top keys K of the table's improved and oracle-top attention.
+    #[arg(long, default_value_t = 32)]
+    topk: usize,
+    /// Padded frames per batch.
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+}
+
+impl BackendTask for &EvalArgs {
+    type Output = anyhow::Result<()>;
+
+    /// Evaluates on `B` and prints a markdown table.
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        let args = self;
+        let mut loaded = Vec::new();
+        for dir in &args.models {
+            loaded.push(load_model::<B>(dir, &device)?);
+        }
+        let log_mel = LogMel::new(loaded[0].1.features.clone());
+        let inventory =
+            PhoneInventory::load(&args.corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
+        let examples = load_split(
+            &args.corpus.join(format!("{}.jsonl", args.split)),
+            &inventory,
+            &log_mel,
+        )?;
+        for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
+            if saved.phones != inventory.phones() {
+                bail!(
+                    "{}: the model's phone inventory differs from {}",
+                    dir.display(),
+                    args.corpus.display()
+                );
+            }
+        }
+        let steps: f64 = examples
+            .iter()
+            .map(|e| e.features.frames.div_ceil(loaded[0].1.model.subsampling) as f64)
+            .sum::<f64>()
+            / examples.len() as f64;
+        let clusters = args
+            .clusters
+            .unwrap_or(((steps / 8.0).round() as usize).max(1));
+        let per = |model, kind| evaluate(model, &examples, kind, args.batch_frames, &device);
+        if !args.table {
+            println!(
+                "PER (%) on {} ({} utterances, mean {:.0} encoder steps)",
+                args.split,
+                examples.len(),
+                steps
+            );
+            println!("| model | trained with | evaluated with | PER |\n|---|---|---|---:|");
+            for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+                let kind = args.attention.unwrap_or(saved.model.attention);
+                println!(
+                    "| {} | {} | {kind} | {:.2} |",
+                    dir.display(),
+                    saved.model.attention,
+                    per(model, Some(kind)).percent()
+                );
+            }
+            return Ok(());
+        }
+        let topk = args.topk;
+        println!(
+            "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}); columns: trained with, rows: evaluated with",
+            args.split,
+            examples.len(),
+            steps
+        );
+        let header: Vec<String> = loaded
+            .iter()
+            .map(|(_, saved)| saved.model.attention.to_string())
+            .collect();
+        println!("| evaluated with | {} |", header.join(" | "));
+        println!("|---|{}", "---:|".repeat(loaded.len()));
+        for kind in table1_attentions(clusters, topk) {
+            let cells: Vec<String> = loaded
+                .iter()
+                .map(|(model, _)| {
+                    if kind.is_shared_qk() && !model.shared_qk() {
+                        "–".to_string()
+                    } else {
+                        format!("{:.2}", per(model, Some(kind)).percent())
+                    }
+                })
+                .collect();
+            println!("| {kind} | {} |", cells.join(" | "));
+        }
+        Ok(())
+    }
+}

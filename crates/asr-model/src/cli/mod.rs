@@ -1,0 +1,30 @@
+//! The commands of `asr`, one file each: its arguments and what it runs.
+//!
+//! - `corpus.rs`: `asr corpus`, the synthesized corpus.
+//! - `manifest.rs`: `asr manifest`, a corpus split from one's own recordings.
+//! - `train.rs`: `asr train`.
+//! - `eval.rs`: `asr eval`, the phone error rates of trained models (the paper's Table 1).
+//! - `compare.rs`: `asr compare`, the paper's Table 2 and Figure 1.
+//! - `transcribe.rs`: `asr transcribe`, one audio file.
+//! - `step_time.rs`: `asr step-time`, the time of a training step per attention.
+
+pub mod compare;
+pub mod corpus;
+pub mod eval;
+pub mod manifest;
+pub mod step_time;
+pub mod train;
+pub mod transcribe;
+
+use backend_select::{BackendName, BackendTask, run_on};
+
+/// Runs a command on the backend `name` chosen on the command line.
+///
+/// # Errors
+/// The command's error, or the backend's when it is not compiled in.
+pub fn on_backend<T: BackendTask<Output = anyhow::Result<()>>>(
+    name: BackendName,
+    command: T,
+) -> anyhow::Result<()> {
+    run_on!(name, command)?
+}

@@ -1,0 +1,102 @@
+//! `asr step-time`: the time of a training step (forward + backward + Adam) of the default
+//! model on random features, per attention.
+
+use std::time::Instant;
+
+use asr_model::model::AsrModelConfig;
+use asr_model::phones::PhoneInventory;
+use backend_select::{BackendName, BackendTask};
+use burn::backend::Autodiff;
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor};
+use clap::Args;
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+/// Arguments of `asr step-time`.
+#[derive(Args, Debug)]
+pub struct StepTimeArgs {
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    pub backend: BackendName,
+    /// Attentions to time, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "full,clustered:100,improved:100:32"
+    )]
+    attention: Vec<AttentionKind>,
+    /// Frames per utterance.
+    #[arg(long, default_value_t = 800)]
+    frames: usize,
+    /// Utterances per batch.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Time subsampling (1 = none, as in the paper).
+    #[arg(long, default_value_t = 1)]
+    subsampling: usize,
+    /// Timed steps (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+}
+
+impl BackendTask for &StepTimeArgs {
+    type Output = anyhow::Result<()>;
+
+    /// Times the steps on `Autodiff<B>` and prints a markdown table.
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        type A<B> = Autodiff<B>;
+        let args = self;
+        let inventory = PhoneInventory::standard();
+        let targets_len = args.frames / args.subsampling / 4;
+        println!(
+            "| attention | frames | batch | subsampling | median step (s) | min (s) | max (s) |\n|---|---:|---:|---:|---:|---:|---:|"
+        );
+        for &attention in &args.attention {
+            A::<B>::seed(&device, 0);
+            let mut model = AsrModelConfig::new(inventory.n_outputs())
+                .with_attention(attention)
+                .with_subsampling(args.subsampling)
+                .init::<A<B>>(&device);
+            let mut optim = burn::optim::AdamConfig::new().init();
+            let features = Tensor::<A<B>, 3>::random(
+                [args.batch, args.frames, 40],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let targets = Tensor::<A<B>, 2, Int>::random(
+                [args.batch, targets_len],
+                Distribution::Uniform(1.0, 40.0),
+                &device,
+            );
+            let frame_lengths = vec![args.frames; args.batch];
+            let target_lengths = vec![targets_len; args.batch];
+            let mut times = Vec::new();
+            for step in 0..=args.steps {
+                let start = Instant::now();
+                let log_probs = model.forward(features.clone(), &frame_lengths);
+                let loss = model
+                    .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
+                    .mean();
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optim.step(1e-4, model, grads);
+                // Wait for the device: read one value back.
+                let _ = A::<B>::sync(&device);
+                if step > 0 {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "| {attention} | {} | {} | {} | {:.3} | {:.3} | {:.3} |",
+                args.frames,
+                args.batch,
+                args.subsampling,
+                times[times.len() / 2],
+                times[0],
+                times[times.len() - 1]
+            );
+        }
+        Ok(())
+    }
+}

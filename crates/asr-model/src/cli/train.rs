@@ -1,0 +1,194 @@
+//! `asr train`: train a model on a corpus, then print its test phone error rate.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use asr_model::augment::{AugmentSet, Augmentation};
+use asr_model::data::{load_corpus, load_split};
+use asr_model::features::{LogMel, LogMelConfig};
+use asr_model::model::AsrModelConfig;
+use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, train};
+use backend_select::{BackendName, BackendTask};
+use burn::backend::Autodiff;
+use clap::Args;
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+/// Arguments of `asr train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Corpus directory (phones.txt, train/dev/test.jsonl).
+    #[arg(long, default_value = "data/corpus")]
+    corpus: PathBuf,
+    /// Output directory: checkpoints, logs, the final model.
+    #[arg(long, default_value = "runs/improved")]
+    out: PathBuf,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    pub backend: BackendName,
+    /// Attention: full, clustered:C, improved:C:K, shared-full, lsh:X or oracle:K.
+    #[arg(long, default_value = "improved:16:16")]
+    attention: AttentionKind,
+    /// Last epoch.
+    #[arg(long, default_value_t = 40)]
+    epochs: usize,
+    /// Peak learning rate (Adam).
+    #[arg(long, default_value_t = 2e-3)]
+    learning_rate: f64,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 200)]
+    warmup_steps: usize,
+    /// Largest gradient L2 norm per parameter.
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f32,
+    /// Padded frames per batch (length-bucketed batches).
+    #[arg(long, default_value_t = 6000)]
+    batch_frames: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    n_heads: usize,
+    /// Encoder layers.
+    #[arg(long, default_value_t = 4)]
+    n_layers: usize,
+    /// Feed-forward hidden size.
+    #[arg(long, default_value_t = 512)]
+    d_ff: usize,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
+    /// Time subsampling by frame stacking (1, 2 or 4).
+    #[arg(long, default_value_t = 4)]
+    subsampling: usize,
+    /// Mel bands.
+    #[arg(long, default_value_t = 40)]
+    n_mels: usize,
+    /// Seed of the weights, the hashing planes and the batch order.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Continue from the last checkpoint in --out.
+    #[arg(long)]
+    resume: bool,
+    /// Interrupt after this many training steps (to try --resume).
+    #[arg(long)]
+    stop_after_steps: Option<usize>,
+    /// Training-time augmentation: `all`, `none`, or a comma-separated list of speed, reverb,
+    /// band, noise, quantize, specaugment.
+    #[arg(long, default_value = "all", value_parser = parse_augment)]
+    augment: AugmentSet,
+    /// Upper edge of the mel filterbank in Hz (default: 8000, the Nyquist frequency).
+    #[arg(long)]
+    f_max_hz: Option<f64>,
+    /// Further test manifests (e.g. real recordings) evaluated after training, beside the
+    /// corpus's test split; their phones must be in the corpus's inventory.
+    #[arg(long = "also-test")]
+    also_test: Vec<PathBuf>,
+}
+
+fn parse_augment(s: &str) -> Result<AugmentSet, String> {
+    match s {
+        "all" => Ok(AugmentSet::new(&Augmentation::ALL)),
+        "none" => Ok(AugmentSet::default()),
+        list => Ok(AugmentSet::new(
+            &list
+                .split(',')
+                .map(|a| a.trim().parse())
+                .collect::<Result<Vec<Augmentation>, _>>()?,
+        )),
+    }
+}
+
+impl BackendTask for &TrainArgs {
+    type Output = anyhow::Result<()>;
+
+    /// Trains on `Autodiff<B>`, then prints the test phone error rates.
+    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+        let args = self;
+        let start = Instant::now();
+        let features = LogMelConfig::new()
+            .with_n_mels(args.n_mels)
+            .with_f_max_hz(args.f_max_hz);
+        let log_mel = LogMel::new(features.clone());
+        let (inventory, mut splits) = load_corpus(
+            &args.corpus,
+            &log_mel,
+            &["train", "dev", "test"],
+            args.augment.alters_waveform(),
+        )?;
+        let mut also_test = Vec::new();
+        for manifest in &args.also_test {
+            also_test.push(load_split(manifest, &inventory, &log_mel)?);
+        }
+        let test = splits.pop().expect("three splits");
+        let dev = splits.pop().expect("three splits");
+        let train_split = splits.pop().expect("three splits");
+        let (train_split, dropped) = feasible(train_split, args.subsampling);
+        if dropped > 0 {
+            eprintln!(
+                "note: {dropped} training utterance(s) have more labels than encoder steps at subsampling {} and are left out",
+                args.subsampling
+            );
+        }
+        eprintln!(
+            "corpus {}: {} train, {} dev, {} test utterances; features in {:.1} s",
+            args.corpus.display(),
+            train_split.len(),
+            dev.len(),
+            test.len(),
+            start.elapsed().as_secs_f64()
+        );
+        let saved = SavedModel {
+            model: AsrModelConfig::new(inventory.n_outputs())
+                .with_n_mels(args.n_mels)
+                .with_d_model(args.d_model)
+                .with_n_heads(args.n_heads)
+                .with_n_layers(args.n_layers)
+                .with_d_ff(args.d_ff)
+                .with_dropout(args.dropout)
+                .with_attention(args.attention)
+                .with_subsampling(args.subsampling)
+                .with_seed(args.seed),
+            features,
+            phones: inventory.phones().to_vec(),
+        };
+        let options = TrainOptions {
+            dir: args.out.clone(),
+            epochs: args.epochs,
+            learning_rate: args.learning_rate,
+            warmup_steps: args.warmup_steps,
+            grad_clip: args.grad_clip,
+            batch_frames: args.batch_frames,
+            seed: args.seed,
+            shuffle: true,
+            resume: args.resume,
+            stop_after_steps: args.stop_after_steps,
+            application_log: true,
+            augment: args.augment.clone(),
+        };
+        let model = train::<Autodiff<B>>(&saved, train_split, dev, &options, &device)?;
+        let per = evaluate(&model, &test, None, args.batch_frames, &device);
+        println!(
+            "test PER: {:.2} % ({} errors / {} phones, {} utterances, attention {}); model: {}; wall time {:.0} s",
+            per.percent(),
+            per.errors,
+            per.reference_phones,
+            test.len(),
+            args.attention,
+            args.out.display(),
+            start.elapsed().as_secs_f64()
+        );
+        for (manifest, examples) in args.also_test.iter().zip(&also_test) {
+            let per = evaluate(&model, examples, None, args.batch_frames, &device);
+            println!(
+                "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances)",
+                manifest.display(),
+                per.percent(),
+                per.errors,
+                per.reference_phones,
+                examples.len()
+            );
+        }
+        Ok(())
+    }
+}
