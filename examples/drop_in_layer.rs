@@ -10,7 +10,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, ClusteringBackend,
+    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
     MultiHeadClusteredAttention,
 };
 
@@ -21,7 +21,7 @@ struct Model<B: Backend> {
     readout: Linear<B>,
 }
 
-impl<B: ClusteringBackend> Model<B> {
+impl<B: ClusteredAttentionBackend> Model<B> {
     fn new(attention: AttentionKind, device: &B::Device) -> Self {
         Self {
             attention: ClusteredAttentionConfig::new(32, 4, attention)
@@ -95,4 +95,11 @@ fn main() {
             .into_scalar();
         println!("evaluated with {kind:>14}: mse {mse:.5}");
     }
+}
+
+/// `cargo test` runs the example.
+#[cfg(test)]
+#[test]
+fn example_runs() {
+    main();
 }
