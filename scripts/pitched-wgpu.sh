@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the WGPU tests of clustered-attention with WGPU allocating tensors the way CUDA does, on
-# any machine (Mesa's lavapipe where there is no GPU).
+# Runs the WGPU tests of clustered-attention's kernels with WGPU allocating tensors the way CUDA
+# does, on any machine (Mesa's lavapipe where there is no GPU).
 #
 # On CUDA, cubecl's `PitchedMemoryLayoutPolicy` pads each row of the tensors that Burn
 # allocates (`empty`, `zeros`, `from_data`, ...) to a power-of-two pitch of 16 bytes up to the
@@ -8,9 +8,13 @@
 # indexes such a tensor as if it were contiguous, or writes into an output that Burn
 # allocated, gives wrong values or out-of-bounds accesses on CUDA only. This script copies
 # cubecl-wgpu's source out of Cargo's registry, applies `scripts/pitched-wgpu.patch` (WGPU gets
-# the pitched policy, and its reads and writes copy pitched rows), and runs the suite's WGPU
-# tests against it through a `[patch]` given on the command line. Cargo.lock is restored
-# afterwards. Arguments go to the test binary (e.g. `--test-threads 1`).
+# the pitched policy, and its reads and writes copy pitched rows), and runs the suite's tests
+# of the kernels on WGPU against it through a `[patch]` given on the command line: the hashing
+# and K-means kernels (`gpu::wgpu::`, fused, unfused, under Autodiff and in half precision) and
+# the top-k, softmax, sparse-product, centroid- and top-k-attention ops and their gradients
+# (`sparse::wgpu…`). The attention-level WGPU tests, which compose the same kernels, run once,
+# in the main pass. Cargo.lock is restored afterwards. Arguments go to the test binary (e.g.
+# `--test-threads 1`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,4 +48,5 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 # The features of scripts/test.sh, so that only cubecl-wgpu and what depends on it are rebuilt.
 cargo test --workspace --features clustered-attention/wgpu,clustered-attention/cuda \
-    --test suite --config "patch.crates-io.cubecl-wgpu.path=\"$dir\"" -- wgpu "$@"
+    --test suite --config "patch.crates-io.cubecl-wgpu.path=\"$dir\"" -- \
+    gpu::wgpu:: sparse::wgpu --skip gpu::wgpu::forwards_read_nothing_back "$@"

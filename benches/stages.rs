@@ -1,8 +1,8 @@
 //! Times each stage of clustered and improved clustered attention on its own, to find the
 //! bottleneck of a backend (the bench CLI times whole attentions).
 //!
-//! `cargo run --release -p bench --example stages -- [L] [backend]` with `backend` one of
-//! `flex` (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads
+//! `cargo bench -p bench --bench stages -- [L] [backend]` with `backend` one of `flex`
+//! (default), `ndarray`, `wgpu` or `cuda` (with `--features cuda`); batch 1, 4 heads
 //! (`STAGE_HEADS`), E = D = 64, C = 100, topk = 32. On the CPU backends it then times improved
 //! clustered attention under `Autodiff`, forward alone and forward + backward.
 
@@ -10,14 +10,13 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
-use clustered_attention::ops::{CentroidAttention, ClusterTop};
-use clustered_attention::sparse::{
-    attention_softmax, centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum,
-    top_attention, topk_indices,
+use clustered_attention::ops::{
+    CentroidAttention, ClusterTop, attention_softmax, centroid_attention, sparse_dot,
+    sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
 };
 use clustered_attention::{
-    AttentionOptions, ClusteringBackend, ClusteringOptions, cluster_queries, clustered_attention,
-    hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, cluster_queries,
+    clustered_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
 };
 
 #[global_allocator]
@@ -70,7 +69,7 @@ fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R 
     out.expect("five runs")
 }
 
-fn run<B: ClusteringBackend>(len: usize) {
+fn run<B: ClusteredAttentionBackend>(len: usize) {
     let device = Default::default();
     let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let shape = [1, heads, len, dim];
@@ -212,8 +211,10 @@ fn run<B: ClusteringBackend>(len: usize) {
 }
 
 /// The whole improved clustered attention under autodiff: its forward pass, then forward and
-/// backward of the sum of its output with respect to the queries, keys and values.
-fn train<B: ClusteringBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
+/// backward of the sum of its output with respect to the queries, keys and values (on the CPU
+/// backends).
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+fn train<B: ClusteredAttentionBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
     let device = Default::default();
     let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let [q, k, v] = [0, 1, 2].map(|_| {
@@ -241,7 +242,8 @@ fn train<B: ClusteringBackend + burn::tensor::backend::AutodiffBackend>(len: usi
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` passes `--bench`; the positional arguments are the others.
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let len = args
         .next()
         .map_or(16384, |l| l.parse().expect("L must be a number"));
