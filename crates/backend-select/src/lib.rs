@@ -55,17 +55,6 @@ pub enum BackendName {
 }
 
 impl BackendName {
-    /// Every backend, in the order of the command line's help.
-    pub const ALL: [BackendName; 7] = [
-        Self::Ndarray,
-        Self::Flex,
-        Self::Wgpu,
-        Self::WgpuUnfused,
-        Self::Vulkan,
-        Self::Cuda,
-        Self::CudaUnfused,
-    ];
-
     /// The command-line name, e.g. `wgpu-unfused`.
     pub fn name(self) -> &'static str {
         match self {
@@ -87,11 +76,6 @@ impl BackendName {
             Self::CudaUnfused => "cuda",
             other => other.name(),
         }
-    }
-
-    /// Whether the backend runs on a GPU (or a software GPU) through CubeCL.
-    pub fn is_gpu(self) -> bool {
-        !matches!(self, Self::Ndarray | Self::Flex)
     }
 
     /// Whether the backend runs each op as its own kernel, without Burn's fusion.

@@ -66,11 +66,10 @@ pub fn clustered_attention<B: ClusteredAttentionBackend>(
     let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
     let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
 
-    // eq. 3, [batch, heads, C, E]: the mean of each cluster's queries, multiplied by 1 / count
-    // (the backward of a division goes through `recip`, which NdArray's SIMD path computes to
-    // only ~12 bits); scaling the centroids rather than the scores: C × E products instead of
-    // C × S.
-    let centroids = (groups.aggregate(queries) * inverse_counts(clusters.counts, dtype))
+    // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
+    // products instead of C × S.
+    let centroids = groups
+        .centroids(queries, inverse_counts(clusters.counts, dtype))
         .mul_scalar(input.scale);
     // Dropout applies only under autodiff; without it, the fused op serves both passes.
     let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {

@@ -97,7 +97,8 @@ pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
 
     // With dropout, which masks the weights between the softmaxes and the products, step by
     // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
-    let centroids = (grouping.aggregate(queries.clone()) * inverse_counts(clusters.counts, dtype))
+    let centroids = grouping
+        .centroids(queries.clone(), inverse_counts(clusters.counts, dtype))
         .mul_scalar(input.scale);
     // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
     // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,

@@ -57,6 +57,15 @@ impl<B: ClusteredAttentionBackend> QueryGroups<B> {
         )
     }
 
+    /// The centroids of the clusters, the mean of their member queries (paper eq. 3):
+    /// [`Self::aggregate`]'s sums times `inverse_counts` (`[batch, heads, C, 1]`, `1 / count`).
+    /// Multiplying by the constant `1 / count` rather than dividing keeps the backward off
+    /// `recip`, which NdArray's SIMD path computes to only ~12 bits.
+    /// `queries`: `[batch, heads, L, E]` → `[batch, heads, C, E]`, zero for an empty cluster.
+    pub fn centroids(&self, queries: Tensor<B, 4>, inverse_counts: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.aggregate(queries) * inverse_counts
+    }
+
     /// Each query's row of the per-cluster `x` (`clustered_broadcast`, paper eq. 6):
     /// `[batch, heads, C, F]` → `[batch, heads, L, F]`, zero for padded queries.
     pub fn broadcast(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {

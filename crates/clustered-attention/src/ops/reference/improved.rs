@@ -26,8 +26,8 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
 }
 
 /// [`ClusteredAttentionBackend::improved_attention`] composed of the backend's ops, with the
-/// intermediate results its backward pass takes: the centroids' sums by
-/// [`ClusteredAttentionBackend::sparse_scatter`], times the inverse counts and `scale`, their
+/// intermediate results its backward pass takes: the centroids (the members' sums by
+/// [`ClusteredAttentionBackend::sparse_scatter`], times the inverse counts) times `scale`, their
 /// [`ClusteredAttentionBackend::centroid_attention`] with the top-k keys, the top-k weights' sum
 /// (the mass) and [`ClusteredAttentionBackend::top_attention`].
 ///
@@ -49,8 +49,13 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
         num_clusters,
         queries.dtype(),
     );
-    let sums = groups.aggregate(float4::<B>(queries.clone()));
-    let centroids = float_out((sums * float4::<B>(clusters.inverse_counts)).mul_scalar(scale));
+    let centroids = groups
+        .centroids(
+            float4::<B>(queries.clone()),
+            float4::<B>(clusters.inverse_counts),
+        )
+        .mul_scalar(scale);
+    let centroids = float_out(centroids);
     let attention = B::centroid_attention(
         centroids.clone(),
         keys.clone(),
