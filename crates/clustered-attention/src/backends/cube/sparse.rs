@@ -475,33 +475,21 @@ pub(super) fn sparse_weighted_sum<R: CubeRuntime>(
 
 /// Most clusters the counting sort of [`sparse_scatter`] handles in shared memory (16 KiB);
 /// beyond, the default body runs.
-const SORT_CLUSTERS: usize = 4095;
+pub(super) const SORT_CLUSTERS: usize = 4095;
 
-/// Sorts the queries by cluster and sums each cluster's products per top-k slot, then gathers
-/// the slots of every key (see the module documentation).
-pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
-    weights: CubeTensor<R>,
-    x: CubeTensor<R>,
-    topk: CubeTensor<R>,
+/// The counting sort of the queries by cluster (stable): `order [bh, L]`, the queries sorted
+/// by cluster, then by position, and `starts [bh, clusters + 1]`, where each cluster's run of
+/// `order` begins (padded queries, at cluster `-1`, are left out). Three launches.
+///
+/// `assignments` is `[batch, heads, L]`, contiguous; `clusters` at most [`SORT_CLUSTERS`].
+pub(super) fn sort_by_cluster<R: CubeRuntime>(
     assignments: CubeTensor<R>,
-    keys_len: usize,
-) -> CubeTensor<R> {
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
-    let [batch, heads, len, _] = weights.shape().dims();
-    let [_, _, _, features] = x.shape().dims();
-    let [clusters, k] = check_indices(&topk, &assignments, [batch, heads], len);
-    if clusters > SORT_CLUSTERS {
-        return reference::sparse_scatter::<B<R, F, I, BT>>(
-            weights,
-            x,
-            topk,
-            assignments,
-            keys_len,
-        );
-    }
-    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
-    let (client, device) = (weights.client.clone(), weights.device.clone());
+    clusters: usize,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let [batch, heads, len] = assignments.shape().dims();
     let bh = batch * heads;
+    let (client, device) = (assignments.client.clone(), assignments.device.clone());
+    let int_dtype = assignments.dtype;
     let u32_tensor = |dims: Vec<usize>| {
         empty_device_contiguous_dtype(
             client.clone(),
@@ -510,9 +498,7 @@ pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
             DType::U32,
         )
     };
-
-    // Counting sort of the queries by cluster.
-    let assignments = reshape(into_contiguous(assignments), Shape::new([bh, len]));
+    let assignments = reshape(assignments, Shape::new([bh, len]));
     let chunks = len.div_ceil(SPARSE_THREADS);
     let offsets = u32_tensor(vec![bh, chunks, clusters]);
     let starts = u32_tensor(vec![bh, clusters + 1]);
@@ -544,6 +530,35 @@ pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         SPARSE_THREADS,
         int_dtype.into(),
     );
+    (order, starts)
+}
+
+/// Sorts the queries by cluster and sums each cluster's products per top-k slot, then gathers
+/// the slots of every key (see the module documentation).
+pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    weights: CubeTensor<R>,
+    x: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    assignments: CubeTensor<R>,
+    keys_len: usize,
+) -> CubeTensor<R> {
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let [batch, heads, len, _] = weights.shape().dims();
+    let [_, _, _, features] = x.shape().dims();
+    let [clusters, k] = check_indices(&topk, &assignments, [batch, heads], len);
+    if clusters > SORT_CLUSTERS {
+        return reference::sparse_scatter::<B<R, F, I, BT>>(
+            weights,
+            x,
+            topk,
+            assignments,
+            keys_len,
+        );
+    }
+    let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
+    let (client, device) = (weights.client.clone(), weights.device.clone());
+    let bh = batch * heads;
+    let (order, starts) = sort_by_cluster(into_contiguous(assignments), clusters);
 
     // Per cluster and slot, the sum of its queries' products, kept in f32 until the last sum.
     let slot_sums = empty_device_contiguous_dtype(
