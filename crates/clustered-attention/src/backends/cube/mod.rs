@@ -4,7 +4,9 @@
 //!
 //! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
 //!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
-//!   `sparse_scatter`.
+//!   `sparse_scatter`; `centroid.rs`: `centroid_attention`, flash-style (no `[C, S]` tensor);
+//!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
+//!   `improved_attention_forward` sorts once for both.
 //! - `fusion.rs`: the same ops registered as Fusion custom operations.
 //!
 //! The other ops keep their default bodies, made of Burn's own kernels. Nothing is read back
@@ -22,10 +24,12 @@
 //! a multiple of a power of two between 16 and 512, and a linear write then lands partly in the
 //! padding and partly in the wrong rows.
 
+mod centroid;
 mod fusion;
 mod hash;
 mod kmeans;
 mod sparse;
+mod top;
 mod topk;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -33,8 +37,11 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+use burn::tensor::{Tensor as BurnTensor, TensorMetadata, TensorPrimitive};
+
 use crate::ClusteredAttentionBackend;
-use crate::ops::reference;
+use crate::ops::checks::{check_query_clusters, check_top_attention};
+use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, reference};
 
 impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
 where
@@ -55,6 +62,130 @@ where
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
         kmeans::hamming_kmeans::<R, F, I, BT>(codes, query_lengths, clusters, iterations, seed)
+    }
+
+    fn centroid_attention(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+    ) -> CentroidAttention<Self> {
+        let dim = centroids.meta.shape()[3];
+        let dim_v = values.meta.shape()[3];
+        if !centroid::supported(dim, dim_v, topk) {
+            // Rows too wide for registers, or a top-k list too long: the default body.
+            return reference::centroid_attention::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                topk,
+            );
+        }
+        centroid::centroid_attention::<R, F, I, BT>(centroids, keys, values, key_lengths, topk)
+    }
+
+    fn top_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        check_top_attention(
+            queries.shape().dims(),
+            keys.shape().dims(),
+            values.shape().dims(),
+            clusters.assignments.shape().dims(),
+            clusters.topk.shape().dims(),
+            clusters.mass.shape().dims(),
+            clusters.rest.shape().dims(),
+        );
+        let [_, _, num_clusters, k] = clusters.topk.shape().dims();
+        let (dim, dim_v) = (queries.shape()[3], values.shape()[3]);
+        if !top::supported(dim, dim_v, k, num_clusters) {
+            return reference::top_attention::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+            );
+        }
+        let sorted = top::Sorted::new(clusters.assignments, num_clusters);
+        top::top_attention::<R, F, I, BT>(
+            queries,
+            keys,
+            values,
+            clusters.topk,
+            clusters.mass,
+            clusters.rest,
+            key_lengths,
+            scale,
+            &sorted,
+        )
+    }
+
+    fn improved_attention_forward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+        scale: f64,
+    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+        assert!(topk > 0, "topk must be at least 1, got 0");
+        let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+        let (dim, dim_v) = (queries.shape()[3], values.shape()[3]);
+        if !top::supported(dim, dim_v, topk, num_clusters) || !centroid::supported(dim, dim_v, topk)
+        {
+            return reference::improved_attention_forward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                topk,
+                scale,
+            );
+        }
+        // One sort of the queries by cluster serves the cluster means and the top-k attention.
+        let sorted = top::Sorted::new(clusters.assignments.clone(), num_clusters);
+        let centroids =
+            top::cluster_means(queries.clone(), clusters.inverse_counts, &sorted, scale);
+        let attention = Self::centroid_attention(
+            centroids.clone(),
+            keys.clone(),
+            values.clone(),
+            key_lengths.clone(),
+            topk,
+        );
+        let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
+        let mass = BurnTensor::<Self, 4>::from_primitive(TensorPrimitive::Float(top_weights))
+            .sum_dim(3)
+            .into_primitive()
+            .tensor();
+        let output = top::top_attention::<R, F, I, BT>(
+            queries,
+            keys,
+            values,
+            top,
+            mass.clone(),
+            attention.values.clone(),
+            key_lengths,
+            scale,
+            &sorted,
+        );
+        let forward = ImprovedForward {
+            centroids,
+            centroid_attention: attention,
+            mass,
+        };
+        (output, forward)
     }
 
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {

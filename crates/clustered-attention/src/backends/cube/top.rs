@@ -1,0 +1,312 @@
+//! The per-query part of improved clustered attention on the device (paper eqs. 8–10), and the
+//! cluster means it starts from, both over the queries sorted by cluster
+//! ([`sort_by_cluster`]).
+//!
+//! - `top_attention`: one cube per (cluster, `bh`) loads the cluster's top-k keys and values
+//!   into shared memory once, then each unit takes member queries in turn: the `k` scores, their
+//!   softmax (padded keys left out), `m̂ · Σ p_r v_r + rest`, all in registers, written
+//!   straight to the query's output row. Padded queries (cluster `-1`) get zeros.
+//! - `cluster_means`: one cube per (cluster, `bh`), one unit per feature, summing the members'
+//!   queries in sorted order, times the inverse count and the softmax scale.
+//!
+//! Sums accumulate in `f32`; every tensor is contiguous; `bh` is the flattened `(batch, head)`.
+
+use burn::tensor::{Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+
+use super::linear;
+use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
+
+/// One cube per (cluster, `bh`): grid X (folded into Y) over clusters, Z over `bh`.
+///
+/// - `queries`: `[B, H, L, E]`, `keys`: `[B, H, S, E]`, `values`: `[B, H, S, D]`
+/// - `topk`: `[B, H, C, k]`, `mass`: `[B, H, C, 1]`, `rest`: `[B, H, C, D]`
+/// - `key_lengths`: `[B]`; `order`: `[bh, L]`, `starts`: `[bh, C + 1]`
+/// - `output`: `[B, H, L, D]`, zero on entry (rows of padded queries are not written)
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn top_attention_kernel<F: Float, I: Int>(
+    queries: &Tensor<F>,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    topk: &Tensor<I>,
+    mass: &Tensor<F>,
+    rest: &Tensor<F>,
+    key_lengths: &Tensor<I>,
+    order: &Tensor<u32>,
+    starts: &Tensor<u32>,
+    output: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] dim_v: usize,
+    #[comptime] k: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let (heads, len) = (queries.shape(1), queries.shape(2));
+    let keys_len = keys.shape(2);
+    let clusters = topk.shape(2);
+    let cluster = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let bh = CUBE_POS_Z as usize;
+    if cluster >= clusters {
+        terminate!();
+    }
+    let first = starts[bh * (clusters + 1) + cluster] as usize;
+    let last = starts[bh * (clusters + 1) + cluster + 1] as usize;
+    if first == last {
+        terminate!();
+    }
+    let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
+    let unit = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let row = bh * clusters + cluster;
+
+    let mut shared_keys = SharedMemory::<f32>::new(comptime!(k * dim));
+    let mut shared_values = SharedMemory::<f32>::new(comptime!(k * dim_v));
+    let mut i = unit;
+    while i < comptime!(k * dim) {
+        let key = u32::cast_from(topk[row * k + i / dim]) as usize;
+        shared_keys[i] = f32::cast_from(keys[(bh * keys_len + key) * dim + i % dim]);
+        i += threads;
+    }
+    let mut i = unit;
+    while i < comptime!(k * dim_v) {
+        let key = u32::cast_from(topk[row * k + i / dim_v]) as usize;
+        shared_values[i] = f32::cast_from(values[(bh * keys_len + key) * dim_v + i % dim_v]);
+        i += threads;
+    }
+    // Which of the k keys are valid (not padded), one flag per slot.
+    let mut valid_slot = Array::<bool>::new(k);
+    #[unroll]
+    for r in 0..k {
+        valid_slot[r] = (u32::cast_from(topk[row * k + r]) as usize) < valid;
+    }
+    let cluster_mass = f32::cast_from(mass[row]);
+    sync_cube();
+
+    let mut query = Array::<f32>::new(dim);
+    let mut scores = Array::<f32>::new(k);
+    let mut sums = Array::<f32>::new(dim_v);
+    let mut p = first + unit;
+    while p < last {
+        let index = order[bh * len + p] as usize;
+        let query_base = (bh * len + index) * dim;
+        #[unroll]
+        for e in 0..dim {
+            query[e] = f32::cast_from(queries[query_base + e]) * scale;
+        }
+        let mut maximum = f32::min_value();
+        for r in 0..k {
+            let mut score = 0.0f32;
+            #[unroll]
+            for e in 0..dim {
+                score += query[e] * shared_keys[r * dim + e];
+            }
+            scores[r] = score;
+            if valid_slot[r] {
+                maximum = max(maximum, score);
+            }
+        }
+        #[unroll]
+        for d in 0..dim_v {
+            sums[d] = 0.0f32;
+        }
+        let mut total = 0.0f32;
+        for r in 0..k {
+            if valid_slot[r] {
+                let weight = (scores[r] - maximum).exp();
+                total += weight;
+                #[unroll]
+                for d in 0..dim_v {
+                    sums[d] += weight * shared_values[r * dim_v + d];
+                }
+            }
+        }
+        let factor = cluster_mass / total;
+        let out_base = (bh * len + index) * dim_v;
+        #[unroll]
+        for d in 0..dim_v {
+            output[out_base + d] =
+                F::cast_from(sums[d] * factor + f32::cast_from(rest[row * dim_v + d]));
+        }
+        p += threads;
+    }
+}
+
+/// `centroids[bh, c] = scale · inverse_counts[bh, c] · Σ_{i in c} queries[bh, i]`, one cube per
+/// (cluster, `bh`) as [`top_attention_kernel`], one unit per feature (a loop past `CUBE_DIM_X`).
+///
+/// - `queries`: `[B, H, L, E]`, `inverse_counts`: `[B, H, C, 1]`, `centroids`: `[B, H, C, E]`
+#[cube(launch)]
+fn cluster_means_kernel<F: Float>(
+    queries: &Tensor<F>,
+    inverse_counts: &Tensor<F>,
+    order: &Tensor<u32>,
+    starts: &Tensor<u32>,
+    centroids: &mut Tensor<F>,
+    scale: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (len, dim) = (queries.shape(2), queries.shape(3));
+    let clusters = centroids.shape(2);
+    let cluster = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let bh = CUBE_POS_Z as usize;
+    if cluster >= clusters {
+        terminate!();
+    }
+    let first = starts[bh * (clusters + 1) + cluster] as usize;
+    let last = starts[bh * (clusters + 1) + cluster + 1] as usize;
+    let row = bh * clusters + cluster;
+    let factor = f32::cast_from(inverse_counts[row]) * scale;
+    let mut e = UNIT_POS_X as usize;
+    while e < dim {
+        let mut sum = 0.0f32;
+        for p in first..last {
+            let index = order[bh * len + p] as usize;
+            sum += f32::cast_from(queries[(bh * len + index) * dim + e]);
+        }
+        centroids[row * dim + e] = F::cast_from(sum * factor);
+        e += CUBE_DIM_X as usize;
+    }
+}
+
+/// Most `k · (E + D)` the top-k kernel holds in shared memory (16 KiB of `f32`, WebGPU's
+/// guaranteed minimum).
+const SHARED_FLOATS: usize = 4096;
+
+/// Units per cube of the two kernels.
+const UNITS: u32 = 64;
+
+/// Whether [`top_attention`] takes these sizes (`E, D ≤ 128`, the top-k keys and values in
+/// 16 KiB, at most [`SORT_CLUSTERS`] clusters); otherwise the caller uses the default body.
+pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> bool {
+    dim > 0
+        && dim_v > 0
+        && dim <= 128
+        && dim_v <= 128
+        && k > 0
+        && k * (dim + dim_v) <= SHARED_FLOATS
+        && clusters <= SORT_CLUSTERS
+}
+
+/// The queries sorted by cluster: [`sort_by_cluster`] of `assignments` (`[B, H, L]`).
+pub(super) struct Sorted<R: CubeRuntime> {
+    order: CubeTensor<R>,
+    starts: CubeTensor<R>,
+}
+
+impl<R: CubeRuntime> Sorted<R> {
+    pub(super) fn new(assignments: CubeTensor<R>, clusters: usize) -> Self {
+        let (order, starts) = sort_by_cluster(into_contiguous(assignments), clusters);
+        Self { order, starts }
+    }
+}
+
+/// A grid of one cube per (cluster, `bh`).
+fn cluster_grid(clusters: usize, bh: usize) -> CubeCount {
+    super::cube_count(clusters, bh)
+}
+
+/// The cluster means times `scale`: `[B, H, L, E]` queries → `[B, H, C, E]` (see
+/// [`cluster_means_kernel`]).
+pub(super) fn cluster_means<R: CubeRuntime>(
+    queries: CubeTensor<R>,
+    inverse_counts: CubeTensor<R>,
+    sorted: &Sorted<R>,
+    scale: f64,
+) -> CubeTensor<R> {
+    let [batch, heads, _, dim] = queries.shape().dims();
+    let clusters = inverse_counts.shape()[2];
+    let dtype = queries.dtype;
+    let centroids = empty_device_contiguous_dtype(
+        queries.client.clone(),
+        queries.device.clone(),
+        Shape::new([batch, heads, clusters, dim]),
+        dtype,
+    );
+    cluster_means_kernel::launch::<R>(
+        &queries.client.clone(),
+        cluster_grid(clusters, batch * heads),
+        CubeDim::new_1d(UNITS),
+        linear(into_contiguous(queries)),
+        linear(into_contiguous(inverse_counts)),
+        linear(sorted.order.clone()),
+        linear(sorted.starts.clone()),
+        linear(centroids.clone()),
+        scale as f32,
+        dtype.into(),
+    );
+    centroids
+}
+
+/// [`ClusteredAttentionBackend::top_attention`](crate::ClusteredAttentionBackend::top_attention)
+/// by [`top_attention_kernel`], given the queries sorted by cluster. The shapes are checked by
+/// the caller; call only when [`supported`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn top_attention<R, F, I, BT>(
+    queries: CubeTensor<R>,
+    keys: CubeTensor<R>,
+    values: CubeTensor<R>,
+    topk: CubeTensor<R>,
+    mass: CubeTensor<R>,
+    rest: CubeTensor<R>,
+    key_lengths: Option<CubeTensor<R>>,
+    scale: f64,
+    sorted: &Sorted<R>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let [batch, heads, len, dim] = queries.shape().dims();
+    let [_, _, keys_len, dim_v] = values.shape().dims();
+    let [_, _, clusters, k] = topk.shape().dims();
+    let (device, float_dtype, int_dtype) = (queries.device.clone(), queries.dtype, topk.dtype);
+    let key_lengths = match key_lengths {
+        Some(lengths) => into_contiguous(lengths),
+        None => into_contiguous(
+            BurnTensor::<CubeBackend<R, F, I, BT>, 1, IntKind>::from_data(
+                TensorData::new(vec![keys_len as i64; batch], [batch]),
+                (&device, int_dtype),
+            )
+            .into_primitive(),
+        ),
+    };
+    // Padded queries' rows stay zero; Burn's `zeros` may pitch its rows, the kernel does not.
+    let output = into_contiguous(
+        BurnTensor::<CubeBackend<R, F, I, BT>, 4>::zeros(
+            [batch, heads, len, dim_v],
+            (&device, float_dtype),
+        )
+        .into_primitive()
+        .tensor(),
+    );
+    let client = queries.client.clone();
+    top_attention_kernel::launch::<R>(
+        &client,
+        cluster_grid(clusters, batch * heads),
+        CubeDim::new_1d(UNITS),
+        linear(into_contiguous(queries)),
+        linear(into_contiguous(keys)),
+        linear(into_contiguous(values)),
+        linear(into_contiguous(topk)),
+        linear(into_contiguous(mass)),
+        linear(into_contiguous(rest)),
+        linear(key_lengths),
+        linear(sorted.order.clone()),
+        linear(sorted.starts.clone()),
+        linear(output.clone()),
+        scale as f32,
+        dim,
+        dim_v,
+        k,
+        [float_dtype.into(), int_dtype.into()],
+    );
+    reshape(output, Shape::new([batch, heads, len, dim_v]))
+}
