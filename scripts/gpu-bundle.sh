@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA kit on a machine without a GPU: stripped, gzipped release binaries of the
 # benchmark CLI (`bench`, CUDA backend only) and of the test suite that holds the CUDA tests
-# (`suite`), and `run.sh`, the one command to run on the GPU machine. Everything lands in `gpu-kit/`
+# (`suite`), `run.sh`, the one command to run on the GPU machine, and `sdpa-bench.py`, which
+# times PyTorch's attention on the same shapes there. Everything lands in `gpu-kit/`
 # (git-ignored), under 64 MiB.
 #
 # Use: `bash scripts/gpu-bundle.sh`, copy `gpu-kit/` to a Linux x86-64 machine with an NVIDIA
@@ -18,7 +19,9 @@ target=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 cargo build --release --locked -p bench --no-default-features --features cuda
-# The test binary that holds the CUDA tests (the `suite` integration test).
+# The test binary that holds the CUDA tests (the `suite` integration test). Without Burn's
+# autotuning: the tests check values, and with it the half-precision tests ran past 150 s on an
+# H100, where a build without it had taken ~35 s. The benchmark keeps it.
 suite=$(cargo test --release --locked -p clustered-attention --features cuda --test suite \
     --no-run --message-format=json |
     python3 -c '
@@ -38,6 +41,7 @@ strip "$kit/bench" "$kit/suite"
 # Stripped, the two are ~77 MiB; gzip brings them to ~19 (run.sh unpacks them).
 gzip -9 "$kit/bench" "$kit/suite"
 cp scripts/gpu-run.sh "$kit/run.sh"
+cp scripts/sdpa-bench.py "$kit/sdpa-bench.py"
 
 size=$(du -cb "$kit" | tail -1 | cut -f1)
 if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
