@@ -57,11 +57,59 @@ fn tile_score(
     score
 }
 
-/// Inserts `(score, key)` into the sorted list `best[..filled]` of at most `topk`: higher score
-/// first; keys arrive in increasing order, so an equal score never displaces an earlier key.
-/// Returns the new fill.
+/// Whether `(score, key)` ranks after `(other, other_key)`: a lower score, or an equal score
+/// at a higher key (the top-k order is by score, descending, ties to the lower key).
 #[cube]
-fn insert_top(
+fn ranks_after(score: f32, key: u32, other: f32, other_key: u32) -> bool {
+    score < other || (score == other && key > other_key)
+}
+
+/// Swaps entries `i` and `j` of the heap.
+#[cube]
+fn swap_entries(best: &mut Array<f32>, best_keys: &mut Array<u32>, i: usize, j: usize) {
+    let (score, key) = (best[i], best_keys[i]);
+    best[i] = best[j];
+    best_keys[i] = best_keys[j];
+    best[j] = score;
+    best_keys[j] = key;
+}
+
+/// Restores the heap order below entry `start` of a heap of `len` entries whose root is the
+/// entry that ranks last.
+#[cube]
+fn sift_down(best: &mut Array<f32>, best_keys: &mut Array<u32>, start: usize, len: usize) {
+    let mut i = start;
+    loop {
+        let left = 2 * i + 1;
+        if left >= len {
+            break;
+        }
+        let mut worst = left;
+        if left + 1 < len
+            && ranks_after(
+                best[left + 1],
+                best_keys[left + 1],
+                best[left],
+                best_keys[left],
+            )
+        {
+            worst = left + 1;
+        }
+        if ranks_after(best[worst], best_keys[worst], best[i], best_keys[i]) {
+            swap_entries(best, best_keys, i, worst);
+            i = worst;
+        } else {
+            break;
+        }
+    }
+}
+
+/// Offers `(score, key)` to the best `topk` seen so far, kept in `best[..filled]` as a heap whose
+/// root ranks last: `O(log topk)` steps per admitted entry, and one comparison with the root for
+/// the rest. Returns the new fill. An entry that ties the root with a higher key is not
+/// admitted, so equal scores keep the lower keys when keys arrive in increasing order.
+#[cube]
+fn offer_top(
     best: &mut Array<f32>,
     best_keys: &mut Array<u32>,
     filled: usize,
@@ -69,34 +117,39 @@ fn insert_top(
     key: u32,
     #[comptime] topk: usize,
 ) -> usize {
-    let mut admit = filled < topk;
-    if !admit {
-        admit = score > best[topk - 1];
-    }
     let mut fill = filled;
-    if admit {
-        let mut slot = filled;
-        if filled == topk {
-            slot = topk - 1;
-        }
-        loop {
-            if slot == 0 {
-                break;
+    if filled < topk {
+        let mut i = filled;
+        best[i] = score;
+        best_keys[i] = key;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if ranks_after(best[i], best_keys[i], best[parent], best_keys[parent]) {
+                swap_entries(best, best_keys, i, parent);
+                i = parent;
+            } else {
+                i = 0;
             }
-            if score <= best[slot - 1] {
-                break;
-            }
-            best[slot] = best[slot - 1];
-            best_keys[slot] = best_keys[slot - 1];
-            slot -= 1;
         }
-        best[slot] = score;
-        best_keys[slot] = key;
-        if filled < topk {
-            fill += 1;
-        }
+        fill += 1;
+    } else if ranks_after(best[0], best_keys[0], score, key) {
+        best[0] = score;
+        best_keys[0] = key;
+        sift_down(best, best_keys, 0, topk);
     }
     fill
+}
+
+/// Sorts the heap `best[..filled]` in place, best first (heapsort: the root, which ranks last,
+/// goes to the end each round).
+#[cube]
+fn sort_heap(best: &mut Array<f32>, best_keys: &mut Array<u32>, filled: usize) {
+    let mut end = filled;
+    while end > 1 {
+        end -= 1;
+        swap_entries(best, best_keys, 0, end);
+        sift_down(best, best_keys, 0, end);
+    }
 }
 
 /// Loads the centroid row `row` of `bh` into registers, as `f32` (zeros for an inactive unit).
@@ -206,7 +259,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
                     }
                     if topk > 0 {
                         filled =
-                            insert_top(&mut best, &mut best_keys, filled, score, key as u32, topk);
+                            offer_top(&mut best, &mut best_keys, filled, score, key as u32, topk);
                     }
                 }
             }
@@ -218,6 +271,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
         maxima[out] = maximum;
         sums[out] = sum;
         if topk > 0 {
+            sort_heap(&mut best, &mut best_keys, filled);
             #[unroll]
             for r in 0..topk {
                 let mut score = f32::min_value();
@@ -233,12 +287,16 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     }
 }
 
-/// Pass 2. One unit per row: the row's maximum and softmax denominator over its chunks and,
-/// with `topk > 0`, its top-k merged from the chunks' lists and their weights.
+/// Pass 2. One cube per row: the row's maximum and softmax denominator over its chunks and,
+/// with `topk > 0`, its top-k merged from the chunks' sorted lists and their weights. Unit `u`
+/// takes chunks `u, u + units, …` into a heap of its own (a list stops at its first entry
+/// that is not admitted, since the lists are sorted), sorts it, and the units' lists are then
+/// merged pairwise in shared memory in `log2(units)` rounds.
 ///
 /// - `maxima`, `sums`: `[rows, chunks]`; `top_scores`, `top_keys`: `[rows, chunks · topk]`
 /// - `stats`: `[rows, 3]`: maximum, denominator, k-th best score; `kth_keys`: `[rows]`
 /// - `top_indices`, `top_weights`: `[rows, topk]` (unused with `topk = 0`)
+/// - shared memory: `units · topk` scores and keys
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn centroid_merge_kernel<F: Float, I: Int>(
@@ -251,50 +309,112 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     top_indices: &mut Tensor<I>,
     top_weights: &mut Tensor<F>,
     #[comptime] topk: usize,
+    #[comptime] units: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (rows, chunks) = (maxima.shape(0), maxima.shape(1));
-    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * CUBE_DIM_X as usize
-        + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
     if row >= rows {
         terminate!();
     }
+    let unit = UNIT_POS_X as usize;
     let base = row * chunks;
-    let mut maximum = f32::min_value();
-    for c in 0..chunks {
-        maximum = max(maximum, maxima[base + c]);
+    let mut shared_max = SharedMemory::<f32>::new(1usize);
+    if unit == 0usize {
+        let mut maximum = f32::min_value();
+        for c in 0..chunks {
+            maximum = max(maximum, maxima[base + c]);
+        }
+        let mut denominator = 0.0f32;
+        for c in 0..chunks {
+            denominator += sums[base + c] * (maxima[base + c] - maximum).exp();
+        }
+        stats[row * 3] = maximum;
+        stats[row * 3 + 1] = denominator;
+        shared_max[0usize] = maximum;
     }
-    let mut denominator = 0.0f32;
-    for c in 0..chunks {
-        denominator += sums[base + c] * (maxima[base + c] - maximum).exp();
-    }
-    stats[row * 3] = maximum;
-    stats[row * 3 + 1] = denominator;
     if topk > 0 {
+        let slots = comptime!(units * topk);
+        let mut shared_scores = SharedMemory::<f32>::new(slots);
+        let mut shared_keys = SharedMemory::<u32>::new(slots);
         let mut best = Array::<f32>::new(topk);
         let mut best_keys = Array::<u32>::new(topk);
         let mut filled = 0usize;
-        // Chunks in key order, each list sorted: equal scores arrive lower key first.
-        for i in 0..chunks * topk {
-            let key = top_keys[base * topk + i];
-            if key != EMPTY {
-                filled = insert_top(
-                    &mut best,
-                    &mut best_keys,
-                    filled,
-                    top_scores[base * topk + i],
-                    key,
-                    topk,
-                );
+        let mut c = unit;
+        while c < chunks {
+            let list = (base + c) * topk;
+            for r in 0..topk {
+                let key = top_keys[list + r];
+                let score = top_scores[list + r];
+                let mut admitted = key != EMPTY;
+                if admitted && filled == topk {
+                    admitted = ranks_after(best[0usize], best_keys[0usize], score, key);
+                }
+                if !admitted {
+                    // Sorted: the rest of this list ranks lower still.
+                    break;
+                }
+                filled = offer_top(&mut best, &mut best_keys, filled, score, key, topk);
+            }
+            c += units;
+        }
+        sort_heap(&mut best, &mut best_keys, filled);
+        let own = unit * topk;
+        for r in 0..topk {
+            if r < filled {
+                shared_scores[own + r] = best[r];
+                shared_keys[own + r] = best_keys[r];
+            } else {
+                shared_scores[own + r] = f32::min_value();
+                shared_keys[own + r] = EMPTY;
             }
         }
-        #[unroll]
-        for r in 0..topk {
-            top_indices[row * topk + r] = I::cast_from(best_keys[r]);
-            top_weights[row * topk + r] = F::cast_from((best[r] - maximum).exp() / denominator);
+        sync_cube();
+        // A runtime value (a comptime one would be folded at expansion).
+        let mut stride = CUBE_DIM_X as usize / 2;
+        while stride > 0 {
+            if unit < stride {
+                let other = (unit + stride) * topk;
+                let mut i = 0usize;
+                let mut j = 0usize;
+                // i + j < topk: neither list runs out.
+                for out in 0..topk {
+                    let (a, a_key) = (shared_scores[own + i], shared_keys[own + i]);
+                    let (b, b_key) = (shared_scores[other + j], shared_keys[other + j]);
+                    // An empty slot ranks after everything.
+                    let take_a =
+                        a_key != EMPTY && (b_key == EMPTY || !ranks_after(a, a_key, b, b_key));
+                    if take_a {
+                        best[out] = a;
+                        best_keys[out] = a_key;
+                        i += 1;
+                    } else {
+                        best[out] = b;
+                        best_keys[out] = b_key;
+                        j += 1;
+                    }
+                }
+                for out in 0..topk {
+                    shared_scores[own + out] = best[out];
+                    shared_keys[own + out] = best_keys[out];
+                }
+            }
+            sync_cube();
+            stride /= 2;
         }
-        stats[row * 3 + 2] = best[topk - 1];
-        kth_keys[row] = best_keys[topk - 1];
+        let maximum = shared_max[0usize];
+        let denominator = stats[row * 3 + 1];
+        let mut r = unit;
+        while r < topk {
+            top_indices[row * topk + r] = I::cast_from(shared_keys[r]);
+            top_weights[row * topk + r] =
+                F::cast_from((shared_scores[r] - maximum).exp() / denominator);
+            r += units;
+        }
+        if unit == 0usize {
+            stats[row * 3 + 2] = shared_scores[topk - 1];
+            kth_keys[row] = shared_keys[topk - 1];
+        }
     }
 }
 
@@ -420,6 +540,9 @@ pub(super) const MAX_TOPK: usize = 64;
 /// `f32`s of shared memory a cube may use: 16 KiB, WebGPU's guaranteed minimum.
 const SHARED_FLOATS: usize = 4096;
 
+/// Most units per row of the merge.
+const MERGE_UNITS: usize = 32;
+
 /// Cubes to aim for, so that every multiprocessor of a large GPU has several.
 const TARGET_CUBES: usize = 1024;
 
@@ -527,10 +650,14 @@ where
     let kth_keys = empty(vec![rows], DType::U32);
     let top_indices = empty(vec![rows, slots], int_dtype);
     let top_weights = empty(vec![rows, slots], float_dtype);
-    let merge_units = 64;
+    // A power of two, at most the chunks, and one list of `topk` per unit in 16 KiB.
+    let merge_units = MERGE_UNITS
+        .min(scan_chunks.next_power_of_two())
+        .min(SHARED_FLOATS / 2 / slots);
+    let merge_units = 1usize << merge_units.max(1).ilog2();
     centroid_merge_kernel::launch::<R>(
         &client,
-        super::cube_count(rows.div_ceil(merge_units), 1),
+        super::cube_count(rows, 1),
         CubeDim::new_1d(merge_units as u32),
         linear(maxima),
         linear(sums),
@@ -541,6 +668,7 @@ where
         linear(top_indices.clone()),
         linear(top_weights.clone()),
         topk,
+        merge_units,
         dtypes,
     );
 
