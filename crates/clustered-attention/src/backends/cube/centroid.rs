@@ -551,6 +551,9 @@ fn tile_keys(floats: usize) -> usize {
     (SHARED_FLOATS / floats.max(1)).clamp(1, 128)
 }
 
+/// Keys per chunk of the scan, at least, per top-k slot.
+const CHUNK_PER_TOPK: usize = 16;
+
 /// Tiles per chunk: as few as leave at least [`TARGET_CUBES`] cubes, at most 64.
 fn tiles_per_chunk(keys_len: usize, tile: usize, other_cubes: usize) -> usize {
     let tiles = keys_len.div_ceil(tile);
@@ -618,7 +621,11 @@ where
     let slots = topk.max(1);
 
     let scan_tile = tile_keys(dim);
-    let scan_tiles = tiles_per_chunk(keys_len, scan_tile, row_blocks * batch * heads);
+    // Chunks of at least `CHUNK_PER_TOPK · topk` keys, so that a unit's top-k list fills early
+    // in its chunk and admits few keys after, and the merge has few lists per row.
+    let scan_tiles = tiles_per_chunk(keys_len, scan_tile, row_blocks * batch * heads)
+        .max((CHUNK_PER_TOPK * topk).div_ceil(scan_tile))
+        .min(keys_len.div_ceil(scan_tile));
     let scan_chunks = keys_len.div_ceil(scan_tile * scan_tiles);
     let maxima = empty(vec![rows, scan_chunks], DType::F32);
     let sums = empty(vec![rows, scan_chunks], DType::F32);
