@@ -5,7 +5,8 @@
 # clustered and improved in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
-# Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables),
+# Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables, ours
+# over PyTorch's SDPA timed on the same shapes by sdpa-bench.py),
 # tests.log, bench.log, results.tar.gz (every table as markdown, CSV, JSON and SVG) and, for tests
 # that faulted, sanitizer/. Until the run completes, the tests' logs are in
 # RESULTS_DIR/cuda-tests/ and the tables in RESULTS_DIR/cuda-tables/.
@@ -210,6 +211,18 @@ if [ -n "$faulted" ]; then
     echo '```' >>"$out/summary.md"
 fi
 
+# PyTorch's scaled_dot_product_attention on the benchmark's shapes (flash for bf16/f16,
+# memory-efficient for f32): what a user would pick instead. The machine's python3 needs torch;
+# without it the ratios are left out. Ours over SDPA ends summary.md.
+sdpa_csv="$work/sdpa.csv"
+: >"$sdpa_csv"
+if limit=$(within_deadline "${SDPA_TIMEOUT_S:-150}"); then
+    timeout -k 10 "$limit" python3 "$kit/sdpa-bench.py" --heads 4,8 \
+        --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --dtypes f32,bf16,f16 \
+        --runs "${BENCH_RUNS:-5}" >"$sdpa_csv" 2>"$out/sdpa.log" ||
+        echo "sdpa-bench stopped (exit status $?), see sdpa.log" >>"$out/sdpa.log"
+fi
+
 bench_status=0
 : >"$out/bench.log"
 # bench_table NAME TITLE ARGS...: one benchmark run, its table appended to summary.md.
@@ -252,6 +265,15 @@ for backend in cuda-unfused cuda; do
         done
     done
 done
+if [ "$(wc -l <"$sdpa_csv")" -gt 1 ]; then
+    {
+        echo
+        echo "## Ours over PyTorch's SDPA, same shapes, same call (below 1: faster)"
+        echo
+        python3 "$kit/sdpa-bench.py" --ratios "$sdpa_csv" "$tables"/*.csv
+    } >>"$out/summary.md" 2>&1
+    cp "$sdpa_csv" "$tables/sdpa.csv"
+fi
 tar czf "$out/results.tar.gz" -C "$tables" .
 rm -rf "$work" "$bin" "$tests" "$tables"
 echo "results in $out: summary.md, tests.log, bench.log, results.tar.gz (and sanitizer/ for faults)"
