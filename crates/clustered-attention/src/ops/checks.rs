@@ -2,11 +2,12 @@
 //! argument and the shapes.
 
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorMetadata};
 
 #[cfg(doc)]
 use super::ClusteredAttentionBackend;
-use super::{MAX_BITS, QueryClusters};
+use super::{ClusterTop, MAX_BITS, QueryClusters};
 
 /// Panics unless `1 ≤ bits ≤ 32`.
 pub(crate) fn check_bits(bits: usize) {
@@ -110,6 +111,27 @@ pub(crate) fn check_top_attention(
          [batch, heads, C, 1] and [batch, heads, C, D]"
     );
     check_topk(k, keys_len);
+}
+
+/// [`check_top_attention`] of a call's tensors as the backend receives them.
+///
+/// # Panics
+/// As [`check_top_attention`].
+pub(crate) fn check_cluster_top<B: Backend>(
+    queries: &FloatTensor<B>,
+    keys: &FloatTensor<B>,
+    values: &FloatTensor<B>,
+    clusters: &ClusterTop<B>,
+) {
+    check_top_attention(
+        queries.shape().dims(),
+        keys.shape().dims(),
+        values.shape().dims(),
+        clusters.assignments.shape().dims(),
+        clusters.topk.shape().dims(),
+        clusters.mass.shape().dims(),
+        clusters.rest.shape().dims(),
+    );
 }
 
 /// Panics unless `1 ≤ k ≤ len`.

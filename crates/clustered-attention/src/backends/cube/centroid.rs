@@ -22,9 +22,7 @@
 //! as the default body's `-inf` makes them, so a row with fewer valid keys than `topk` gets
 //! them last, lower indices first, at weight 0.
 
-use burn::tensor::{
-    DType, Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata,
-};
+use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -32,7 +30,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::linear;
+use super::{MAX_DIM, SHARED_FLOATS, linear};
 use crate::ops::CentroidAttention;
 use crate::ops::checks::check_centroid_attention;
 
@@ -531,14 +529,8 @@ fn centroid_finish_kernel<F: Float>(
     output[id] = F::cast_from(sum / stats[row * 3 + 1]);
 }
 
-/// Most features `E` or `D` the kernels keep in registers per row.
-const MAX_DIM: usize = 128;
-
 /// Most `topk` the kernels keep sorted in registers per row.
 pub(super) const MAX_TOPK: usize = 64;
-
-/// `f32`s of shared memory a cube may use: 16 KiB, WebGPU's guaranteed minimum.
-const SHARED_FLOATS: usize = 4096;
 
 /// Most units per row of the merge.
 const MERGE_UNITS: usize = 32;
@@ -596,16 +588,8 @@ where
     let float_dtype = centroids.dtype;
     let int_dtype = I::dtype();
     let dtypes = [float_dtype.into(), int_dtype.into()];
-    let key_lengths = match key_lengths {
-        Some(lengths) => into_contiguous(lengths),
-        None => into_contiguous(
-            BurnTensor::<CubeBackend<R, F, I, BT>, 1, IntKind>::from_data(
-                TensorData::new(vec![keys_len as i64; batch], [batch]),
-                (&device, int_dtype),
-            )
-            .into_primitive(),
-        ),
-    };
+    let key_lengths =
+        super::key_lengths_or_all::<R, F, I, BT>(key_lengths, batch, keys_len, &device, int_dtype);
     let (centroids, keys, values) = (
         into_contiguous(centroids),
         into_contiguous(keys),

@@ -15,8 +15,9 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
 use crate::ClusteredAttentionBackend;
-use crate::ops::checks::check_query_clusters;
-use crate::ops::checks::{check_centroid_attention, check_planes, check_top_attention, check_topk};
+use crate::ops::checks::{
+    check_centroid_attention, check_cluster_top, check_planes, check_query_clusters, check_topk,
+};
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
     TopAttentionGrads,
@@ -624,7 +625,8 @@ impl<B: FusionBackend + ClusteredAttentionBackend> ClusteredAttentionBackend for
         key_lengths: Option<IntTensor<Self>>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        check_fused_top_attention(&queries, &keys, &values, &clusters);
+        // Checked where the call is made, not when the stream runs it.
+        check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
         let [batch, heads, len, _] = queries.shape().dims();
         let dim_v = values.shape()[3];
         let outputs = vec![(Shape::new([batch, heads, len, dim_v]), queries.dtype)];
@@ -646,7 +648,8 @@ impl<B: FusionBackend + ClusteredAttentionBackend> ClusteredAttentionBackend for
         scale: f64,
         grad: FloatTensor<Self>,
     ) -> TopAttentionGrads<Self> {
-        check_fused_top_attention(&queries, &keys, &values, &clusters);
+        // Checked where the call is made, not when the stream runs it.
+        check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
         let outputs = vec![
             like(&queries),
             like(&keys),
@@ -732,24 +735,6 @@ impl<B: FusionBackend + ClusteredAttentionBackend> ClusteredAttentionBackend for
         };
         (output, forward)
     }
-}
-
-/// Checks a top-k attention call's shapes where it is made, not when the stream runs it.
-fn check_fused_top_attention<R: FusionRuntime>(
-    queries: &FusionTensor<R>,
-    keys: &FusionTensor<R>,
-    values: &FusionTensor<R>,
-    clusters: &ClusterTop<Fusion<impl FusionBackend<FusionRuntime = R>>>,
-) {
-    check_top_attention(
-        queries.shape().dims(),
-        keys.shape().dims(),
-        values.shape().dims(),
-        clusters.assignments.shape().dims(),
-        clusters.topk.shape().dims(),
-        clusters.mass.shape().dims(),
-        clusters.rest.shape().dims(),
-    );
 }
 
 /// The inputs of a top-k attention op, in [`Attention::Top`]'s order.

@@ -37,10 +37,13 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use burn::tensor::{Tensor as BurnTensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{
+    DType, Int as IntKind, Tensor as BurnTensor, TensorData, TensorMetadata, TensorPrimitive,
+};
+use burn_cubecl::kernel::into_contiguous;
 
 use crate::ClusteredAttentionBackend;
-use crate::ops::checks::{check_query_clusters, check_top_attention};
+use crate::ops::checks::{check_cluster_top, check_query_clusters};
 use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, reference};
 
 impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
@@ -94,15 +97,7 @@ where
         key_lengths: Option<IntTensor<Self>>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        check_top_attention(
-            queries.shape().dims(),
-            keys.shape().dims(),
-            values.shape().dims(),
-            clusters.assignments.shape().dims(),
-            clusters.topk.shape().dims(),
-            clusters.mass.shape().dims(),
-            clusters.rest.shape().dims(),
-        );
+        check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
         let [_, _, num_clusters, k] = clusters.topk.shape().dims();
         let (dim, dim_v) = (queries.shape()[3], values.shape()[3]);
         if !top::supported(dim, dim_v, k, num_clusters) {
@@ -153,8 +148,17 @@ where
                 scale,
             );
         }
-        // One sort of the queries by cluster serves the cluster means and the top-k attention.
+        // One sort of the queries by cluster serves the cluster means and the top-k attention,
+        // and one lengths tensor both attentions.
         let sorted = top::Sorted::new(clusters.assignments.clone(), num_clusters);
+        let [batch, _, keys_len, _] = keys.shape().dims();
+        let key_lengths = Some(key_lengths_or_all::<R, F, I, BT>(
+            key_lengths,
+            batch,
+            keys_len,
+            &keys.device,
+            I::dtype(),
+        ));
         let centroids =
             top::cluster_means(queries.clone(), clusters.inverse_counts, &sorted, scale);
         let attention = Self::centroid_attention(
@@ -239,6 +243,34 @@ pub(super) fn linear<R: CubeRuntime>(tensor: CubeTensor<R>) -> TensorArg<R> {
         tensor.meta.strides(),
     );
     tensor.into_tensor_arg()
+}
+
+/// `f32`s of shared memory a cube of the attention kernels may use: 16 KiB, WebGPU's
+/// guaranteed minimum.
+const SHARED_FLOATS: usize = 4096;
+
+/// Most features `E` or `D` the attention kernels keep in registers per row.
+const MAX_DIM: usize = 128;
+
+/// `key_lengths` as a contiguous `[batch]` tensor of dtype `int_dtype`: the one given, or
+/// every key valid (`keys_len`) when `None`.
+fn key_lengths_or_all<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    key_lengths: Option<CubeTensor<R>>,
+    batch: usize,
+    keys_len: usize,
+    device: &R::Device,
+    int_dtype: DType,
+) -> CubeTensor<R> {
+    match key_lengths {
+        Some(lengths) => into_contiguous(lengths),
+        None => into_contiguous(
+            BurnTensor::<CubeBackend<R, F, I, BT>, 1, IntKind>::from_data(
+                TensorData::new(vec![keys_len as i64; batch], [batch]),
+                (device, int_dtype),
+            )
+            .into_primitive(),
+        ),
+    }
 }
 
 /// Most cubes a grid dimension may hold on every runtime (WebGPU's limit).

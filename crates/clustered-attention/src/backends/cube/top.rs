@@ -11,7 +11,7 @@
 //!
 //! Sums accumulate in `f32`; every tensor is contiguous; `bh` is the flattened `(batch, head)`.
 
-use burn::tensor::{Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata};
+use burn::tensor::{Shape, Tensor as BurnTensor, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -19,8 +19,8 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::linear;
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
+use super::{MAX_DIM, SHARED_FLOATS, linear};
 
 /// One cube per (cluster, `bh`): grid X (folded into Y) over clusters, Z over `bh`.
 ///
@@ -174,10 +174,6 @@ fn cluster_means_kernel<F: Float>(
     }
 }
 
-/// Most `k · (E + D)` the top-k kernel holds in shared memory (16 KiB of `f32`, WebGPU's
-/// guaranteed minimum).
-const SHARED_FLOATS: usize = 4096;
-
 /// Units per cube of the two kernels.
 const UNITS: u32 = 64;
 
@@ -186,8 +182,8 @@ const UNITS: u32 = 64;
 pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> bool {
     dim > 0
         && dim_v > 0
-        && dim <= 128
-        && dim_v <= 128
+        && dim <= MAX_DIM
+        && dim_v <= MAX_DIM
         && k > 0
         && k * (dim + dim_v) <= SHARED_FLOATS
         && clusters <= SORT_CLUSTERS
@@ -268,16 +264,8 @@ where
     let [_, _, keys_len, dim_v] = values.shape().dims();
     let [_, _, clusters, k] = topk.shape().dims();
     let (device, float_dtype, int_dtype) = (queries.device.clone(), queries.dtype, topk.dtype);
-    let key_lengths = match key_lengths {
-        Some(lengths) => into_contiguous(lengths),
-        None => into_contiguous(
-            BurnTensor::<CubeBackend<R, F, I, BT>, 1, IntKind>::from_data(
-                TensorData::new(vec![keys_len as i64; batch], [batch]),
-                (&device, int_dtype),
-            )
-            .into_primitive(),
-        ),
-    };
+    let key_lengths =
+        super::key_lengths_or_all::<R, F, I, BT>(key_lengths, batch, keys_len, &device, int_dtype);
     // Padded queries' rows stay zero; Burn's `zeros` may pitch its rows, the kernel does not.
     let output = into_contiguous(
         BurnTensor::<CubeBackend<R, F, I, BT>, 4>::zeros(
