@@ -79,17 +79,22 @@ fn top_attention_kernel<F: Float, I: Int>(
         shared_values[i] = f32::cast_from(values[(bh * keys_len + key) * dim_v + i % dim_v]);
         i += threads;
     }
-    // Which of the k keys are valid (not padded), one flag per slot.
-    let mut valid_slot = Array::<bool>::new(k);
-    #[unroll]
-    for r in 0..k {
-        valid_slot[r] = (u32::cast_from(topk[row * k + r]) as usize) < valid;
+    // Which of the k keys are valid (not padded), one flag per slot, in shared memory: a
+    // per-unit array indexed in a loop would sit in scratch memory on some drivers.
+    let mut valid_slot = SharedMemory::<u32>::new(k);
+    let mut i = unit;
+    while i < k {
+        let mut flag = 0u32;
+        if (u32::cast_from(topk[row * k + i]) as usize) < valid {
+            flag = 1u32;
+        }
+        valid_slot[i] = flag;
+        i += threads;
     }
     let cluster_mass = f32::cast_from(mass[row]);
     sync_cube();
 
     let mut query = Array::<f32>::new(dim);
-    let mut scores = Array::<f32>::new(k);
     let mut sums = Array::<f32>::new(dim_v);
     let mut p = first + unit;
     while p < last {
@@ -99,31 +104,29 @@ fn top_attention_kernel<F: Float, I: Int>(
         for e in 0..dim {
             query[e] = f32::cast_from(queries[query_base + e]) * scale;
         }
-        let mut maximum = f32::min_value();
-        for r in 0..k {
-            let mut score = 0.0f32;
-            #[unroll]
-            for e in 0..dim {
-                score += query[e] * shared_keys[r * dim + e];
-            }
-            scores[r] = score;
-            if valid_slot[r] {
-                maximum = max(maximum, score);
-            }
-        }
         #[unroll]
         for d in 0..dim_v {
             sums[d] = 0.0f32;
         }
+        // An online softmax over the k keys: the sums are rescaled when the maximum grows.
+        let mut maximum = f32::min_value();
         let mut total = 0.0f32;
         for r in 0..k {
-            if valid_slot[r] {
-                let weight = (scores[r] - maximum).exp();
-                total += weight;
+            if valid_slot[r] != 0 {
+                let mut score = 0.0f32;
+                #[unroll]
+                for e in 0..dim {
+                    score += query[e] * shared_keys[r * dim + e];
+                }
+                let grown = max(maximum, score);
+                let factor = (maximum - grown).exp();
+                let weight = (score - grown).exp();
+                total = total * factor + weight;
                 #[unroll]
                 for d in 0..dim_v {
-                    sums[d] += weight * shared_values[r * dim_v + d];
+                    sums[d] = sums[d] * factor + weight * shared_values[r * dim_v + d];
                 }
+                maximum = grown;
             }
         }
         let factor = cluster_mass / total;
