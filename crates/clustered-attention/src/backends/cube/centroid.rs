@@ -62,91 +62,45 @@ fn ranks_after(score: f32, key: u32, other: f32, other_key: u32) -> bool {
     score < other || (score == other && key > other_key)
 }
 
-/// Swaps entries `i` and `j` of the heap.
+/// Inserts `(score, key)` into the sorted list `best[..topk]` (best first, empty slots at
+/// score `f32::MIN` and key [`EMPTY`], which rank after everything) when it ranks before the
+/// last entry; the caller checks that it does. Every index is known at expansion (the loop is
+/// unrolled), so the list stays in registers: an array indexed at run time sits in scratch
+/// memory, which is slow on GPUs and very slow on CPU drivers such as lavapipe.
 #[cube]
-fn swap_entries(best: &mut Array<f32>, best_keys: &mut Array<u32>, i: usize, j: usize) {
-    let (score, key) = (best[i], best_keys[i]);
-    best[i] = best[j];
-    best_keys[i] = best_keys[j];
-    best[j] = score;
-    best_keys[j] = key;
-}
-
-/// Restores the heap order below entry `start` of a heap of `len` entries whose root is the
-/// entry that ranks last.
-#[cube]
-fn sift_down(best: &mut Array<f32>, best_keys: &mut Array<u32>, start: usize, len: usize) {
-    let mut i = start;
-    loop {
-        let left = 2 * i + 1;
-        if left >= len {
-            break;
-        }
-        let mut worst = left;
-        if left + 1 < len
-            && ranks_after(
-                best[left + 1],
-                best_keys[left + 1],
-                best[left],
-                best_keys[left],
-            )
-        {
-            worst = left + 1;
-        }
-        if ranks_after(best[worst], best_keys[worst], best[i], best_keys[i]) {
-            swap_entries(best, best_keys, i, worst);
-            i = worst;
-        } else {
-            break;
-        }
-    }
-}
-
-/// Offers `(score, key)` to the best `topk` seen so far, kept in `best[..filled]` as a heap whose
-/// root ranks last: `O(log topk)` steps per admitted entry, and one comparison with the root for
-/// the rest. Returns the new fill. An entry that ties the root with a higher key is not
-/// admitted, so equal scores keep the lower keys when keys arrive in increasing order.
-#[cube]
-fn offer_top(
+fn insert_sorted(
     best: &mut Array<f32>,
     best_keys: &mut Array<u32>,
-    filled: usize,
     score: f32,
     key: u32,
     #[comptime] topk: usize,
-) -> usize {
-    let mut fill = filled;
-    if filled < topk {
-        let mut i = filled;
-        best[i] = score;
-        best_keys[i] = key;
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            if ranks_after(best[i], best_keys[i], best[parent], best_keys[parent]) {
-                swap_entries(best, best_keys, i, parent);
-                i = parent;
-            } else {
-                i = 0;
-            }
+) {
+    // From the last slot down: slot `j` takes slot `j − 1`'s entry when the new one ranks
+    // before that, or the new entry when it ranks before slot `j`'s only.
+    #[unroll]
+    for i in 0..comptime!(topk - 1) {
+        let j = topk - 1 - i;
+        if ranks_after(best[j - 1], best_keys[j - 1], score, key) {
+            best[j] = best[j - 1];
+            best_keys[j] = best_keys[j - 1];
+        } else if ranks_after(best[j], best_keys[j], score, key) {
+            best[j] = score;
+            best_keys[j] = key;
         }
-        fill += 1;
-    } else if ranks_after(best[0], best_keys[0], score, key) {
-        best[0] = score;
-        best_keys[0] = key;
-        sift_down(best, best_keys, 0, topk);
     }
-    fill
+    if ranks_after(best[0usize], best_keys[0usize], score, key) {
+        best[0usize] = score;
+        best_keys[0usize] = key;
+    }
 }
 
-/// Sorts the heap `best[..filled]` in place, best first (heapsort: the root, which ranks last,
-/// goes to the end each round).
+/// A sorted list of `topk` empty slots for [`insert_sorted`].
 #[cube]
-fn sort_heap(best: &mut Array<f32>, best_keys: &mut Array<u32>, filled: usize) {
-    let mut end = filled;
-    while end > 1 {
-        end -= 1;
-        swap_entries(best, best_keys, 0, end);
-        sift_down(best, best_keys, 0, end);
+fn empty_list(best: &mut Array<f32>, best_keys: &mut Array<u32>, #[comptime] topk: usize) {
+    #[unroll]
+    for r in 0..topk {
+        best[r] = f32::min_value();
+        best_keys[r] = u32::new(EMPTY as i64);
     }
 }
 
@@ -234,7 +188,9 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     let slots = comptime!(if topk > 0 { topk } else { 1 });
     let mut best = Array::<f32>::new(slots);
     let mut best_keys = Array::<u32>::new(slots);
-    let mut filled = 0usize;
+    if topk > 0 {
+        empty_list(&mut best, &mut best_keys, topk);
+    }
     let first = chunk * comptime!(tile * tiles);
     for t in 0..tiles {
         let start = first + t * tile;
@@ -256,8 +212,10 @@ fn centroid_scan_kernel<F: Float, I: Int>(
                         score = f32::min_value();
                     }
                     if topk > 0 {
-                        filled =
-                            offer_top(&mut best, &mut best_keys, filled, score, key as u32, topk);
+                        let last = comptime!(topk - 1);
+                        if ranks_after(best[last], best_keys[last], score, key as u32) {
+                            insert_sorted(&mut best, &mut best_keys, score, key as u32, topk);
+                        }
                     }
                 }
             }
@@ -269,17 +227,10 @@ fn centroid_scan_kernel<F: Float, I: Int>(
         maxima[out] = maximum;
         sums[out] = sum;
         if topk > 0 {
-            sort_heap(&mut best, &mut best_keys, filled);
             #[unroll]
             for r in 0..topk {
-                let mut score = f32::min_value();
-                let mut key = u32::new(EMPTY as i64);
-                if r < filled {
-                    score = best[r];
-                    key = best_keys[r];
-                }
-                top_scores[out * topk + r] = score;
-                top_keys[out * topk + r] = key;
+                top_scores[out * topk + r] = best[r];
+                top_keys[out * topk + r] = best_keys[r];
             }
         }
     }
@@ -287,9 +238,9 @@ fn centroid_scan_kernel<F: Float, I: Int>(
 
 /// Pass 2. One cube per row: the row's maximum and softmax denominator over its chunks and,
 /// with `topk > 0`, its top-k merged from the chunks' sorted lists and their weights. Unit `u`
-/// takes chunks `u, u + units, …` into a heap of its own (a list stops at its first entry
-/// that is not admitted, since the lists are sorted), sorts it, and the units' lists are then
-/// merged pairwise in shared memory in `log2(units)` rounds.
+/// takes chunks `u, u + units, …` into a sorted list of its own (a chunk's list stops at its
+/// first entry that is not admitted, since the lists are sorted), and the units' lists are
+/// then merged pairwise in shared memory in `log2(units)` rounds.
 ///
 /// - `maxima`, `sums`: `[rows, chunks]`; `top_scores`, `top_keys`: `[rows, chunks · topk]`
 /// - `stats`: `[rows, 3]`: maximum, denominator, k-th best score; `kth_keys`: `[rows]`
@@ -337,35 +288,27 @@ fn centroid_merge_kernel<F: Float, I: Int>(
         let mut shared_keys = SharedMemory::<u32>::new(slots);
         let mut best = Array::<f32>::new(topk);
         let mut best_keys = Array::<u32>::new(topk);
-        let mut filled = 0usize;
+        empty_list(&mut best, &mut best_keys, topk);
+        let last = comptime!(topk - 1);
         let mut c = unit;
         while c < chunks {
             let list = (base + c) * topk;
             for r in 0..topk {
                 let key = top_keys[list + r];
                 let score = top_scores[list + r];
-                let mut admitted = key != EMPTY;
-                if admitted && filled == topk {
-                    admitted = ranks_after(best[0usize], best_keys[0usize], score, key);
-                }
-                if !admitted {
+                if key == EMPTY || !ranks_after(best[last], best_keys[last], score, key) {
                     // Sorted: the rest of this list ranks lower still.
                     break;
                 }
-                filled = offer_top(&mut best, &mut best_keys, filled, score, key, topk);
+                insert_sorted(&mut best, &mut best_keys, score, key, topk);
             }
             c += units;
         }
-        sort_heap(&mut best, &mut best_keys, filled);
         let own = unit * topk;
+        #[unroll]
         for r in 0..topk {
-            if r < filled {
-                shared_scores[own + r] = best[r];
-                shared_keys[own + r] = best_keys[r];
-            } else {
-                shared_scores[own + r] = f32::min_value();
-                shared_keys[own + r] = EMPTY;
-            }
+            shared_scores[own + r] = best[r];
+            shared_keys[own + r] = best_keys[r];
         }
         sync_cube();
         // A runtime value (a comptime one would be folded at expansion).
@@ -376,6 +319,7 @@ fn centroid_merge_kernel<F: Float, I: Int>(
                 let mut i = 0usize;
                 let mut j = 0usize;
                 // i + j < topk: neither list runs out.
+                #[unroll]
                 for out in 0..topk {
                     let (a, a_key) = (shared_scores[own + i], shared_keys[own + i]);
                     let (b, b_key) = (shared_scores[other + j], shared_keys[other + j]);
@@ -392,6 +336,7 @@ fn centroid_merge_kernel<F: Float, I: Int>(
                         j += 1;
                     }
                 }
+                #[unroll]
                 for out in 0..topk {
                     shared_scores[own + out] = best[out];
                     shared_keys[own + out] = best_keys[out];
