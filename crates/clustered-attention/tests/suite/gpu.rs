@@ -207,7 +207,7 @@ fn half_precision_matches_reference<F: ClusteredAttentionBackend, U: ClusteredAt
 
 #[cfg(feature = "wgpu")]
 mod wgpu {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
     use burn::backend::{Autodiff, Wgpu};
@@ -332,6 +332,106 @@ mod wgpu {
         assert!(
             READS.load(Ordering::SeqCst) > after_output,
             "the host sort's read was not counted"
+        );
+    }
+
+    /// Set in the child process of [`improved_forward_allocates_no_scores`].
+    const ALLOCATION_CHILD: &str = "CLUSTERED_ATTENTION_ALLOCATION_GUARD_CHILD";
+
+    /// The improved forward on `Wgpu` (fusion on) allocates no device buffer of `C × S`
+    /// elements or more (no `[C, S]` centroid scores or weights): in a child process of the
+    /// test binary, the device gets one memory pool that refuses any allocation of `C × S`
+    /// `f32`s (less 256 bytes), so such a buffer makes the forward panic. `S ≫ L` and a small
+    /// `E` keep every legitimate buffer (inputs, codes, K-means state, the kernels' per-chunk
+    /// results) well below that. The pool is checked to refuse a `[C, S]` tensor, last. That
+    /// the forward reads nothing back is [`forwards_read_nothing_back`].
+    #[test]
+    fn improved_forward_allocates_no_scores() {
+        use burn::backend::wgpu::graphics::AutoGraphicsApi;
+        use burn::backend::wgpu::{MemoryConfiguration, RuntimeOptions, WgpuDevice, init_setup};
+        use cubecl_runtime::memory_management::{MemoryPoolOptions, PoolType};
+
+        if std::env::var_os(ALLOCATION_CHILD).is_none() {
+            let name = "gpu::wgpu::improved_forward_allocates_no_scores";
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1", "--nocapture"])
+                .env(ALLOCATION_CHILD, "1")
+                .status()
+                .expect("the test binary runs");
+            assert!(
+                status.success(),
+                "the allocation-guard child failed: {status}"
+            );
+            return;
+        }
+        let ([batch, heads, len, keys_len, dim], clusters, topk) = ([1, 2, 1024, 8192, 16], 64, 32);
+        let limit = (clusters * keys_len * size_of::<f32>()) as u64;
+        let device = WgpuDevice::DefaultDevice;
+        init_setup::<AutoGraphicsApi>(
+            &device,
+            RuntimeOptions {
+                memory_config: MemoryConfiguration::Custom {
+                    pool_options: vec![MemoryPoolOptions {
+                        // The pool's size must be a multiple of the device's alignment (at
+                        // most 256 bytes); `limit` is 2 MiB.
+                        pool_type: PoolType::ExclusivePages {
+                            max_alloc_size: limit - 256,
+                        },
+                        dealloc_period: None,
+                    }],
+                },
+                ..Default::default()
+            },
+        );
+
+        // A refused allocation panics in the device's server thread, not in this one: count
+        // the panics of every thread (and keep the expected one at the end out of the output).
+        static PANICS: AtomicUsize = AtomicUsize::new(0);
+        static EXPECTED: AtomicBool = AtomicBool::new(false);
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            if !EXPECTED.load(Ordering::SeqCst) {
+                default_hook(info);
+            }
+        }));
+
+        type B = Wgpu;
+        let queries = normal([batch, heads, len, dim], 1).to_tensor::<B>(&device);
+        let keys = normal([batch, heads, keys_len, dim], 2).to_tensor::<B>(&device);
+        let values = normal([batch, heads, keys_len, dim], 3).to_tensor::<B>(&device);
+        let output = improved_clustered_attention(
+            queries,
+            keys,
+            values,
+            None,
+            None,
+            &ClusteringOptions::new(clusters).with_seed(5),
+            topk,
+            &AttentionOptions::new(),
+        );
+        let _ = B::sync(&device);
+        assert_eq!(output.dims(), [batch, heads, len, dim]);
+        assert_eq!(
+            PANICS.load(Ordering::SeqCst),
+            0,
+            "the improved forward allocated a buffer of C × S = {clusters} × {keys_len} \
+             elements or more"
+        );
+        // The forward did run: its output came back, finite and not all zero.
+        let host = output.into_data().to_vec::<f32>().unwrap();
+        assert!(host.iter().all(|x| x.is_finite()) && host.iter().any(|&x| x != 0.0));
+
+        // Last (a refused allocation may leave the device unusable): the pool refuses `[C, S]`.
+        EXPECTED.store(true, Ordering::SeqCst);
+        let _ = std::panic::catch_unwind(|| {
+            let scores = Tensor::<B, 2>::zeros([clusters, keys_len], &device) + 1.0;
+            let _ = B::sync(&device);
+            drop(scores);
+        });
+        assert!(
+            PANICS.load(Ordering::SeqCst) > 0,
+            "the pool took a [C, S] = [{clusters}, {keys_len}] tensor past its {limit}-byte limit"
         );
     }
 
