@@ -3,9 +3,10 @@
 //! ([`sort_by_cluster`]).
 //!
 //! - `top_attention`: one cube per (cluster, `bh`) loads the cluster's top-k keys and values
-//!   into shared memory once, then each unit takes member queries in turn: the `k` scores, their
-//!   softmax (padded keys left out), `m̂ · Σ p_r v_r + rest`, all in registers, written
-//!   straight to the query's output row. Padded queries (cluster `-1`) get zeros.
+//!   into shared memory once, then each unit takes member queries in turn: the `k` scores and
+//!   an online softmax over them (padded keys left out), `m̂ · Σ p_r v_r + rest`, all in
+//!   registers, written straight to the query's output row. Padded queries (cluster `-1`) get
+//!   zeros.
 //! - `cluster_means`: one cube per (cluster, `bh`), one unit per feature, summing the members'
 //!   queries in sorted order, times the inverse count and the softmax scale.
 //!
