@@ -2,6 +2,7 @@
 //! host references in f64, and dropout's expectation for every attention.
 
 use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::{
@@ -537,19 +538,32 @@ gpu_baseline_tests!(
     ignore = "needs an NVIDIA GPU: run with --ignored"
 );
 
-/// Dropout keeps every attention's output in expectation: the mean of 600 draws (p = 0.3) is
-/// within 5 standard errors (+1e-4) of the output without dropout, element by element. Members
-/// of a cluster share clustered attention's mask, so their outputs stay equal.
+/// Dropout on every attention's weights, checked on the weights themselves: with the identity
+/// as values (`D = S`), an output row is the row's attention weights. After dropout (p = 0.3)
+/// every weight is either 0 or its value without dropout times `1 / (1 − p)` (within 1e-5 of
+/// it, relative), the fraction of zeroed weights is within 5 standard errors of `p`, and the
+/// members of a cluster share clustered attention's mask (their rows are equal, zeros
+/// included). The fraction counts each weight that is not 0 without dropout, in one row per
+/// cluster for clustered and improved attention, whose members share the cluster's mask. Seeded; lsh-X with one round,
+/// where a weight is not a sum over rounds.
 #[test]
-fn dropout_is_unbiased() {
+fn dropout_zeroes_and_scales_the_weights() {
     type B = Autodiff<NdArrayBackend>;
+    let (prob, draws) = (0.3, 20);
     let case = SharedCase::new(24, 4, 2, 31);
-    let (q, v, ql, kl) = case.tensors::<B>();
+    let (q, _, ql, kl) = case.tensors::<B>();
+    let [batch, heads, len, _] = q.dims();
+    let device = q.device();
+    B::seed(&device, 7);
+    let identity = Tensor::<B, 2>::eye(len, &device)
+        .reshape([1, 1, len, len])
+        .expand([batch, heads, len, len]);
     let clustering = ClusteringOptions::new(3).with_seed(2);
-    let lsh = LshOptions::new().with_rounds(2).with_chunk_size(6);
+    let assignments = host_ints(cluster_queries(q.clone(), ql.clone(), &clustering).assignments);
+    let lsh = LshOptions::new().with_rounds(1).with_chunk_size(6);
     let run = |name: &str, p: f64| -> Host4 {
         let options = AttentionOptions::new().with_dropout(p);
-        let (q, v) = (q.clone(), v.clone());
+        let (q, v) = (q.clone(), identity.clone());
         let (ql, kl) = (ql.clone(), kl.clone());
         Host4::from_tensor(match name {
             "full" => full_attention(q.clone(), q, v, ql, kl, &options),
@@ -563,7 +577,6 @@ fn dropout_is_unbiased() {
             _ => unreachable!(),
         })
     };
-    let draws = 600;
     for name in [
         "full",
         "clustered",
@@ -573,51 +586,58 @@ fn dropout_is_unbiased() {
         "oracle",
     ] {
         let exact = run(name, 0.0);
-        let mut sum = vec![0.0f64; exact.data.len()];
-        let mut squares = vec![0.0f64; exact.data.len()];
-        let mut first = None;
+        let (mut zeros, mut weights) = (0usize, 0usize);
         for _ in 0..draws {
-            let out = run(name, 0.3);
-            for (i, &x) in out.data.iter().enumerate() {
-                sum[i] += f64::from(x);
-                squares[i] += f64::from(x) * f64::from(x);
-            }
-            first.get_or_insert(out);
-        }
-        for i in 0..sum.len() {
-            let mean = sum[i] / draws as f64;
-            let variance = (squares[i] / draws as f64 - mean * mean).max(0.0);
-            let bound = 5.0 * (variance / draws as f64).sqrt() + 1e-4;
-            let error = (mean - f64::from(exact.data[i])).abs();
-            assert!(
-                error <= bound,
-                "{name}: the mean of {draws} dropout draws is {mean} at element {i}, the output without dropout {} (bound {bound})",
-                exact.data[i]
-            );
-        }
-        if name == "clustered" {
-            let out = first.expect("a draw");
-            let assignments =
-                host_ints(cluster_queries(q.clone(), ql.clone(), &clustering).assignments);
-            let [batch, heads, len, width] = out.dims;
+            let out = run(name, prob);
+            let mut seen_clusters = std::collections::HashSet::new();
             for bh in 0..batch * heads {
+                let (b, h) = (bh / heads, bh % heads);
                 for i in 0..len {
+                    let cluster = assignments[bh * len + i];
+                    // One row per cluster for clustered and improved attention: members share
+                    // the mask of the cluster's weights.
+                    let shared = name == "clustered" || name == "improved";
+                    let counted = !shared || seen_clusters.insert((bh, cluster));
                     for j in 0..len {
-                        let (a, c) = (assignments[bh * len + i], assignments[bh * len + j]);
-                        if a >= 0 && a == c {
-                            let (b, h) = (bh / heads, bh % heads);
-                            for d in 0..width {
-                                assert_eq!(
-                                    out.at(b, h, i, d),
-                                    out.at(b, h, j, d),
-                                    "clustered: queries {i} and {j} of one cluster got different dropout"
-                                );
+                        let (x, w) = (out.at(b, h, i, j), exact.at(b, h, i, j));
+                        let scaled = w / (1.0 - prob);
+                        assert!(
+                            x == 0.0 || (x - scaled).abs() <= 1e-5 * scaled.abs().max(1e-3),
+                            "{name}: weight ({b}, {h}, {i}, {j}) is {x} under dropout, neither 0 nor {w} / (1 − {prob})"
+                        );
+                        if counted && w != 0.0 {
+                            weights += 1;
+                            zeros += usize::from(x == 0.0);
+                        }
+                    }
+                }
+            }
+            if name == "clustered" {
+                for bh in 0..batch * heads {
+                    let (b, h) = (bh / heads, bh % heads);
+                    for i in 0..len {
+                        for k in 0..len {
+                            let (a, c) = (assignments[bh * len + i], assignments[bh * len + k]);
+                            if a >= 0 && a == c {
+                                for j in 0..len {
+                                    assert_eq!(
+                                        out.at(b, h, i, j),
+                                        out.at(b, h, k, j),
+                                        "clustered: queries {i} and {k} of one cluster got different masks"
+                                    );
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        let fraction = zeros as f64 / weights as f64;
+        let bound = 5.0 * (prob * (1.0 - prob) / weights as f64).sqrt();
+        assert!(
+            (fraction - prob).abs() <= bound,
+            "{name}: dropout zeroed {fraction:.4} of {weights} weights, p = {prob} (bound {bound:.4})"
+        );
     }
 }
 
