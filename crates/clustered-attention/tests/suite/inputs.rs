@@ -2,8 +2,8 @@
 
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteringOptions,
-    clustered_attention, full_attention, improved_clustered_attention, lsh_planes,
+    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteringOptions, LshOptions,
+    clustered_attention, full_attention, improved_clustered_attention, lsh_attention, lsh_planes,
 };
 
 use crate::common::{NdArrayBackend as B, lengths};
@@ -154,4 +154,34 @@ fn layer_input_width() {
         ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&Default::default());
     let x = Tensor::<B, 3>::zeros([1, 5, 6], &Default::default());
     layer.forward(ClusteredAttentionInput::self_attn(x));
+}
+
+#[test]
+#[should_panic(expected = "key_lengths[1] = 0: every sequence needs at least one key")]
+fn key_length_zero() {
+    let device = Default::default();
+    clustered_attention(
+        random([2, 1, 8, 4]),
+        random([2, 1, 6, 4]),
+        random([2, 1, 6, 4]),
+        None,
+        Some(lengths::<B>(&[6, 0], &device)),
+        &ClusteringOptions::new(2),
+        &AttentionOptions::new(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "buckets must be even and at least 2, got 3")]
+fn odd_buckets() {
+    let q = random([1, 1, 8, 4]);
+    lsh_attention(
+        q.clone(),
+        q,
+        random([1, 1, 8, 4]),
+        None,
+        None,
+        &LshOptions::new().with_buckets(Some(3)),
+        &AttentionOptions::new(),
+    );
 }
