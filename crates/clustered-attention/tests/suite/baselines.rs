@@ -129,14 +129,20 @@ fn bucket(x: &[f64], rotations: &[f64], half: usize) -> usize {
 /// keys of the own and previous chunk, rounds weighted by the softmax of their log-sum-exps.
 fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
     let [batch, heads, len, dim] = case.q.dims;
-    let buckets = options.buckets_for(len);
+    // Written from the documentation, not the crate's `buckets_for` and `round_seed`: Reformer's
+    // `2 · ⌈L / m⌉` buckets unless given, and round `r` seeded `seed + r · 0x9E3779B97F4A7C15`.
+    let buckets = options
+        .buckets
+        .unwrap_or(2 * len.div_ceil(options.chunk_size));
     let m = options.chunk_size.min(len);
     let rotations: Vec<Vec<f64>> = (0..options.rounds)
         .map(|r| {
             lsh_rotations::<NdArrayBackend>(
                 dim,
                 buckets,
-                options.round_seed(r),
+                options
+                    .seed
+                    .wrapping_add((r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 &Default::default(),
             )
             .into_data()
