@@ -11,10 +11,15 @@ use super::ClusteredAttentionBackend;
 /// the host so that every backend starts from the same ones.
 ///
 /// For each `(batch, head)` with `n = lengths[batch]` valid queries, a
-/// [`Xoshiro256PlusPlus`] generator seeded from `(seed, batch, head)` draws `clusters`
-/// distinct positions in `0..n` (Floyd's algorithm as implemented by
+/// [`Xoshiro256PlusPlus`] generator (`seed_from_u64`) seeded from `(seed, batch, head)` draws
+/// `clusters` distinct positions in `0..n` (Floyd's algorithm as implemented by
 /// [`rand::seq::index::sample`]). When `n ≤ clusters` no k-means runs and the row holds
 /// `0, 1, …, n − 1` followed by zeros.
+///
+/// The generator's seed is SplitMix64's finaliser of
+/// `z = seed ^ batch · 0x9E3779B97F4A7C15 ^ head · 0xC2B2AE3D27D4EB4F` (wrapping products):
+/// `z ← (z ^ z >> 30) · 0xBF58476D1CE4E5B9`, `z ← (z ^ z >> 27) · 0x94D049BB133111EB`,
+/// `z ^ z >> 31`.
 ///
 /// # Shapes
 /// Returns `batch × heads × clusters` positions in row-major order.

@@ -4,8 +4,54 @@ use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::ops::{initial_centroid_positions, reference};
 use clustered_attention::{ClusteredAttentionBackend, hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
 
 use crate::common::*;
+
+/// The initial centroid positions as `initial_centroid_positions` documents them, written here
+/// from its docs (not calling it): per `(batch, head)`, `clusters` distinct positions in
+/// `0..n` drawn by `rand::seq::index::sample` from a `Xoshiro256PlusPlus` seeded with the
+/// SplitMix64 finaliser of `seed ^ batch · 0x9E3779B97F4A7C15 ^ head · 0xC2B2AE3D27D4EB4F`;
+/// `0, 1, …, n − 1` then zeros when `n ≤ clusters`.
+fn initial_positions(lengths: &[usize], heads: usize, clusters: usize, seed: u64) -> Vec<i64> {
+    let mut positions = Vec::new();
+    for (batch, &n) in lengths.iter().enumerate() {
+        for head in 0..heads {
+            if n <= clusters {
+                positions.extend((0..clusters).map(|c| if c < n { c as i64 } else { 0 }));
+                continue;
+            }
+            let mut z = seed
+                ^ (batch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (head as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(z);
+            let picked = rand::seq::index::sample(&mut rng, n, clusters);
+            positions.extend(picked.iter().map(|p| p as i64));
+        }
+    }
+    positions
+}
+
+/// The crate's initial centroid positions follow their documented rule, for short and long
+/// sequences, several heads and seeds.
+#[test]
+fn initial_centroids_follow_the_documented_rule() {
+    for (lengths, heads, clusters, seed) in [
+        (vec![5, 3], 2, 4, 0),
+        (vec![100, 37, 1], 3, 8, 17),
+        (vec![4099], 1, 200, 1000 + 4099),
+    ] {
+        assert_eq!(
+            initial_centroid_positions(&lengths, heads, clusters, seed),
+            initial_positions(&lengths, heads, clusters, seed),
+            "lengths {lengths:?}, {heads} heads, C {clusters}, seed {seed}"
+        );
+    }
+}
 
 /// The K-means definition of `ClusteredAttentionBackend::hamming_kmeans`, with integer loops and
 /// all `iterations` run: returns (assignments, counts) for one sequence's codes, and the first
@@ -157,7 +203,7 @@ fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implem
                 seed,
             );
             let lens = query_lengths.clone().unwrap_or(vec![len; batch]);
-            let initial = initial_centroid_positions(&lens, heads, clusters, seed);
+            let initial = initial_positions(&lens, heads, clusters, seed);
             for b in 0..batch {
                 for h in 0..heads {
                     let row = (b * heads + h) * len;
@@ -204,7 +250,7 @@ fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implem
 /// to cluster 0x0F; ties clearing a bit would pull X to 0x1F.)
 fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let (len, clusters, seed) = (4, 2, 5);
-    let initial = initial_centroid_positions(&[len], 1, clusters, seed);
+    let initial = initial_positions(&[len], 1, clusters, seed);
     let (pa, pb) = (initial[0] as usize, initial[1] as usize);
     let others: Vec<usize> = (0..len).filter(|&p| p != pa && p != pb).collect();
     let (px, pw) = (others[0], others[1]);
@@ -227,7 +273,7 @@ fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation
     // An empty cluster keeps its centroid: with A picked twice (clusters 0 and 1) and B third,
     // cluster 1 never wins a tie and stays empty; X ties three ways and joins cluster 0.
     let (len, clusters) = (5, 3);
-    let initial = initial_centroid_positions(&[len], 1, clusters, seed);
+    let initial = initial_positions(&[len], 1, clusters, seed);
     let mut codes = vec![0u32; len];
     codes[initial[0] as usize] = 0x00;
     codes[initial[1] as usize] = 0x00;
@@ -270,7 +316,7 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
     // A seed whose initial centroids fall one in each group.
     let seed = (0..1000u64)
         .find(|&s| {
-            let initial = initial_centroid_positions(&[len], 1, 4, s);
+            let initial = initial_positions(&[len], 1, 4, s);
             let mut hit: Vec<usize> = initial.iter().map(|&p| group[p as usize]).collect();
             hit.sort();
             hit == [0, 1, 2, 3]
