@@ -701,6 +701,32 @@ fn augmenting_batcher_is_seeded_and_keeps_ctc_feasible() {
     }
 }
 
+/// `phonemize` (espeak-ng, then the fold into the model's inventory) against phones written
+/// by hand for General American English: one word per vowel class and a phrase.
+#[test]
+fn phonemize_gives_hand_written_phones() {
+    for (text, expected) in [
+        ("cat", "k æ t"),
+        ("sheep", "ʃ iː p"),
+        ("two", "t uː"),
+        ("thing", "θ ɪ ŋ"),
+        ("boy", "b ɔɪ"),
+        ("house", "h aʊ s"),
+        ("go", "ɡ oʊ"),
+        ("fish", "f ɪ ʃ"),
+        ("zoo", "z uː"),
+        ("red", "ɹ ɛ d"),
+        ("bird", "b ɜ d"),
+        ("the cat sat on the mat", "ð ə k æ t s æ t ɑ n ð ə m æ t"),
+    ] {
+        assert_eq!(
+            phonemize(text, "en-us").unwrap().join(" "),
+            expected,
+            "{text:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // asr manifest
 
