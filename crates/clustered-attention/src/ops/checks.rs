@@ -2,12 +2,11 @@
 //! argument and the shapes.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorMetadata};
 
 #[cfg(doc)]
 use super::ClusteredAttentionBackend;
-use super::{ClusterTop, MAX_BITS, QueryClusters};
+use super::{MAX_BITS, QueryClusters};
 
 /// Panics unless `1 ≤ bits ≤ 32`.
 pub(crate) fn check_bits(bits: usize) {
@@ -117,11 +116,12 @@ pub(crate) fn check_top_attention(
 ///
 /// # Panics
 /// As [`check_top_attention`].
+#[cfg(feature = "cube")]
 pub(crate) fn check_cluster_top<B: Backend>(
-    queries: &FloatTensor<B>,
-    keys: &FloatTensor<B>,
-    values: &FloatTensor<B>,
-    clusters: &ClusterTop<B>,
+    queries: &burn::tensor::ops::FloatTensor<B>,
+    keys: &burn::tensor::ops::FloatTensor<B>,
+    values: &burn::tensor::ops::FloatTensor<B>,
+    clusters: &super::ClusterTop<B>,
 ) {
     check_top_attention(
         queries.shape().dims(),
