@@ -1045,3 +1045,33 @@ fn manifest_problems_are_reported_with_file_and_line_all_at_once() {
     let written = read_manifest(&report.manifest, &PhoneInventory::standard(), true).unwrap();
     assert_eq!(written[0].entry.text, "good morning");
 }
+
+/// A Kaldi directory whose `text` names an utterance that `wav.scp` does not list: the error
+/// names the `text` line and the missing id; with `skip_bad` the listed utterance is written.
+#[test]
+fn kaldi_text_id_missing_from_wav_scp_is_reported() {
+    let dir = tempdir("import-kaldi-missing");
+    let kaldi = dir.join("kaldi");
+    std::fs::create_dir_all(kaldi.join("wav")).unwrap();
+    synthesize_wav("good morning", &kaldi.join("wav/a.wav"));
+    std::fs::write(kaldi.join("wav.scp"), "a wav/a.wav\n").unwrap();
+    std::fs::write(kaldi.join("text"), "a GOOD MORNING\nb GOOD NIGHT\n").unwrap();
+    let options = |skip_bad| ImportOptions {
+        source: Source::Kaldi(kaldi.clone()),
+        out: dir.join("corpus"),
+        split: "test".into(),
+        accent: "en-us".into(),
+        skip_bad,
+    };
+    let message = import(&options(false)).unwrap_err().to_string();
+    let at = format!("{}:2:", kaldi.join("text").display());
+    let needle = format!("\"b\" has no line in {}", kaldi.join("wav.scp").display());
+    assert!(
+        message
+            .lines()
+            .any(|l| l.starts_with(&at) && l.contains(&needle)),
+        "no `{needle}` at {at} in:\n{message}"
+    );
+    let report = import(&options(true)).unwrap();
+    assert_eq!((report.utterances, report.skipped.len()), (1, 1));
+}
