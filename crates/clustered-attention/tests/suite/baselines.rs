@@ -1,5 +1,5 @@
 //! The paper's baselines (Reformer's lsh-X, shared-full, oracle-top) against straightforward
-//! host references in f64, and dropout's expectation for every attention.
+//! host references in f64, and dropout on every attention's weights.
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
@@ -550,8 +550,8 @@ gpu_baseline_tests!(
 /// it, relative), the fraction of zeroed weights is within 5 standard errors of `p`, and the
 /// members of a cluster share clustered attention's mask (their rows are equal, zeros
 /// included). The fraction counts each weight that is not 0 without dropout, in one row per
-/// cluster for clustered and improved attention, whose members share the cluster's mask. Seeded; lsh-X with one round,
-/// where a weight is not a sum over rounds.
+/// cluster for clustered and improved attention, whose members share the cluster's mask.
+/// Seeded; lsh-X with one round, where a weight is not a sum over rounds.
 #[test]
 fn dropout_zeroes_and_scales_the_weights() {
     type B = Autodiff<NdArrayBackend>;
@@ -592,6 +592,9 @@ fn dropout_zeroes_and_scales_the_weights() {
         "oracle",
     ] {
         let exact = run(name, 0.0);
+        // One row per cluster for clustered and improved attention: members share the mask of
+        // the cluster's weights.
+        let shared = name == "clustered" || name == "improved";
         let (mut zeros, mut weights) = (0usize, 0usize);
         for _ in 0..draws {
             let out = run(name, prob);
@@ -600,9 +603,6 @@ fn dropout_zeroes_and_scales_the_weights() {
                 let (b, h) = (bh / heads, bh % heads);
                 for i in 0..len {
                     let cluster = assignments[bh * len + i];
-                    // One row per cluster for clustered and improved attention: members share
-                    // the mask of the cluster's weights.
-                    let shared = name == "clustered" || name == "improved";
                     let counted = !shared || seen_clusters.insert((bh, cluster));
                     for j in 0..len {
                         let (x, w) = (out.at(b, h, i, j), exact.at(b, h, i, j));

@@ -245,8 +245,27 @@ mod wgpu {
         fn flush(&self) {}
     }
 
-    /// Set in the child process of [`forwards_read_nothing_back`].
-    const CHILD: &str = "CLUSTERED_ATTENTION_READ_GUARD_CHILD";
+    /// Set in the child process that [`in_child_process`] starts.
+    const CHILD: &str = "CLUSTERED_ATTENTION_TEST_CHILD";
+
+    /// Whether this is the child process of the test `name` (a full path in the suite); in the
+    /// parent, runs that test alone in a child process of the test binary (with [`CHILD`] set)
+    /// and asserts that it passed. For tests that change process-wide state.
+    fn in_child_process(name: &str) -> bool {
+        if std::env::var_os(CHILD).is_some() {
+            return true;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--nocapture"])
+            .env(CHILD, "1")
+            .status()
+            .expect("the test binary runs");
+        assert!(
+            status.success(),
+            "the child process of {name} failed: {status}"
+        );
+        false
+    }
 
     /// The forwards of improved clustered attention and of lsh-X on `Wgpu` (fusion on), without
     /// lengths, read nothing back from the device: hashing, K-means, top-k and the sparse products
@@ -255,14 +274,7 @@ mod wgpu {
     /// read.
     #[test]
     fn forwards_read_nothing_back() {
-        if std::env::var_os(CHILD).is_none() {
-            let name = "gpu::wgpu::forwards_read_nothing_back";
-            let status = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", name, "--test-threads=1", "--nocapture"])
-                .env(CHILD, "1")
-                .status()
-                .expect("the test binary runs");
-            assert!(status.success(), "the read-guard child failed: {status}");
+        if !in_child_process("gpu::wgpu::forwards_read_nothing_back") {
             return;
         }
         log::set_logger(&ReadCounter).expect("no other logger");
@@ -335,9 +347,6 @@ mod wgpu {
         );
     }
 
-    /// Set in the child process of [`improved_forward_allocates_no_scores`].
-    const ALLOCATION_CHILD: &str = "CLUSTERED_ATTENTION_ALLOCATION_GUARD_CHILD";
-
     /// The improved forward on `Wgpu` (fusion on) allocates no device buffer of `C × S`
     /// elements or more (no `[C, S]` centroid scores or weights): in a child process of the
     /// test binary, the device gets one memory pool that refuses any allocation of `C × S`
@@ -351,17 +360,7 @@ mod wgpu {
         use burn::backend::wgpu::{MemoryConfiguration, RuntimeOptions, WgpuDevice, init_setup};
         use cubecl_runtime::memory_management::{MemoryPoolOptions, PoolType};
 
-        if std::env::var_os(ALLOCATION_CHILD).is_none() {
-            let name = "gpu::wgpu::improved_forward_allocates_no_scores";
-            let status = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", name, "--test-threads=1", "--nocapture"])
-                .env(ALLOCATION_CHILD, "1")
-                .status()
-                .expect("the test binary runs");
-            assert!(
-                status.success(),
-                "the allocation-guard child failed: {status}"
-            );
+        if !in_child_process("gpu::wgpu::improved_forward_allocates_no_scores") {
             return;
         }
         let ([batch, heads, len, keys_len, dim], clusters, topk) = ([1, 2, 1024, 8192, 16], 64, 32);

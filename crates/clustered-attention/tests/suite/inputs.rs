@@ -97,19 +97,23 @@ fn key_value_lengths_differ() {
     );
 }
 
-#[test]
-#[should_panic(expected = "key_lengths[1] = 7 is outside 0..=6 (the sequence length)")]
-fn key_length_too_long() {
-    let device = Default::default();
+/// Clustered attention of 8 queries over 6 keys with these key lengths (batch 2).
+fn clustered_with_key_lengths(key_lengths: &[usize]) {
     clustered_attention(
         random([2, 1, 8, 4]),
         random([2, 1, 6, 4]),
         random([2, 1, 6, 4]),
         None,
-        Some(lengths::<B>(&[6, 7], &device)),
+        Some(lengths::<B>(key_lengths, &Default::default())),
         &ClusteringOptions::new(2),
         &AttentionOptions::new(),
     );
+}
+
+#[test]
+#[should_panic(expected = "key_lengths[1] = 7 is outside 0..=6 (the sequence length)")]
+fn key_length_too_long() {
+    clustered_with_key_lengths(&[6, 7]);
 }
 
 #[test]
@@ -159,16 +163,7 @@ fn layer_input_width() {
 #[test]
 #[should_panic(expected = "key_lengths[1] = 0: every sequence needs at least one key")]
 fn key_length_zero() {
-    let device = Default::default();
-    clustered_attention(
-        random([2, 1, 8, 4]),
-        random([2, 1, 6, 4]),
-        random([2, 1, 6, 4]),
-        None,
-        Some(lengths::<B>(&[6, 0], &device)),
-        &ClusteringOptions::new(2),
-        &AttentionOptions::new(),
-    );
+    clustered_with_key_lengths(&[6, 0]);
 }
 
 #[test]
