@@ -6,6 +6,30 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
+/// Set in the child processes of the test binary that [`run_child`] starts.
+const CHILD: &str = "CLUSTERED_ATTENTION_TEST_CHILD";
+
+/// Whether this process is a child that [`run_child`] started.
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Runs the test binary again with the test-harness arguments `args` and the environment
+/// variables `envs` added, and asserts that every test it ran passed. For tests that change
+/// process-wide state, or that need a process started with a given environment.
+pub fn run_child(args: &[&str], envs: &[(&str, &str)]) {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .envs(envs.iter().copied())
+        .env(CHILD, "1")
+        .status()
+        .expect("the test binary runs");
+    assert!(
+        status.success(),
+        "the child process {args:?} with {envs:?} failed: {status}"
+    );
+}
+
 pub type NdArrayBackend = burn::backend::NdArray<f32>;
 pub type FlexBackend = burn::backend::Flex;
 

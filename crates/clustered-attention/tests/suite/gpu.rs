@@ -219,7 +219,7 @@ mod wgpu {
         lsh_attention,
     };
 
-    use crate::common::{Host4, normal};
+    use crate::common::{Host4, is_child, normal, run_child};
 
     /// Device-to-host reads seen so far: wgpu-core logs every buffer mapping
     /// (`Buffer::map_async … op: … Read`) at trace level, and every read of a WGPU tensor maps
@@ -245,25 +245,14 @@ mod wgpu {
         fn flush(&self) {}
     }
 
-    /// Set in the child process that [`in_child_process`] starts.
-    const CHILD: &str = "CLUSTERED_ATTENTION_TEST_CHILD";
-
     /// Whether this is the child process of the test `name` (a full path in the suite); in the
-    /// parent, runs that test alone in a child process of the test binary (with [`CHILD`] set)
-    /// and asserts that it passed. For tests that change process-wide state.
+    /// parent, runs that test alone in a child process of the test binary and asserts that it
+    /// passed. For tests that change process-wide state.
     fn in_child_process(name: &str) -> bool {
-        if std::env::var_os(CHILD).is_some() {
+        if is_child() {
             return true;
         }
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--test-threads=1", "--nocapture"])
-            .env(CHILD, "1")
-            .status()
-            .expect("the test binary runs");
-        assert!(
-            status.success(),
-            "the child process of {name} failed: {status}"
-        );
+        run_child(&["--exact", name, "--test-threads=1", "--nocapture"], &[]);
         false
     }
 

@@ -14,6 +14,7 @@
 //! - `inputs.rs`: bad input is rejected with a message naming the argument.
 //! - `kmeans.rs`: hashing and K-means against plain loops.
 //! - `layer.rs`: the multi-head layer against burn-nn's.
+//! - `simd.rs`: the CPU tests again with each vector version of the host ops below the best.
 //! - `sparse.rs`: top-k, softmax and sparse products; the per-backend test modules.
 
 mod common;
@@ -28,4 +29,5 @@ mod half;
 mod inputs;
 mod kmeans;
 mod layer;
+mod simd;
 mod sparse;

@@ -6,6 +6,8 @@ use burn::tensor::{Int, Tensor};
 
 use super::access::{HostAccess, read_ints, write_ints};
 use super::parallel::for_each_row;
+#[cfg(target_arch = "x86_64")]
+use super::simd::{SimdLevel, simd_level};
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::host_lengths;
@@ -264,17 +266,17 @@ fn kmeans_row(
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f")
-            && has!("avx512vl")
+        let level = simd_level();
+        if level == SimdLevel::Avx512
             && has!("avx512bw")
             && has!("avx512vpopcntdq")
-            && has!("avx2")
             && has!("popcnt")
         {
-            // SAFETY: the CPU supports the features the function is compiled for.
+            // SAFETY: the CPU supports the features the function is compiled for (AVX-512 F
+            // and VL and AVX2 come with the level).
             return unsafe { kmeans_row_avx512(codes, n, initial, iterations, assignments) };
         }
-        if has!("avx2") && has!("popcnt") {
+        if level >= SimdLevel::Avx2 && has!("popcnt") {
             // SAFETY: as above.
             return unsafe { kmeans_row_avx2(codes, n, initial, iterations, assignments) };
         }

@@ -7,7 +7,8 @@
 //! - `parallel.rs`: the work split over rayon's global pool.
 //! - `gemm.rs`: matrix products with the `gemm` crate.
 //! - `simd.rs`: the vector loops (dot products, softmax, top-k, gathers and scatters), each
-//!   compiled for AVX-512, AVX2 + FMA and the baseline.
+//!   compiled for AVX-512, AVX2 + FMA and the baseline; [`simd_level`] says which one runs,
+//!   and the environment variable [`SIMD_ENV`] caps it.
 //! - `hash.rs`: [`lsh_hash`]; `kmeans.rs`: [`hamming_kmeans`]; `softmax.rs`:
 //!   [`attention_softmax`]; `topk.rs`: [`topk_indices`].
 //! - `centroid.rs`: [`centroid_attention`] and its backward; `top.rs`: [`top_attention`] and
@@ -48,6 +49,7 @@ pub use centroid::{centroid_attention, centroid_attention_backward};
 pub use hash::lsh_hash;
 pub use improved::improved_attention_backward;
 pub use kmeans::hamming_kmeans;
+pub use simd::{SIMD_ENV, SimdLevel, simd_level};
 pub use softmax::attention_softmax;
 pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
 pub use top::{top_attention, top_attention_backward};

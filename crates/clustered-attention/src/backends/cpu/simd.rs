@@ -3,7 +3,8 @@
 //! Each kernel is written once, as plain loops over fixed-width lanes that the compiler turns
 //! into vector instructions, and compiled three times by `multiversion!`: with AVX-512, with
 //! AVX2 and FMA, and for the build's baseline; each call runs the first version the CPU
-//! supports (`is_x86_feature_detected!`, a cached load). With FMA the multiply-adds are fused
+//! supports ([`simd_level`], detected once), or the one the environment variable [`SIMD_ENV`]
+//! caps it at. With FMA the multiply-adds are fused
 //! (`f32::mul_add`), so the last bit of a float result can differ between machines, never
 //! between runs on one machine. Integer results (codes, assignments, top-k sets) are the same
 //! on every version.
@@ -11,6 +12,66 @@
 //! The products work on small blocks, gathered per cluster, four rows at a time against
 //! [`LANES`] columns, so that the partial sums stay in registers (a register-blocked
 //! micro-kernel, as in GotoBLAS).
+
+use std::sync::OnceLock;
+
+/// The vector instructions the host ops run with, from the least to the most capable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// The build's baseline (SSE2 on x86-64; every non-x86 target).
+    Baseline,
+    /// AVX2 with fused multiply-adds (FMA3).
+    Avx2,
+    /// AVX-512 (F and VL) with fused multiply-adds; K-means also needs BW and VPOPCNTDQ for its
+    /// AVX-512 version and otherwise takes the AVX2 one.
+    Avx512,
+}
+
+/// Environment variable that caps the vector instructions of the host ops: `avx512`, `avx2`
+/// or `baseline`. Read once, at the first host op. A cap above what the CPU has changes
+/// nothing. Used to run every compiled version on one machine (the test suite does) and to
+/// compare them.
+pub const SIMD_ENV: &str = "CLUSTERED_ATTENTION_SIMD";
+
+/// The vector instructions the host ops use in this process: the best this CPU has, capped by
+/// [`SIMD_ENV`] when it is set.
+///
+/// # Panics
+/// If [`SIMD_ENV`] is set to anything but `avx512`, `avx2` or `baseline` (any case).
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let detected = detected_level();
+        match std::env::var(SIMD_ENV) {
+            Err(std::env::VarError::NotPresent) => detected,
+            Ok(cap) => {
+                let cap = match cap.to_ascii_lowercase().as_str() {
+                    "avx512" => SimdLevel::Avx512,
+                    "avx2" => SimdLevel::Avx2,
+                    "baseline" => SimdLevel::Baseline,
+                    _ => panic!("{SIMD_ENV} must be avx512, avx2 or baseline, got {cap:?}"),
+                };
+                detected.min(cap)
+            }
+            Err(error) => panic!("{SIMD_ENV} must be avx512, avx2 or baseline: {error}"),
+        }
+    })
+}
+
+/// The best [`SimdLevel`] this CPU supports.
+fn detected_level() -> SimdLevel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") {
+            return SimdLevel::Avx512;
+        }
+        if has!("avx2") && has!("fma") {
+            return SimdLevel::Avx2;
+        }
+    }
+    SimdLevel::Baseline
+}
 
 /// Width of the column blocks: one AVX-512 register, two AVX2 registers of `f32`.
 pub(crate) const LANES: usize = 16;
@@ -57,18 +118,13 @@ macro_rules! multiversion {
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body::<true, false>($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU supports the features the function is compiled for.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                match simd_level() {
+                    // SAFETY: `simd_level` is never above what the CPU supports, so the CPU
+                    // has the features the function is compiled for.
+                    SimdLevel::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
+                    SimdLevel::Avx2 => return unsafe { avx2($($arg),*) },
+                    SimdLevel::Baseline => {}
                 }
             }
             body::<false, false>($($arg),*)
