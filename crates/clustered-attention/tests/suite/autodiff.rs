@@ -188,8 +188,9 @@ fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<F64Backend, 4> {
     )
 }
 
-/// In the approximate regime the gradients equal central finite differences (f64, step 1e-6,
-/// tolerance 1e-6 times the largest gradient): the clusters, top-k sets and LSH buckets are
+/// The gradients equal central finite differences (f64, step 1e-6, tolerance 1e-6 times the
+/// largest gradient): full attention's (the reference of the exact-regime test above) and, in
+/// the approximate regime, the others': the clusters, top-k sets and LSH buckets are
 /// piecewise constant, and a step this small does not move them. Shared-QK attentions (lsh-X,
 /// shared-full) are checked on self-attention inputs, keys distinct from queries.
 #[test]
@@ -200,7 +201,12 @@ fn gradients_match_finite_differences() {
         normal([1, 2, 15, 3], 43),
     ];
     check_finite_differences(
-        &[Kind::Clustered(3), Kind::Improved(3, 4), Kind::OracleTop(4)],
+        &[
+            Kind::Full,
+            Kind::Clustered(3),
+            Kind::Improved(3, 4),
+            Kind::OracleTop(4),
+        ],
         cross,
         ([18], [13]),
     );

@@ -10,6 +10,7 @@ use clustered_attention::{
     clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
     oracle_top_attention, shared_full_attention,
 };
+use rand_distr::{Distribution, StandardNormal};
 
 use crate::common::*;
 
@@ -129,26 +130,25 @@ fn bucket(x: &[f64], rotations: &[f64], half: usize) -> usize {
 /// keys of the own and previous chunk, rounds weighted by the softmax of their log-sum-exps.
 fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
     let [batch, heads, len, dim] = case.q.dims;
-    // Written from the documentation, not the crate's `buckets_for` and `round_seed`: Reformer's
-    // `2 · ⌈L / m⌉` buckets unless given, and round `r` seeded `seed + r · 0x9E3779B97F4A7C15`.
+    // Written from the documentation, not the crate's `buckets_for`, `round_seed` and
+    // `lsh_rotations`: Reformer's `2 · ⌈L / m⌉` buckets unless given, and round `r`'s rotations
+    // `[E, buckets / 2]` (row-major), standard normal `f32` draws of a `Xoshiro256PlusPlus`
+    // seeded `seed + r · 0x9E3779B97F4A7C15`.
     let buckets = options
         .buckets
         .unwrap_or(2 * len.div_ceil(options.chunk_size));
     let m = options.chunk_size.min(len);
     let rotations: Vec<Vec<f64>> = (0..options.rounds)
         .map(|r| {
-            lsh_rotations::<NdArrayBackend>(
-                dim,
-                buckets,
-                options
-                    .seed
-                    .wrapping_add((r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                &Default::default(),
-            )
-            .into_data()
-            .iter::<f32>()
-            .map(f64::from)
-            .collect()
+            let mut rng = rng(options
+                .seed
+                .wrapping_add((r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            (0..dim * buckets / 2)
+                .map(|_| {
+                    let x: f32 = StandardNormal.sample(&mut rng);
+                    f64::from(x)
+                })
+                .collect()
         })
         .collect();
     let mut rows = Vec::new();
@@ -338,30 +338,40 @@ pub fn lone_query_attends_to_itself<B: ClusteredAttentionBackend>() {
 }
 
 /// In shared-QK attention a position past its key length is padding even when its query
-/// length covers it: its row is zero, and the other rows are those of equal lengths.
+/// length covers it: with every query length the whole sequence, lsh-X and shared-full give
+/// their references' rows at the key lengths and zero rows past them.
 pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
     let case = SharedCase::new(30, 8, 3, 14);
     let device = Default::default();
     let options = LshOptions::new().with_chunk_size(4).with_rounds(2);
-    let run = |query_lengths: &[usize], shared: bool| {
+    for shared in [false, true] {
         let (q, v) = (
             case.q.to_tensor::<B>(&device),
             case.v.to_tensor::<B>(&device),
         );
         let (ql, kl) = (
-            Some(lengths::<B>(query_lengths, &device)),
+            Some(lengths::<B>(&[30, 30, 30], &device)),
             Some(lengths::<B>(&case.lengths, &device)),
         );
         let attention = AttentionOptions::new();
-        Host4::from_tensor(if shared {
-            shared_full_attention(q.clone(), q, v, ql, kl, &attention)
+        let (out, reference) = if shared {
+            (
+                shared_full_attention(q.clone(), q, v, ql, kl, &attention),
+                shared_full_reference(&case),
+            )
         } else {
-            lsh_attention(q.clone(), q, v, ql, kl, &options, &attention)
-        })
-    };
-    for shared in [false, true] {
-        let (longer, equal) = (run(&[30, 30, 30], shared), run(&case.lengths, shared));
-        assert_eq!(longer.data, equal.data, "shared-full: {shared}");
+            (
+                lsh_attention(q.clone(), q, v, ql, kl, &options, &attention),
+                lsh_reference(&case, &options),
+            )
+        };
+        let diff = max_abs_diff(&Host4::from_tensor(out), &reference);
+        assert!(
+            diff <= tolerance,
+            "shared-full: {shared}: query lengths 30 against key lengths {:?} differ from the reference by {diff}",
+            case.lengths
+        );
     }
 }
 

@@ -681,7 +681,7 @@ pub fn improved_attention_gradients_match_reference<B: ClusteredAttentionBackend
 /// and on four, where the host loops split each of the two heads' clusters between tasks (their
 /// key and value gradients are added in cluster order either way): clusters of several hundred
 /// queries, one of them empty, padded keys and queries, keys in the top-k of several clusters.
-pub fn top_attention_backward_split_is_exact<B: ClusteredAttentionBackend>() {
+pub fn top_attention_backward_is_deterministic_across_threads<B: ClusteredAttentionBackend>() {
     // Few keys, so that most are in the top-k of several clusters, and of both halves.
     let len = 2500;
     let mut input = TopBackwardInputs::new((1, 2, len, 24, 16, 12, 6, 9, &[20]), 141);

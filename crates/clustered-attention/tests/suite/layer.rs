@@ -6,7 +6,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
 
-use crate::common::NdArrayBackend as B;
+use crate::common::{Host4, NdArrayBackend as B, dot, softmax};
 
 fn max_abs(a: Tensor<B, 3>, b: Tensor<B, 3>) -> f32 {
     (a - b).abs().max().into_scalar()
@@ -83,8 +83,10 @@ fn burn_nn_record_round_trip() {
     assert!(diff <= 1e-5, "round trip: {diff}");
 }
 
-/// Swapping the kind keeps the weights: improved attention with topk ≥ S and clustered
-/// attention with clusters ≥ L reproduce the full layer; a small C changes the output.
+/// Swapping the kind keeps the weights: the full kind, improved attention with topk ≥ S and
+/// clustered attention with clusters ≥ L reproduce burn-nn's multi-head attention loaded with
+/// the layer's weights (keys past each length masked; padded queries give the output bias); a
+/// small C changes the output.
 #[test]
 fn swap_attention_kind_keeps_weights() {
     let device = Default::default();
@@ -100,8 +102,23 @@ fn swap_attention_kind_keeps_weights() {
             .with_attention(kind)
             .forward(ClusteredAttentionInput::self_attn(x.clone()).key_lengths(lengths.clone()))
     };
-    let full = forward(AttentionKind::Full);
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
+    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
+    let mha = MultiHeadAttentionConfig::new(16, 2)
+        .init::<B>(&device)
+        .load_record(recorder.load(bytes, &device).unwrap());
+    let full = mha
+        .forward(MhaInput::self_attn(x.clone()).mask_pad(padding_mask(&[20, 13], len)))
+        .context;
+    // In self-attention the key lengths also mark the padded queries, whose context is zero:
+    // their output rows are the output projection's bias (burn-nn computes them as queries).
+    let bias = layer.output.bias.as_ref().expect("a bias").val();
+    let full = full.slice_assign(
+        [1..2, 13..len, 0..16],
+        bias.reshape([1, 1, 16]).repeat_dim(1, len - 13),
+    );
     for kind in [
+        AttentionKind::Full,
         AttentionKind::Improved {
             clusters: 2,
             topk: len,
@@ -206,12 +223,42 @@ fn shared_qk_kind_needs_shared_layer() {
     let _ = layer.with_attention("lsh:4".parse().unwrap());
 }
 
+/// Softmax attention of every query over every key, in `f64` on the host, scores scaled by
+/// `1/√E`; with `shared`, each query's own key scores −10⁴ (Reformer's shared-QK rule).
+fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool) -> Tensor<B, 4> {
+    let [batch, heads, len, dim] = q.dims;
+    let scale = 1.0 / (dim as f64).sqrt();
+    let mut out = Vec::new();
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                let scores: Vec<f64> = (0..len)
+                    .map(|j| {
+                        if shared && i == j {
+                            -1e4
+                        } else {
+                            scale * dot(&q.row(b, h, i), &k.row(b, h, j))
+                        }
+                    })
+                    .collect();
+                let weights = softmax(&scores);
+                for d in 0..v.dims[3] {
+                    out.push((0..len).map(|j| weights[j] * v.at(b, h, j, d)).sum::<f64>() as f32);
+                }
+            }
+        }
+    }
+    Tensor::from_data(
+        TensorData::new(out, [batch, heads, len, v.dims[3]]),
+        &Default::default(),
+    )
+}
+
 /// A shared-QK layer computes its keys with the query projection, normalised, whatever kind
-/// it switches to: its full attention equals the functional full attention on those keys, and
-/// its shared-full the functional shared-full.
+/// it switches to: its full attention and its shared-full equal softmax attention in `f64`
+/// on those keys, the latter with each query's own key masked.
 #[test]
 fn shared_qk_layer_uses_query_projection() {
-    use clustered_attention::{AttentionOptions, full_attention, shared_full_attention};
     let device = Default::default();
     let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::SharedFull)
         .with_dropout(0.0)
@@ -234,22 +281,17 @@ fn shared_qk_layer_uses_query_projection() {
             .output
             .forward(context.swap_dims(1, 2).reshape([2, 9, 16]))
     };
-    let options = AttentionOptions::new();
-    let expected_shared = merge(shared_full_attention(
-        queries.clone(),
-        keys.clone(),
-        values.clone(),
-        None,
-        None,
-        &options,
-    ));
-    let expected_full = merge(full_attention(queries, keys, values, None, None, &options));
+    let [q, k, v] = [queries, keys, values].map(Host4::from_tensor);
+    let expected_shared = merge(attention_f64(&q, &k, &v, true));
+    let expected_full = merge(attention_f64(&q, &k, &v, false));
     let shared = layer
         .clone()
         .forward(ClusteredAttentionInput::self_attn(x.clone()));
     let full = layer
         .with_attention(AttentionKind::Full)
         .forward(ClusteredAttentionInput::self_attn(x));
-    assert!(max_abs(shared, expected_shared) <= 1e-5);
-    assert!(max_abs(full, expected_full) <= 1e-5);
+    let diff = max_abs(shared, expected_shared);
+    assert!(diff <= 1e-5, "shared-full: {diff}");
+    let diff = max_abs(full, expected_full);
+    assert!(diff <= 1e-5, "full: {diff}");
 }
