@@ -14,7 +14,18 @@ phase() {
     "$@"
     phases+=("$(printf '%-24s %5d s' "$name" $((SECONDS - start)))")
 }
-trap 'printf "phase times:\n"; printf "  %s\n" "${phases[@]}"' EXIT
+# The tests' output, kept for the list of skipped tests at the end.
+log=$(mktemp)
+summary() {
+    printf "phase times:\n"
+    printf "  %s\n" "${phases[@]}"
+    if grep -q '^skipped: ' "$log"; then
+        printf "skipped tests:\n"
+        grep '^skipped: ' "$log" | sed 's/^/  /'
+    fi
+    rm -f "$log"
+}
+trap summary EXIT
 
 install_packages() {
     local packages missing=()
@@ -47,7 +58,10 @@ export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda)
 phase "build" cargo test "${features[@]}" --no-run
-phase "tests" cargo test "${features[@]}" "$@"
+run_tests() {
+    cargo test "${features[@]}" "$@" 2>&1 | tee "$log"
+}
+phase "tests" run_tests "$@"
 
 # The WGPU kernels' tests once more with tensors allocated as CUDA allocates them, each row
 # padded to a pitch: the layout bugs that only CUDA would show, found without a GPU

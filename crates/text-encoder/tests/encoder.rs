@@ -1,9 +1,10 @@
 //! The encoder against an independent numpy reference on the real all-MiniLM-L6-v2 weights
-//! (skipped, with a message, when `bash scripts/get-minilm.sh` has not run, unless
+//! (skipped, with a `skipped:` line on stderr, when `bash scripts/get-minilm.sh` has not run, unless
 //! `TEXT_ENCODER_REQUIRE_MINILM=1`, as `scripts/test.sh` sets), the checkpoint loader on random
 //! checkpoints written here, the document joining and the probe.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex, NdArray};
@@ -32,7 +33,10 @@ fn minilm_dir() -> Option<PathBuf> {
             std::env::var("TEXT_ENCODER_REQUIRE_MINILM").as_deref() != Ok("1"),
             "{message}"
         );
-        eprintln!("skipped: {message}");
+        // Straight to the process's stderr, past libtest's capture of passing tests' output,
+        // so that the skip shows in every run (scripts/test.sh lists these lines at its end).
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(std::io::stderr(), "skipped: {test}: {message}");
         None
     }
 }
@@ -62,7 +66,13 @@ fn rows<B: Backend>(tensor: Tensor<B, 2>) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The numpy reference's embeddings, all sentences in one padded batch: max abs ≤ 1e-4.
+/// Largest absolute error allowed in an embedding: 3.4× the largest measured, 1.46e-7 (on the
+/// project's 2-core AMD EPYC, 2026-11-27, with every vector version of the host ops:
+/// AVX-512, AVX2 and the baseline; full and improved attention, NdArray and Flex).
+const TOLERANCE: f64 = 5e-7;
+
+/// The numpy reference's embeddings, all sentences in one padded batch: max abs ≤
+/// [`TOLERANCE`].
 fn check_reference<B: ClusteredAttentionBackend>(attention: AttentionKind) {
     let Some(dir) = minilm_dir() else { return };
     let device = Default::default();
@@ -87,7 +97,7 @@ fn check_reference<B: ClusteredAttentionBackend>(attention: AttentionKind) {
             .map(|(&a, &b)| (a as f64 - b).abs())
             .fold(0.0, f64::max);
         assert!(
-            error <= 1e-4,
+            error <= TOLERANCE,
             "{attention}: max abs error {error:e} on {:?}",
             case.text
         );
