@@ -6,7 +6,8 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
-/// Set in the child processes of the test binary that [`run_child`] starts.
+/// Set in the child processes of the test binary that [`run_child`] starts, to what the
+/// child is for.
 const CHILD: &str = "CLUSTERED_ATTENTION_TEST_CHILD";
 
 /// Whether this process is a child that [`run_child`] started.
@@ -14,20 +15,36 @@ pub fn is_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// Runs the test binary again with the test-harness arguments `args` and the environment
-/// variables `envs` added, and asserts that every test it ran passed. For tests that change
-/// process-wide state, or that need a process started with a given environment.
-pub fn run_child(args: &[&str], envs: &[(&str, &str)]) {
+/// Runs the test binary again, as the child `purpose`, with the test-harness arguments `args`
+/// and the environment variables `envs` added, and asserts that every test it ran passed. For
+/// tests that change process-wide state, or that need a process of their own or one started
+/// with a given environment.
+pub fn run_child(purpose: &str, args: &[&str], envs: &[(&str, &str)]) {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(args)
         .envs(envs.iter().copied())
-        .env(CHILD, "1")
+        .env(CHILD, purpose)
         .status()
         .expect("the test binary runs");
     assert!(
         status.success(),
         "the child process {args:?} with {envs:?} failed: {status}"
     );
+}
+
+/// Whether this is the child process of the test `name` (a full path in the suite); otherwise
+/// runs that test alone in a child process of the test binary, asserts that it passed and
+/// returns false. For tests that change process-wide state, or need it to themselves.
+pub fn in_child_process(name: &str) -> bool {
+    if std::env::var(CHILD).as_deref() == Ok(name) {
+        return true;
+    }
+    run_child(
+        name,
+        &["--exact", name, "--test-threads=1", "--nocapture"],
+        &[],
+    );
+    false
 }
 
 pub type NdArrayBackend = burn::backend::NdArray<f32>;

@@ -219,7 +219,7 @@ mod wgpu {
         lsh_attention,
     };
 
-    use crate::common::{Host4, is_child, normal, run_child};
+    use crate::common::{Host4, in_child_process, normal};
 
     /// Device-to-host reads seen so far: wgpu-core logs every buffer mapping
     /// (`Buffer::map_async … op: … Read`) at trace level, and every read of a WGPU tensor maps
@@ -243,17 +243,6 @@ mod wgpu {
         }
 
         fn flush(&self) {}
-    }
-
-    /// Whether this is the child process of the test `name` (a full path in the suite); in the
-    /// parent, runs that test alone in a child process of the test binary and asserts that it
-    /// passed. For tests that change process-wide state.
-    fn in_child_process(name: &str) -> bool {
-        if is_child() {
-            return true;
-        }
-        run_child(&["--exact", name, "--test-threads=1", "--nocapture"], &[]);
-        false
     }
 
     /// The forwards of improved clustered attention and of lsh-X on `Wgpu` (fusion on), without

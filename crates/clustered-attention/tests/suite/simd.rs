@@ -32,6 +32,7 @@ fn every_vector_version_passes_the_cpu_tests() {
         if level < best {
             eprintln!("the CPU tests with {SIMD_ENV}={name}");
             run_child(
+                "simd",
                 &["--skip", "wgpu", "--skip", "cuda", "--skip", "gpu::", "-q"],
                 &[(SIMD_ENV, name)],
             );
