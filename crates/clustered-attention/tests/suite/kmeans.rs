@@ -350,9 +350,10 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
     }
 }
 
-/// Codes against a plain-loop hash on dyadic inputs (exact in f32 whatever the summation
+/// Codes (of the backend's `lsh_hash` or of the default body) against a plain-loop hash on
+/// dyadic inputs (exact in f32 whatever the summation
 /// order), for every bit count class and with and without the bias column.
-fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>() {
+fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let device = Default::default();
     let (batch, heads, len, dim) = (2, 3, 17, 8);
     let mut rng = rng(8);
@@ -368,10 +369,16 @@ fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>() {
             TensorData::new(queries.clone(), [batch, heads, len, dim]),
             &device,
         );
-        let codes: Vec<u32> = host_ints(lsh_hash(q, planes))
-            .iter()
-            .map(|&c| c as i32 as u32)
-            .collect();
+        let codes = match implementation {
+            Implementation::Backend => lsh_hash(q, planes),
+            Implementation::Reference => {
+                Tensor::<B, 3, Int>::from_primitive(reference::lsh_hash::<B>(
+                    q.into_primitive().tensor(),
+                    planes.into_primitive().tensor(),
+                ))
+            }
+        };
+        let codes: Vec<u32> = host_ints(codes).iter().map(|&c| c as i32 as u32).collect();
         for (n, &code) in codes.iter().enumerate() {
             let mut expected = 0u32;
             for b in 0..bits {
@@ -409,7 +416,7 @@ macro_rules! kmeans_tests {
             }
             #[test]
             fn lsh_hash_matches_reference() {
-                super::lsh_hash_matches_reference::<$backend>();
+                super::lsh_hash_matches_reference::<$backend>($implementation);
             }
         }
     };
