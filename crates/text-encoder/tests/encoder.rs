@@ -1,7 +1,7 @@
 //! The encoder against an independent numpy reference on the real all-MiniLM-L6-v2 weights
-//! (skipped, with a `skipped:` line on stderr, when `bash scripts/get-minilm.sh` has not run, unless
-//! `TEXT_ENCODER_REQUIRE_MINILM=1`, as `scripts/test.sh` sets), the checkpoint loader on random
-//! checkpoints written here, the document joining and the probe.
+//! (skipped, with a `skipped:` line on stderr, when `bash scripts/get-minilm.sh` has not run,
+//! unless `TEXT_ENCODER_REQUIRE_MINILM=1`, as `scripts/test.sh` sets), the checkpoint loader on
+//! random checkpoints written here, the document joining and the probe.
 
 use std::collections::BTreeMap;
 use std::io::Write;

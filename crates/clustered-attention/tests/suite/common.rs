@@ -10,9 +10,9 @@ use rand_distr::{Distribution, StandardNormal};
 /// child is for.
 const CHILD: &str = "CLUSTERED_ATTENTION_TEST_CHILD";
 
-/// Whether this process is a child that [`run_child`] started.
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+/// What this process is for, when it is a child that [`run_child`] started.
+pub fn child_purpose() -> Option<String> {
+    std::env::var(CHILD).ok()
 }
 
 /// Runs the test binary again, as the child `purpose`, with the test-harness arguments `args`
@@ -36,7 +36,7 @@ pub fn run_child(purpose: &str, args: &[&str], envs: &[(&str, &str)]) {
 /// runs that test alone in a child process of the test binary, asserts that it passed and
 /// returns false. For tests that change process-wide state, or need it to themselves.
 pub fn in_child_process(name: &str) -> bool {
-    if std::env::var(CHILD).as_deref() == Ok(name) {
+    if child_purpose().as_deref() == Some(name) {
         return true;
     }
     run_child(

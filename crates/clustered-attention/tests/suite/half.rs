@@ -21,7 +21,7 @@ use clustered_attention::{
 
 use crate::common::*;
 
-/// Relative tolerance of a half-precision output against the `f64` reference, about 2.7× the
+/// Relative tolerance of a half-precision output against the `f64` reference, 2.6–2.8× the
 /// largest error measured on the project's 2-core AMD EPYC (2026-11-27): `f16` 1.76e-3 (Flex;
 /// 1.69e-3 on WGPU, lavapipe), `bf16` 1.16e-2 (Flex; lavapipe has no `bf16`). Their unit
 /// roundoffs are 4.9e-4 and 3.9e-3: the inputs, the products' results and the output are each

@@ -351,8 +351,8 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
 }
 
 /// Codes (of the backend's `lsh_hash` or of the default body) against a plain-loop hash on
-/// dyadic inputs (exact in f32 whatever the summation
-/// order), for every bit count class and with and without the bias column.
+/// dyadic inputs (exact in f32 whatever the summation order), for every bit count class and
+/// with and without the bias column.
 fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>(implementation: Implementation) {
     let device = Default::default();
     let (batch, heads, len, dim) = (2, 3, 17, 8);

@@ -7,7 +7,10 @@
 
 use clustered_attention::backends::cpu::{SIMD_ENV, SimdLevel, simd_level};
 
-use crate::common::{is_child, run_child};
+use crate::common::{child_purpose, run_child};
+
+/// What the children this test starts are for.
+const PURPOSE: &str = "simd";
 
 /// The levels below the best, with their names in [`SIMD_ENV`].
 const LOWER: [(SimdLevel, &str); 2] =
@@ -18,7 +21,7 @@ const LOWER: [(SimdLevel, &str); 2] =
 /// effect, so the tests there ran that level.
 #[test]
 fn every_vector_version_passes_the_cpu_tests() {
-    if is_child() {
+    if child_purpose().as_deref() == Some(PURPOSE) {
         let cap = std::env::var(SIMD_ENV).expect("the parent sets the cap");
         let (level, _) = LOWER
             .iter()
@@ -32,7 +35,7 @@ fn every_vector_version_passes_the_cpu_tests() {
         if level < best {
             eprintln!("the CPU tests with {SIMD_ENV}={name}");
             run_child(
-                "simd",
+                PURPOSE,
                 &["--skip", "wgpu", "--skip", "cuda", "--skip", "gpu::", "-q"],
                 &[(SIMD_ENV, name)],
             );
