@@ -832,6 +832,7 @@ fn transcripts_are_normalized_for_labelling() {
         ),
         ("don't “quote” me", "don't quote me"),
         ("'tis rock 'n' roll", "tis rock n roll"),
+        ("Your D.N.A. and the C.I.A.!", "your d n a and the c i a"),
     ] {
         assert_eq!(normalize_text(text).unwrap(), expected, "{text:?}");
     }

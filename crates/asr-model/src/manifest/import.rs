@@ -243,8 +243,9 @@ fn number_words(n: Num2Words) -> Option<String> {
 /// Normalises a transcript for labelling: lower case; `&`, `%`, `+`, `@` as words; numbers
 /// spelled out (num2words: `25` → "twenty five", `1st` → "first", `3.5` → "three point
 /// five", 1100–1999 and 2010–2099 written without a separator read as years); thousands
-/// separators dropped; punctuation around words removed (apostrophes inside words kept;
-/// hyphens, dashes and slashes become spaces).
+/// separators dropped; abbreviations spelled with dots read letter by letter (`d.n.a.` →
+/// "d n a"); punctuation around words removed (apostrophes inside words kept; hyphens,
+/// dashes and slashes become spaces).
 ///
 /// # Errors
 /// The words that remain unspeakable: tokens with characters that are neither letters nor
@@ -331,6 +332,14 @@ pub fn normalize_text(text: &str) -> Result<String, Vec<String>> {
                 .filter_map(|d| number_words(Num2Words::new(d.to_digit(10)? as i64)))
                 .collect();
             whole.map(|w| format!("{w} point {}", fraction.join(" ")))
+        } else if token.contains('.')
+            && token.split('.').count() >= 2
+            && token
+                .split('.')
+                .all(|part| part.len() == 1 && part.chars().all(|c| c.is_ascii_alphabetic()))
+        {
+            // An abbreviation spelled with dots (`d.n.a`): its letters, read one by one.
+            Some(token.split('.').collect::<Vec<_>>().join(" "))
         } else {
             let chars: Vec<char> = token.chars().collect();
             // Latin letters only: espeak-ng's English voices read other scripts as "Chinese
