@@ -9,6 +9,8 @@
 //!   8-bit quantization, SpecAugment);
 //! - [`manifest::import`](mod@manifest::import): `asr manifest`, a corpus split from one's own
 //!   recordings (LibriSpeech, Kaldi or TSV layout);
+//! - [`games`]: `asr import`, real recorded speech from two freeware games' voice tracks
+//!   (Debian packages `beneath-a-steel-sky`, `flight-of-the-amazon-queen`);
 //! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
 //! - [`train`]: training with burn-train, evaluation, saving and loading;
@@ -22,6 +24,7 @@ pub mod corpus;
 pub mod data;
 pub mod decode;
 pub mod features;
+pub mod games;
 pub mod manifest;
 pub mod model;
 pub mod phones;

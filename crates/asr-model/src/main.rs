@@ -23,6 +23,9 @@ enum Command {
     /// Build a corpus split (JSONL manifest + phones.txt) from recordings and transcripts:
     /// a LibriSpeech tree, a Kaldi data directory or a TSV.
     Manifest(cli::manifest::ManifestArgs),
+    /// Build a corpus (train/dev/test split by speaker) from an installed game's voice track
+    /// and texts: Beneath a Steel Sky or Flight of the Amazon Queen (Debian packages).
+    Import(cli::import::ImportArgs),
     /// Train a model on a corpus; prints the test phone error rate.
     Train(cli::train::TrainArgs),
     /// Evaluate trained models, with their own or another attention (paper Table 1).
@@ -41,6 +44,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Manifest(args) => cli::manifest::run(args),
+        Command::Import(args) => cli::import::run(args),
         Command::Train(args) => cli::on_backend(args.backend, &args),
         Command::Eval(args) => cli::on_backend(args.backend, &args),
         Command::Compare(args) => cli::on_backend(args.backend, &args),

@@ -2,6 +2,7 @@
 //!
 //! - `corpus.rs`: `asr corpus`, the synthesized corpus.
 //! - `manifest.rs`: `asr manifest`, a corpus split from one's own recordings.
+//! - `import.rs`: `asr import`, a corpus from an installed game's voice track.
 //! - `train.rs`: `asr train`.
 //! - `eval.rs`: `asr eval`, the phone error rates of trained models (the paper's Table 1).
 //! - `compare.rs`: `asr compare`, the paper's Table 2 and Figure 1.
@@ -11,6 +12,7 @@
 pub mod compare;
 pub mod corpus;
 pub mod eval;
+pub mod import;
 pub mod manifest;
 pub mod step_time;
 pub mod train;
