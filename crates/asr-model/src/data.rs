@@ -295,3 +295,36 @@ impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for AugmentingBatcher {
         CtcBatcher.make(&self.augment(&examples), device)
     }
 }
+
+/// One training epoch's utterances drawn from several corpora with sampling weights: corpus
+/// `i`'s utterances enter `⌊wᵢ⌋` times each, plus `round((wᵢ − ⌊wᵢ⌋)·nᵢ)` of them once more,
+/// chosen at random under `seed`. A weight of 1 takes a corpus as it is, 2 twice, 0.5 a random
+/// half, 0 none of it.
+///
+/// # Panics
+/// When a weight is negative or not finite.
+pub fn mix(corpora: Vec<(Vec<Example>, f64)>, seed: u64) -> Vec<Example> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x6D69_785F_636F_7270);
+    let mut out = Vec::new();
+    for (i, (examples, weight)) in corpora.into_iter().enumerate() {
+        assert!(
+            weight.is_finite() && weight >= 0.0,
+            "corpus {i}: the sampling weight must be finite and ≥ 0, got {weight}"
+        );
+        let whole = weight.floor() as usize;
+        let extra = ((weight - weight.floor()) * examples.len() as f64).round() as usize;
+        for _ in 0..whole {
+            out.extend(examples.iter().cloned());
+        }
+        let mut order: Vec<usize> = (0..examples.len()).collect();
+        order.shuffle(&mut rng);
+        out.extend(
+            order[..extra.min(examples.len())]
+                .iter()
+                .map(|&j| examples[j].clone()),
+        );
+    }
+    out
+}

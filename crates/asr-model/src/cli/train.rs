@@ -4,9 +4,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use asr_model::augment::{AugmentSet, Augmentation};
-use asr_model::data::{load_corpus, load_split};
+use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::AsrModelConfig;
+use asr_model::phones::PhoneInventory;
 use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, train};
 use backend_select::{BackendName, BackendTask};
 use burn::backend::Autodiff;
@@ -16,9 +17,16 @@ use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 /// Arguments of `asr train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Corpus directory (phones.txt, train/dev/test.jsonl).
+    /// Corpus directory (phones.txt, train/dev/test.jsonl). Repeat it to train on a mix: the
+    /// phone inventories must agree, dev is the union of the dev splits, and each corpus's
+    /// test split is scored on its own.
     #[arg(long, default_value = "data/corpus")]
-    corpus: PathBuf,
+    corpus: Vec<PathBuf>,
+    /// Sampling weight of each --corpus, in order (default 1 each): an epoch takes each of the
+    /// corpus's training utterances ⌊w⌋ times, plus a random fraction w − ⌊w⌋ of them once
+    /// more (see `asr_model::data::mix`).
+    #[arg(long = "weight")]
+    weights: Vec<f64>,
     /// Output directory: checkpoints, logs, the final model.
     #[arg(long, default_value = "runs/improved")]
     out: PathBuf,
@@ -110,32 +118,68 @@ impl BackendTask for &TrainArgs {
             .with_n_mels(args.n_mels)
             .with_f_max_hz(args.f_max_hz);
         let log_mel = LogMel::new(features.clone());
-        let (inventory, mut splits) = load_corpus(
-            &args.corpus,
-            &log_mel,
-            &["train", "dev", "test"],
-            args.augment.alters_waveform(),
-        )?;
+        if !args.weights.is_empty() && args.weights.len() != args.corpus.len() {
+            anyhow::bail!(
+                "--weight: {} weight(s) for {} --corpus; give one per corpus, in order, or none",
+                args.weights.len(),
+                args.corpus.len()
+            );
+        }
+        if let Some(w) = args.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+            anyhow::bail!("--weight {w}: a sampling weight must be finite and ≥ 0");
+        }
+        let mut inventory: Option<PhoneInventory> = None;
+        let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dropped = 0;
+        for (i, corpus) in args.corpus.iter().enumerate() {
+            let (corpus_inventory, mut splits) = load_corpus(
+                corpus,
+                &log_mel,
+                &["train", "dev", "test"],
+                args.augment.alters_waveform(),
+            )?;
+            match &inventory {
+                Some(first) if *first != corpus_inventory => anyhow::bail!(
+                    "--corpus {}: its phones.txt differs from that of --corpus {}; a mix needs one inventory",
+                    corpus.display(),
+                    args.corpus[0].display()
+                ),
+                Some(_) => {}
+                None => inventory = Some(corpus_inventory),
+            }
+            let test = splits.pop().expect("three splits");
+            let corpus_dev = splits.pop().expect("three splits");
+            let (corpus_train, corpus_dropped) =
+                feasible(splits.pop().expect("three splits"), args.subsampling);
+            dropped += corpus_dropped;
+            let weight = args.weights.get(i).copied().unwrap_or(1.0);
+            eprintln!(
+                "corpus {}: {} train (weight {weight}), {} dev, {} test utterances",
+                corpus.display(),
+                corpus_train.len(),
+                corpus_dev.len(),
+                test.len(),
+            );
+            mixed.push((corpus_train, weight));
+            dev.extend(corpus_dev);
+            tests.push((corpus.join("test.jsonl"), test));
+        }
+        let inventory = inventory.expect("clap gives at least one corpus");
         let mut also_test = Vec::new();
         for manifest in &args.also_test {
             also_test.push(load_split(manifest, &inventory, &log_mel)?);
         }
-        let test = splits.pop().expect("three splits");
-        let dev = splits.pop().expect("three splits");
-        let train_split = splits.pop().expect("three splits");
-        let (train_split, dropped) = feasible(train_split, args.subsampling);
         if dropped > 0 {
             eprintln!(
                 "note: {dropped} training utterance(s) have more labels than encoder steps at subsampling {} and are left out",
                 args.subsampling
             );
         }
+        let train_split = mix(mixed, args.seed);
         eprintln!(
-            "corpus {}: {} train, {} dev, {} test utterances; features in {:.1} s",
-            args.corpus.display(),
+            "training on {} utterances per epoch, validating on {}; features in {:.1} s",
             train_split.len(),
             dev.len(),
-            test.len(),
             start.elapsed().as_secs_f64()
         );
         let saved = SavedModel {
@@ -167,17 +211,18 @@ impl BackendTask for &TrainArgs {
             augment: args.augment.clone(),
         };
         let model = train::<Autodiff<B>>(&saved, train_split, dev, &options, &device)?;
-        let per = evaluate(&model, &test, None, args.batch_frames, &device);
-        println!(
-            "test PER: {:.2} % ({} errors / {} phones, {} utterances, attention {}); model: {}; wall time {:.0} s",
-            per.percent(),
-            per.errors,
-            per.reference_phones,
-            test.len(),
-            args.attention,
-            args.out.display(),
-            start.elapsed().as_secs_f64()
-        );
+        for (manifest, test) in &tests {
+            let per = evaluate(&model, test, None, args.batch_frames, &device);
+            println!(
+                "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances, attention {})",
+                manifest.display(),
+                per.percent(),
+                per.errors,
+                per.reference_phones,
+                test.len(),
+                args.attention,
+            );
+        }
         for (manifest, examples) in args.also_test.iter().zip(&also_test) {
             let per = evaluate(&model, examples, None, args.batch_frames, &device);
             println!(
@@ -189,6 +234,11 @@ impl BackendTask for &TrainArgs {
                 examples.len()
             );
         }
+        println!(
+            "model: {}; wall time {:.0} s",
+            args.out.display(),
+            start.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 }
