@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
-# (scripts/system-packages.txt; as root, or through sudo), then builds and runs every test of
+# (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
+# two games' Debian packages (unpacked, not installed), then builds and runs every test of
 # the workspace (the examples included), then the WGPU kernels' tests with CUDA's memory
 # layout. Prints each phase's wall time.
 set -euo pipefail
@@ -46,6 +47,11 @@ phase "system packages" install_packages
 # git-ignored): the text-encoder tests compare against a numpy reference on the real weights.
 phase "MiniLM checkpoint" bash scripts/get-minilm.sh
 export TEXT_ENCODER_REQUIRE_MINILM=1
+
+# The two games' data from Debian's archive (data/games/debian, git-ignored): a test imports
+# them and checks the clip counts and the link between transcripts and recordings.
+phase "game packages" bash scripts/get-real-speech.sh --packages-only
+export ASR_REQUIRE_GAMES=1
 
 # WGPU runs on Mesa's software Vulkan (lavapipe) when no GPU is present; the CUDA tests are
 # compiled (so that a CUDA compile break fails) and #[ignore]d: run them with `-- --ignored`

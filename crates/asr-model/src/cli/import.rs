@@ -15,8 +15,8 @@ pub struct ImportArgs {
     /// /usr/share/scummvm/beneath-a-steel-sky or /usr/share/scummvm/flight-of-the-amazon-queen).
     #[arg(long)]
     from: Option<PathBuf>,
-    /// Corpus directory to write (audio/, train/dev/test.jsonl, phones.txt, left-out.txt,
-    /// copyright).
+    /// Corpus directory to write (audio/, train/dev/test.jsonl, phones.txt, left-out.txt, the
+    /// package's copyright and readme.txt.gz).
     #[arg(long)]
     out: PathBuf,
     /// espeak-ng voice whose phonemizer labels the transcripts.

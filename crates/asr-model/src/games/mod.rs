@@ -16,7 +16,7 @@
 //!   11 025 Hz WAV; MP3) and the manifests, and reports every line left out and why.
 //!
 //! The games' licences allow free redistribution with their notices kept; the importer copies
-//! the Debian package's `copyright` file beside the manifests.
+//! the Debian package's `copyright` and `readme.txt.gz` beside the manifests.
 
 pub mod queen;
 pub mod rnc;
@@ -166,7 +166,7 @@ pub struct GameImportOptions {
     /// Its data directory (e.g. [`Game::default_dir`]).
     pub dir: PathBuf,
     /// Corpus directory to write into (`phones.txt`, `train/dev/test.jsonl`, `audio/`,
-    /// `left-out.txt`, `copyright`).
+    /// `left-out.txt`, the package's `copyright` and `readme.txt.gz`).
     pub out: PathBuf,
     /// `espeak-ng` voice whose phonemizer labels the transcripts.
     pub accent: String,
@@ -175,11 +175,16 @@ pub struct GameImportOptions {
     pub held_out: f64,
 }
 
-/// The Debian `copyright` file of the game's package, when installed.
-fn copyright_file(game: Game) -> PathBuf {
-    Path::new("/usr/share/doc")
-        .join(game.package())
-        .join("copyright")
+/// The documentation directory of the game's Debian package, which holds its `copyright`
+/// notice and its `readme.txt.gz` (the licence asks that both stay with the game): beside the
+/// data in the package's tree (`usr/share/doc/<package>` for data in
+/// `usr/share/scummvm/<package>`), else the system's.
+fn package_doc_dir(game: Game, dir: &Path) -> Option<PathBuf> {
+    let beside = dir.join("../../doc").join(game.package());
+    let system = Path::new("/usr/share/doc").join(game.package());
+    [beside, system]
+        .into_iter()
+        .find(|d| d.join("copyright").exists())
 }
 
 /// Splits speakers into `train`, `dev` and `test` so that no speaker is in two splits: the
@@ -233,7 +238,7 @@ pub fn split_by_speaker(
 /// Labels a game's clips and writes them as a corpus: `audio/<id>.{wav,mp3}`,
 /// `train.jsonl`/`dev.jsonl`/`test.jsonl` (speakers split by [`split_by_speaker`]),
 /// `phones.txt` (the standard inventory), `left-out.txt` (every line left out and why) and
-/// the package's `copyright` notice. Transcripts are normalised and phonemized as by
+/// the package's `copyright` notice and readme. Transcripts are normalised and phonemized as by
 /// `asr manifest`, on all cores; every clip's audio is decoded to measure its duration.
 ///
 /// # Errors
@@ -326,14 +331,25 @@ pub fn import_game(options: &GameImportOptions) -> anyhow::Result<GameImportRepo
             .with_context(|| format!("{}: cannot write", manifest.display()))?;
     }
     PhoneInventory::standard().save(&options.out.join("phones.txt"))?;
+    match package_doc_dir(options.game, &options.dir) {
+        Some(doc) => {
+            for name in ["copyright", "readme.txt.gz"] {
+                let file = doc.join(name);
+                if file.exists() {
+                    std::fs::copy(&file, options.out.join(name))
+                        .with_context(|| format!("{}: cannot copy", file.display()))?;
+                }
+            }
+        }
+        None => report.left_out.push(format!(
+            "{}: no copyright notice of the package {} found to copy beside the corpus",
+            options.dir.display(),
+            options.game.package()
+        )),
+    }
     let mut text = report.left_out.join("\n");
     text.push('\n');
     std::fs::write(options.out.join("left-out.txt"), text)?;
-    let copyright = copyright_file(options.game);
-    if copyright.exists() {
-        std::fs::copy(&copyright, options.out.join("copyright"))
-            .with_context(|| format!("{}: cannot copy", copyright.display()))?;
-    }
     Ok(report)
 }
 

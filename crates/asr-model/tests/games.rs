@@ -1,0 +1,668 @@
+//! `asr import`'s readers of the two games' data on fixtures built here from the format
+//! descriptions (an RNC method-1 packer, a `sky.dnr`/`sky.dsk` pair, a `queen.1c` bundle),
+//! the corpus they import to, the speaker split and the training mix; and, when the Debian
+//! packages are there (`bash scripts/get-real-speech.sh`), the real data: clip counts and the
+//! link between transcripts and recordings (skipped with a `skipped:` line on stderr when
+//! absent, unless `ASR_REQUIRE_GAMES=1`, as `scripts/test.sh` sets).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use asr_model::data::{Example, mix};
+use asr_model::features::Features;
+use asr_model::games::{
+    ClipAudio, Game, GameImportOptions, import_game, queen, rnc, sky, split_by_speaker,
+};
+use asr_model::manifest::read_manifest;
+use asr_model::phones::PhoneInventory;
+
+/// CRC-16/ARC, bit by bit.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    for &b in bytes {
+        for i in 0..8 {
+            let bit = ((b >> i) & 1) as u16 ^ (crc & 1);
+            crc >>= 1;
+            if bit != 0 {
+                crc ^= 0xA001;
+            }
+        }
+    }
+    crc
+}
+
+#[test]
+fn crc16_check_value() {
+    assert_eq!(crc16(b"123456789"), 0xBB3D);
+    assert_eq!(rnc::crc16(b"123456789"), 0xBB3D);
+}
+
+/// Writes an RNC method-1 stream as its reader consumes it: bits least significant first in
+/// 16-bit little-endian words, each word placed where the reader fetches it (when it needs
+/// more bits), literal bytes at the current byte position.
+struct RncWriter {
+    out: Vec<u8>,
+    words: Vec<usize>,
+    bits: usize,
+}
+
+impl RncWriter {
+    fn bits(&mut self, value: u32, n: u32) {
+        for i in 0..n {
+            if self.bits == 16 * self.words.len() {
+                self.words.push(self.out.len());
+                self.out.extend([0, 0]);
+            }
+            let word = self.words[self.bits / 16];
+            let bit = self.bits % 16;
+            if (value >> i) & 1 != 0 {
+                self.out[word + bit / 8] |= 1 << (bit % 8);
+            }
+            self.bits += 1;
+        }
+    }
+
+    /// A table of 16 symbols with 4-bit codes: symbol `s`'s code is `s`, read most
+    /// significant bit first.
+    fn table(&mut self) {
+        self.bits(16, 5);
+        for _ in 0..16 {
+            self.bits(4, 4);
+        }
+    }
+
+    /// A value: symbol 0, 1, or `s = bit length` with `s − 1` further bits.
+    fn value(&mut self, v: u32) {
+        let s = if v < 2 { v } else { 32 - v.leading_zeros() };
+        for i in (0..4).rev() {
+            self.bits((s >> i) & 1, 1);
+        }
+        if s >= 2 {
+            self.bits(v - (1 << (s - 1)), s - 1);
+        }
+    }
+}
+
+/// A chunk's steps: literal bytes, then (distance, length) to the next step's, if any.
+type Steps<'a> = Vec<(&'a [u8], Option<(u32, u32)>)>;
+
+/// Packs `chunks` into an RNC method-1 stream; returns it and the data it unpacks to.
+fn rnc_pack(chunks: &[Steps]) -> (Vec<u8>, Vec<u8>) {
+    let mut w = RncWriter {
+        out: Vec::new(),
+        words: Vec::new(),
+        bits: 0,
+    };
+    let mut unpacked: Vec<u8> = Vec::new();
+    w.bits(0, 2);
+    for steps in chunks {
+        w.table();
+        w.table();
+        w.table();
+        w.bits(steps.len() as u32, 16);
+        for (i, (literal, matched)) in steps.iter().enumerate() {
+            w.value(literal.len() as u32);
+            w.out.extend_from_slice(literal);
+            unpacked.extend_from_slice(literal);
+            if i + 1 < steps.len() {
+                let (distance, length) = matched.expect("a match between steps");
+                w.value(distance - 1);
+                w.value(length - 2);
+                for _ in 0..length {
+                    unpacked.push(unpacked[unpacked.len() - distance as usize]);
+                }
+            }
+        }
+    }
+    let packed = w.out;
+    let mut stream = b"RNC\x01".to_vec();
+    stream.extend((unpacked.len() as u32).to_be_bytes());
+    stream.extend((packed.len() as u32).to_be_bytes());
+    stream.extend(crc16(&unpacked).to_be_bytes());
+    stream.extend(crc16(&packed).to_be_bytes());
+    stream.extend([0, chunks.len() as u8]);
+    stream.extend(packed);
+    (stream, unpacked)
+}
+
+fn square_wave(n: usize, period: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| if (i / period) % 2 == 0 { 168 } else { 88 })
+        .collect()
+}
+
+#[test]
+fn rnc_streams_unpack_and_corruption_is_reported() {
+    let a = square_wave(700, 13);
+    let b: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+    // Two chunks: literal runs, overlapping matches (distance < length) and long ones.
+    let (stream, expected) = rnc_pack(&[
+        vec![
+            (&a[..], Some((1, 40))),
+            (&b[..5], Some((300, 17))),
+            (&b[5..], None),
+        ],
+        vec![(&[][..], Some((26, 1000))), (&a[..3], None)],
+    ]);
+    assert_eq!(expected.len(), 700 + 40 + 5 + 17 + 295 + 1000 + 3);
+    assert_eq!(rnc::unpack(&stream).unwrap(), expected);
+
+    let mut bad = stream.clone();
+    let last = bad.len() - 2;
+    bad[last] ^= 0x10;
+    let err = rnc::unpack(&bad).unwrap_err().to_string();
+    assert!(err.contains("CRC of the packed data"), "{err}");
+    let mut bad = stream.clone();
+    bad[13] ^= 1; // the unpacked data's CRC
+    let err = rnc::unpack(&bad).unwrap_err().to_string();
+    assert!(err.contains("CRC of the unpacked data"), "{err}");
+    let err = rnc::unpack(&stream[..stream.len() - 3])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("truncated"), "{err}");
+    let err = rnc::unpack(b"RNC\x02 and more bytes")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not an RNC method-1 stream"), "{err}");
+}
+
+/// Text section 0 of the fixture, coded by hand from the game's text code: "Foster",
+/// "Hello there, Joey.", "Not voiced.".
+const SECTION_0: [u8; 33] = [
+    0x04, 0x00, 0x07, 0x00, 0x13, 0x32, 0x20, 0xf1, 0x42, 0x54, 0x4f, 0x03, 0x89, 0x51, 0x42, 0x02,
+    0xb0, 0x93, 0x97, 0x51, 0xec, 0x82, 0xda, 0xc8, 0x2c, 0x42, 0x87, 0x0a, 0x1b, 0x89, 0x54, 0xc8,
+    0x00,
+];
+/// Text section 1: "Hi.", "Hey!".
+const SECTION_1: [u8; 13] = [
+    0x04, 0x00, 0x06, 0x00, 0x0C, 0x10, 0xE2, 0xD6, 0x40, 0xE2, 0x5B, 0x76, 0x40,
+];
+
+/// The 22-byte header of a data file of `total` bytes (header included).
+fn sky_header(total: usize, packed: bool) -> Vec<u8> {
+    let mut h = vec![0u8; 22];
+    h[0] = if packed { 0x81 } else { 0 };
+    h[1] = (total >> 16) as u8;
+    h[12..14].copy_from_slice(&((total & 0xFFFF) as u16).to_le_bytes());
+    h
+}
+
+/// The fixture's speech: text 0 (file 50000, stored, 16-byte position units), text 1 (50001,
+/// RNC-packed), section 1's text 0 (50600, header without the packed bit, byte position).
+fn sky_fixture(dir: &Path) -> BTreeMap<u16, Vec<u8>> {
+    let speech: BTreeMap<u16, Vec<u8>> = [
+        (50000, square_wave(4000, 20)),
+        (50001, square_wave(40_000, 31)),
+        (50600, square_wave(5512, 9)),
+    ]
+    .into();
+    // (number, bytes, byte position units, flags bits 22/23)
+    let mut files: Vec<(u16, Vec<u8>, bool, u32)> = vec![
+        (60600, SECTION_0.to_vec(), false, 0x80_0000),
+        (60601, SECTION_1.to_vec(), false, 0x80_0000),
+        (
+            50000,
+            [sky_header(22 + 4000, false), speech[&50000].clone()].concat(),
+            false,
+            0x80_0000,
+        ),
+    ];
+    let pcm = &speech[&50001];
+    let (stream, unpacked) = rnc_pack(&[
+        vec![
+            (&pcm[..20_000], Some((62, 300))),
+            (&pcm[20_300..30_000], None),
+        ],
+        vec![(&pcm[30_000..], None)],
+    ]);
+    assert_eq!(&unpacked, pcm);
+    files.push((
+        50001,
+        [sky_header(22 + pcm.len(), true), stream].concat(),
+        false,
+        0,
+    ));
+    files.push((
+        50600,
+        [sky_header(22 + 5512, false), speech[&50600].clone()].concat(),
+        true,
+        0,
+    ));
+    let mut dsk = Vec::new();
+    let mut dnr = Vec::new();
+    for (number, bytes, byte_units, flags) in &files {
+        while dsk.len() % 16 != 0 {
+            dsk.push(0);
+        }
+        let offset = if *byte_units {
+            dsk.len() as u32
+        } else {
+            (dsk.len() as u32 >> 4) | 0x80_0000
+        };
+        dnr.extend(number.to_le_bytes());
+        dnr.extend(&offset.to_le_bytes()[..3]);
+        dnr.extend(&(bytes.len() as u32 | flags).to_le_bytes()[..3]);
+        dsk.extend(bytes);
+    }
+    // The index of version 0.0372 lists 5,097 files: empty ones fill it up.
+    for number in 1..=(sky::FILES_0372 - files.len()) as u16 {
+        dnr.extend(number.to_le_bytes());
+        dnr.extend([0; 6]);
+    }
+    let mut index = (sky::FILES_0372 as u32).to_le_bytes().to_vec();
+    index.extend(dnr);
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("sky.dnr"), index).unwrap();
+    std::fs::write(dir.join("sky.dsk"), dsk).unwrap();
+    speech
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("asr-games-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn sky_fixture_reads_back() {
+    let dir = temp_dir("sky");
+    let speech = sky_fixture(&dir);
+    let (clips, left_out) = sky::read_clips(&dir).unwrap();
+    assert!(left_out.is_empty(), "{left_out:?}");
+    let got: Vec<(&str, &str, &str)> = clips
+        .iter()
+        .map(|c| (c.id.as_str(), c.transcript.as_str(), c.speaker.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("50000", "Foster", "scene-0.000"),
+            ("50001", "Hello there, Joey.", "scene-0.000"),
+            ("50600", "Hi.", "scene-1.000"),
+        ]
+    );
+    for clip in &clips {
+        let number: u16 = clip.id.parse().unwrap();
+        assert_eq!(
+            clip.audio,
+            ClipAudio::PcmU8 {
+                rate_hz: 11_025,
+                samples: speech[&number].clone()
+            },
+            "{}",
+            clip.id
+        );
+    }
+
+    // A damaged packed stream leaves its line out, naming the place; another version's
+    // index is refused.
+    let mut dsk = std::fs::read(dir.join("sky.dsk")).unwrap();
+    let at = dsk.windows(4).position(|w| w == b"RNC\x01").unwrap();
+    dsk[at + 40] ^= 0xFF;
+    std::fs::write(dir.join("sky.dsk"), &dsk).unwrap();
+    let (clips, left_out) = sky::read_clips(&dir).unwrap();
+    assert_eq!(clips.len(), 2);
+    assert_eq!(left_out.len(), 1, "{left_out:?}");
+    assert!(
+        left_out[0].contains(&format!("sky.dsk offset {at}")) && left_out[0].contains("CRC"),
+        "{left_out:?}"
+    );
+    let mut dnr = std::fs::read(dir.join("sky.dnr")).unwrap();
+    dnr[..4].copy_from_slice(&5099u32.to_le_bytes());
+    std::fs::write(dir.join("sky.dnr"), &dnr).unwrap();
+    let err = sky::read_clips(&dir).unwrap_err().to_string();
+    assert!(
+        err.contains("5099 files") && err.contains("0.0372"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn pstring(text: &str) -> Vec<u8> {
+    let mut out = vec![text.len() as u8];
+    out.extend(text.as_bytes());
+    out
+}
+
+/// An MP3 stream of `frames` silent frames (MPEG 2.5 layer III, 16 kbit/s, 11,025 Hz, mono:
+/// 104 bytes, 576 samples each).
+fn silent_mp3(frames: usize) -> Vec<u8> {
+    let mut frame = vec![0xFF, 0xE3, 0x20, 0xC4];
+    frame.extend([0u8; 100]);
+    frame.repeat(frames)
+}
+
+/// A bundle in `queen.1c`'s layout: a cutscene with one line of Joe's in two segments, a
+/// dialogue whose greeting has two segments, and their four voice files.
+fn queen_fixture(dir: &Path) {
+    let mut cut = Vec::new();
+    for w in [0i16, 1, 0, 50, 58, 90] {
+        cut.extend(w.to_be_bytes()); // panel, records, flags, game states, sentences, banks
+    }
+    cut.extend([0u8; 34]); // record 1: object 0 (Joe), no animation
+    cut.extend([0u8; 4]); // no persons; the word before the game states
+    cut.extend([0u8; 8]); // game states
+    cut.extend(pstring("*FL")); // the entry string, not spoken
+    cut.extend(pstring("Hello there.*00How are you?"));
+    cut.extend([0, 0, 0, 0, 0, 0]); // no banks, no dialogue, talk to 0, pad
+    assert_eq!(cut.len(), 96);
+    let mut dog = Vec::new();
+    for w in [0i16, 1, 1, 1, 0] {
+        dog.extend(w.to_be_bytes()); // levels, unique key, talk key 1, 1 Joe entry, 0 persons
+    }
+    dog.extend([0u8; 12]);
+    for w in [48i16, 48, 48] {
+        dog.extend(w.to_be_bytes()); // person list, cutaway, return strings
+    }
+    dog.extend([0u8; 4]);
+    dog.extend([0, 0, 0, 0]); // Joe entry: id 0, the first greeting
+    dog.extend(pstring("Hi.*00Bye."));
+    dog.push(0); // pad to 4
+    dog.extend([0, 0]); // two empty return strings
+    assert_eq!(dog.len(), 50);
+    let header = |body: Vec<u8>| [b"AmBk".to_vec(), vec![0; 16], body].concat();
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("01SSSSJ1.SB", silent_mp3(3)),
+        ("01SSSSJ2.SB", silent_mp3(4)),
+        ("TEST.CUT", header(cut)),
+        ("TEST.DOG", header(dog)),
+        ("TEST_011.SB", silent_mp3(10)),
+        ("TEST_012.SB", silent_mp3(20)),
+        ("UNUSED01.SB", silent_mp3(2)),
+    ];
+    let mut bundle = b"QTBLCEM10\0\0\0\x01".to_vec();
+    bundle.extend((files.len() as u16).to_be_bytes());
+    let mut offset = bundle.len() + 21 * files.len();
+    let mut data: Vec<u8> = Vec::new();
+    for (name, bytes) in &files {
+        let mut entry = name.as_bytes().to_vec();
+        entry.resize(12, 0);
+        entry.push(1);
+        entry.extend((offset as u32).to_be_bytes());
+        entry.extend((bytes.len() as u32).to_be_bytes());
+        bundle.extend(entry);
+        offset += bytes.len();
+        data.extend(bytes);
+    }
+    bundle.extend(data);
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("queen.1c"), bundle).unwrap();
+}
+
+#[test]
+fn queen_fixture_reads_back() {
+    let dir = temp_dir("queen");
+    queen_fixture(&dir);
+    let (clips, left_out) = queen::read_clips(&dir).unwrap();
+    let got: Vec<(&str, &str, &str)> = clips
+        .iter()
+        .map(|c| (c.id.as_str(), c.transcript.as_str(), c.speaker.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("01SSSSJ1", "Hi.", "JOE"),
+            ("01SSSSJ2", "Bye.", "JOE"),
+            ("TEST_011", "Hello there.", "JOE"),
+            ("TEST_012", "How are you?", "JOE"),
+        ]
+    );
+    for (clip, frames) in clips.iter().zip([3, 4, 10, 20]) {
+        assert_eq!(
+            clip.audio,
+            ClipAudio::Mp3(silent_mp3(frames)),
+            "{}",
+            clip.id
+        );
+    }
+    assert!(
+        left_out.len() == 1 && left_out[0].contains("no QUEEN.JAS"),
+        "{left_out:?}"
+    );
+    let mut bundle = std::fs::read(dir.join("queen.1c")).unwrap();
+    bundle[3] = b'X';
+    std::fs::write(dir.join("queen.1c"), &bundle).unwrap();
+    let err = queen::read_clips(&dir).unwrap_err().to_string();
+    assert!(err.contains("offset 0: not a rebuilt bundle"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn queen_segments_and_voice_files() {
+    assert_eq!(
+        queen::segments("*FRHey guys, hop on board...*04I'm going to row...*07"),
+        [
+            (1, String::new(), true),
+            (2, "Hey guys, hop on board...".to_string(), true),
+            (3, "I'm going to row...".to_string(), true),
+        ]
+    );
+    assert_eq!(
+        queen::segments("Over there.*XY00(237,112)Now*GDthis"),
+        [
+            (1, "Over there.".to_string(), true),
+            (2, "Now".to_string(), false),
+            (3, "this".to_string(), true),
+        ]
+    );
+    assert_eq!(queen::voice_file(" 6 346P", 1), "060346P1.SB");
+    assert_eq!(queen::voice_file("C2A__01", 10), "C2A__01A.SB");
+    assert_eq!(queen::canonical("X3_ANDSON-H"), "ANDERSON");
+    assert_eq!(
+        queen::clean_text("Super  Soldier Treatment^_ @@"),
+        "Super Soldier Treatment"
+    );
+}
+
+/// Both fixtures imported as corpora: every clip in one split, the manifests valid (audio
+/// decoded, phones in the inventory), the durations those of the stored audio.
+#[test]
+fn fixtures_import_as_corpora() {
+    for (game, frames_or_samples) in [
+        (Game::Sky, vec![4000.0, 40_000.0, 5512.0]),
+        (
+            Game::Queen,
+            vec![3.0 * 576.0, 4.0 * 576.0, 10.0 * 576.0, 20.0 * 576.0],
+        ),
+    ] {
+        let dir = temp_dir(&format!("{game}-data"));
+        match game {
+            Game::Sky => {
+                sky_fixture(&dir);
+            }
+            Game::Queen => queen_fixture(&dir),
+        }
+        let out = temp_dir(&format!("{game}-corpus"));
+        let report = import_game(&GameImportOptions {
+            game,
+            dir: dir.clone(),
+            out: out.clone(),
+            accent: "en-us".into(),
+            held_out: 0.0,
+        })
+        .unwrap();
+        let inventory = PhoneInventory::load(&out.join("phones.txt")).unwrap();
+        let mut entries = Vec::new();
+        for split in ["train", "dev", "test"] {
+            let manifest = out.join(format!("{split}.jsonl"));
+            // No speaker is held out here: dev and test are empty.
+            if std::fs::read_to_string(&manifest).unwrap().is_empty() {
+                continue;
+            }
+            for u in read_manifest(&manifest, &inventory, true).unwrap() {
+                entries.push(u.entry);
+            }
+        }
+        entries.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(entries.len(), frames_or_samples.len(), "{game}: {report:?}");
+        for (entry, samples) in entries.iter().zip(&frames_or_samples) {
+            let expected = samples / 11_025.0;
+            assert!(
+                (entry.duration_s - expected).abs() < 0.005,
+                "{game} {}: {} s, stored {expected} s",
+                entry.id,
+                entry.duration_s
+            );
+            assert!(!entry.phones.is_empty());
+        }
+        let texts: Vec<&str> = entries.iter().map(|e| e.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            match game {
+                Game::Sky => vec!["foster", "hello there joey", "hi"],
+                Game::Queen => vec!["hi", "bye", "hello there", "how are you"],
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+#[test]
+fn speakers_are_split_whole() {
+    let counts: BTreeMap<String, usize> = (0..40)
+        .map(|i| (format!("speaker {i}"), 10 + (i * 37) % 50))
+        .chain([("lead".to_string(), 900)])
+        .collect();
+    let total: usize = counts.values().sum();
+    let splits = split_by_speaker(&counts, 0.06);
+    assert_eq!(splits.len(), counts.len());
+    assert_eq!(splits["lead"], "train");
+    for split in ["dev", "test"] {
+        let held: usize = counts
+            .iter()
+            .filter(|(name, _)| splits[*name] == split)
+            .map(|(_, n)| n)
+            .sum();
+        let fraction = held as f64 / total as f64;
+        assert!(
+            (0.06..0.125).contains(&fraction),
+            "{split} holds {fraction} of the clips"
+        );
+    }
+    assert!(
+        split_by_speaker(&counts, 0.0)
+            .values()
+            .all(|s| *s == "train")
+    );
+}
+
+fn example(id: &str) -> Example {
+    Example {
+        id: id.to_string(),
+        features: Arc::new(Features {
+            frames: 1,
+            n_mels: 1,
+            data: vec![0.0],
+        }),
+        targets: vec![1],
+        audio: None,
+    }
+}
+
+#[test]
+fn mix_takes_each_corpus_by_its_weight() {
+    let corpus = |name: &str, n: usize| -> Vec<Example> {
+        (0..n).map(|i| example(&format!("{name}{i}"))).collect()
+    };
+    let mixed = mix(
+        vec![
+            (corpus("a", 10), 2.0),
+            (corpus("b", 40), 0.25),
+            (corpus("c", 7), 0.0),
+        ],
+        3,
+    );
+    let count = |prefix: &str| mixed.iter().filter(|e| e.id.starts_with(prefix)).count();
+    assert_eq!((count("a"), count("b"), count("c")), (20, 10, 0));
+    for i in 0..10 {
+        assert_eq!(mixed.iter().filter(|e| e.id == format!("a{i}")).count(), 2);
+    }
+    let b: std::collections::BTreeSet<&str> = mixed
+        .iter()
+        .filter(|e| e.id.starts_with('b'))
+        .map(|e| e.id.as_str())
+        .collect();
+    assert_eq!(b.len(), 10, "a fractional weight draws distinct utterances");
+    let again = mix(vec![(corpus("a", 10), 2.0), (corpus("b", 40), 0.25)], 3);
+    let ids = |v: &[Example]| v.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&again), ids(&mixed[..30]));
+}
+
+fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let sxx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
+    let syy: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
+    sxy / (sxx * syy).sqrt()
+}
+
+/// The installed games: clip counts, and transcript length against clip duration, in the
+/// data's order and with the transcripts shifted by one line (a wrong link gives no
+/// correlation).
+#[test]
+fn real_games_import_with_linked_transcripts() {
+    for (game, at_least) in [(Game::Sky, 3300), (Game::Queen, 6400)] {
+        // Unpacked by scripts/get-real-speech.sh, else installed.
+        let unpacked = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../data/games/debian/usr/share/scummvm")
+            .join(game.package());
+        let dir = if unpacked.exists() {
+            unpacked
+        } else {
+            game.default_dir()
+        };
+        let file = dir.join(match game {
+            Game::Sky => "sky.dsk",
+            Game::Queen => "queen.1c",
+        });
+        if !file.exists() {
+            let message = format!(
+                "{} is missing (bash scripts/get-real-speech.sh --packages-only fetches it)",
+                file.display()
+            );
+            assert!(
+                std::env::var("ASR_REQUIRE_GAMES").as_deref() != Ok("1"),
+                "{message}"
+            );
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let _ = writeln!(std::io::stderr(), "skipped: {test}: {message}");
+            continue;
+        }
+        let out = temp_dir(&format!("{game}-real"));
+        let report = import_game(&GameImportOptions {
+            game,
+            dir,
+            out: out.clone(),
+            accent: "en-us".into(),
+            held_out: 0.06,
+        })
+        .unwrap();
+        let inventory = PhoneInventory::load(&out.join("phones.txt")).unwrap();
+        let mut entries = Vec::new();
+        for split in ["train", "dev", "test"] {
+            let manifest = out.join(format!("{split}.jsonl"));
+            entries.extend(read_manifest(&manifest, &inventory, false).unwrap());
+        }
+        let clips = entries.len();
+        assert!(clips >= at_least, "{game}: {clips} clips; {report:?}");
+        entries.sort_by(|a, b| a.entry.id.cmp(&b.entry.id));
+        let chars: Vec<f64> = entries.iter().map(|u| u.entry.text.len() as f64).collect();
+        let seconds: Vec<f64> = entries.iter().map(|u| u.entry.duration_s).collect();
+        let linked = pearson(&chars, &seconds);
+        let shifted = pearson(&chars[1..], &seconds[..clips - 1]);
+        eprintln!(
+            "{game}: {clips} clips, {:.2} h; r(characters, seconds) = {linked:.3}, shifted by one line {shifted:.3}",
+            seconds.iter().sum::<f64>() / 3600.0
+        );
+        assert!(
+            linked >= 0.6 && shifted <= 0.2,
+            "{game}: r = {linked}, shifted {shifted}"
+        );
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
