@@ -1,9 +1,9 @@
 //! Utterances as model inputs: log-mel features computed once per run, length-bucketed
 //! batches, the batcher.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
@@ -164,6 +164,9 @@ pub struct CtcBatch<B: Backend> {
     pub target_lengths: Vec<usize>,
     /// The labels on the host, for the phone error rate.
     pub references: Vec<Vec<usize>>,
+    /// Factor of the batch's loss (1; `1/n` when `n` devices each train on a batch and their
+    /// gradients are summed, so that a step is the mean over all of them).
+    pub loss_weight: f32,
 }
 
 /// Pads the utterances of a bucket into a [`CtcBatch`].
@@ -210,6 +213,7 @@ impl CtcBatcher {
             targets: Tensor::from_data(TensorData::new(targets, [batch, labels]), device),
             target_lengths: examples.iter().map(|e| e.targets.len()).collect(),
             references: examples.iter().map(|e| e.targets.clone()).collect(),
+            loss_weight: 1.0,
         }
     }
 }
@@ -233,15 +237,18 @@ pub fn ctc_feasible(frames: usize, targets: &[usize], subsampling: usize) -> boo
 /// by [`CtcBatcher`]. An utterance without kept audio only gets SpecAugment; one whose altered
 /// features would be too short for its labels ([`ctc_feasible`]) keeps its original features.
 ///
-/// The random choices depend on the seed, the number of batches made so far and the position
-/// in the batch: a run is reproducible, a resumed run draws new ones.
+/// The random choices depend on the seed, the batch (its utterance ids), how many times this
+/// batcher has made that batch before and the position in the batch: a run is reproducible,
+/// whatever the order in which data-loading threads make the batches, and every epoch draws
+/// new choices (a resumed run draws the first epoch's again).
 #[derive(Debug, Clone)]
 pub struct AugmentingBatcher {
     augment: Arc<AugmentSet>,
     log_mel: Arc<LogMel>,
     subsampling: usize,
     seed: u64,
-    calls: Arc<AtomicU64>,
+    loss_weight: f32,
+    calls: Arc<Mutex<HashMap<u64, u64>>>,
 }
 
 impl AugmentingBatcher {
@@ -253,13 +260,30 @@ impl AugmentingBatcher {
             log_mel,
             subsampling,
             seed,
-            calls: Arc::new(AtomicU64::new(0)),
+            loss_weight: 1.0,
+            calls: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The same batcher making batches whose loss counts `weight` times ([`CtcBatch::loss_weight`]).
+    pub fn with_loss_weight(mut self, weight: f32) -> Self {
+        self.loss_weight = weight;
+        self
     }
 
     /// The augmented copies of `examples` (one call's random choices).
     pub fn augment(&self, examples: &[Example]) -> Vec<Example> {
-        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        let key = examples.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, e| {
+            e.id.bytes()
+                .chain([0])
+                .fold(h, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+        });
+        let call = {
+            let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+            let count = calls.entry(key).or_insert(0);
+            *count += 1;
+            key ^ (*count - 1)
+        };
         examples
             .iter()
             .enumerate()
@@ -292,7 +316,9 @@ impl AugmentingBatcher {
 impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for AugmentingBatcher {
     fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
         let examples: Vec<Example> = items.into_iter().flatten().collect();
-        CtcBatcher.make(&self.augment(&examples), device)
+        let mut batch = CtcBatcher.make(&self.augment(&examples), device);
+        batch.loss_weight = self.loss_weight;
+        batch
     }
 }
 

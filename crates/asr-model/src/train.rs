@@ -21,7 +21,8 @@ use burn::train::metric::{
     NumericAttributes, NumericEntry, SerializedEntry,
 };
 use burn::train::{
-    InferenceStep, Interrupter, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
+    ExecutionStrategy, InferenceStep, Interrupter, ItemLazy, Learner, MultiDeviceOptim,
+    SupervisedTraining, TrainOutput, TrainStep,
 };
 use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use serde::{Deserialize, Serialize};
@@ -179,7 +180,11 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
     fn step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs);
-        let grads = loss.backward();
+        let grads = if batch.loss_weight == 1.0 {
+            loss.backward()
+        } else {
+            (loss.clone() * batch.loss_weight).backward()
+        };
         TrainOutput::new(
             self,
             grads,
@@ -286,7 +291,7 @@ impl Dataset<Vec<Example>> for StopAfter {
 
 /// Trains `config` on `train` (validating on `valid` each epoch) with burn-train on `device`;
 /// returns the trained model (on the inner backend) and saves it as `dir/model.mpk` +
-/// `dir/model.json`.
+/// `dir/model.json`. [`train_on_devices`] with one device.
 ///
 /// # Errors
 /// When the directory cannot be written or a checkpoint cannot be read.
@@ -300,10 +305,36 @@ pub fn train<B: AutodiffBackend + ClusteredAttentionBackend>(
 where
     B::InnerBackend: ClusteredAttentionBackend,
 {
+    train_on_devices::<B>(saved, train, valid, options, std::slice::from_ref(device))
+}
+
+/// Trains as [`train`] does, data-parallel on `devices` (burn-train's multi-device strategy,
+/// the optimizer on the first device): each step, every device computes the gradients of its
+/// own batch, with its loss weighted `1/n`, and the optimizer takes their sum, the mean over
+/// `n` batches. A device may be listed more than once: on the CPU backends, whose one device
+/// is the whole machine, `n` copies are `n` workers. The batches are dealt to the devices in
+/// turn in length order, so each device gets batches of every length. Validation runs on the
+/// first device.
+///
+/// # Errors
+/// As [`train`]; or when `devices` is empty.
+pub fn train_on_devices<B: AutodiffBackend + ClusteredAttentionBackend>(
+    saved: &SavedModel,
+    train: Vec<Example>,
+    valid: Vec<Example>,
+    options: &TrainOptions,
+    devices: &[B::Device],
+) -> anyhow::Result<AsrModel<B::InnerBackend>>
+where
+    B::InnerBackend: ClusteredAttentionBackend,
+{
+    let Some(device) = devices.first() else {
+        anyhow::bail!("training needs at least one device");
+    };
     std::fs::create_dir_all(&options.dir)?;
     B::seed(device, options.seed);
     let model: AsrModel<B> = saved.model.init(device);
-    let dataset = BucketDataset::new(bucket(train, options.batch_frames));
+    let dataset = BucketDataset::new(deal(bucket(train, options.batch_frames), devices.len()));
     let optim = AdamConfig::new()
         .with_grad_clipping(Some(GradientClippingConfig::Norm(options.grad_clip)))
         .init();
@@ -323,7 +354,8 @@ where
         Arc::new(LogMel::new(saved.features.clone())),
         saved.model.subsampling,
         options.seed,
-    );
+    )
+    .with_loss_weight(1.0 / devices.len() as f32);
     let builder = || {
         let mut builder = DataLoaderBuilder::<B, _, _>::new(batcher.clone()).batch_size(1);
         // Batches (and their augmentation) are made by one worker thread, beside the training
@@ -359,6 +391,11 @@ where
     if !options.application_log {
         training = training.with_application_logger(None);
     }
+    if devices.len() > 1 {
+        training = training.with_training_strategy(
+            ExecutionStrategy::multi(devices.to_vec(), MultiDeviceOptim::OptimMainDevice).into(),
+        );
+    }
     if options.resume {
         if let Some(epoch) = last_checkpoint(&options.dir) {
             eprintln!(
@@ -390,6 +427,27 @@ where
         serde_json::to_string_pretty(&log)?,
     )?;
     Ok(model)
+}
+
+/// Reorders length-sorted batches for `n` devices: burn-train gives device `k` the `k`-th of
+/// `n` consecutive slices, so slice `k` gets batches `k, k + n, k + 2n, …`.
+fn deal(batches: Vec<Vec<Example>>, n: usize) -> Vec<Vec<Example>> {
+    if n <= 1 {
+        return batches;
+    }
+    // The slices' sizes as burn-train cuts them: ⌊m/n⌋ each, the rest to the last.
+    let m = batches.len();
+    let mut room: Vec<usize> = vec![m / n; n];
+    room[n - 1] = m - (m / n) * (n - 1);
+    let mut slices: Vec<Vec<Vec<Example>>> = vec![Vec::new(); n];
+    for (i, batch) in batches.into_iter().enumerate() {
+        let k = (0..n)
+            .map(|j| (i + j) % n)
+            .find(|&k| slices[k].len() < room[k])
+            .expect("the slices hold every batch");
+        slices[k].push(batch);
+    }
+    slices.into_iter().flatten().collect()
 }
 
 /// File of a model directory that holds its [`TrainingLog`].

@@ -8,7 +8,7 @@ use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, train};
+use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, train_on_devices};
 use backend_select::{BackendName, BackendTask};
 use burn::backend::Autodiff;
 use clap::Args;
@@ -33,6 +33,12 @@ pub struct TrainArgs {
     /// Backend.
     #[arg(long, value_enum, default_value = "flex")]
     pub backend: BackendName,
+    /// Devices to train on, data-parallel: `cpu:N` (N workers on the CPU backends, flex or
+    /// ndarray, whose one device is the whole machine), or `cuda:I,J,…` / `wgpu:I,J,…` (device
+    /// indices of the GPU backends). Each device trains on its own batch; the optimizer steps
+    /// on the mean of their gradients.
+    #[arg(long, default_value = "cpu:1", value_parser = parse_devices)]
+    devices: DeviceSpec,
     /// Attention: full, clustered:C, improved:C:K, shared-full, lsh:X or oracle:K.
     #[arg(long, default_value = "improved:16:16")]
     attention: AttentionKind,
@@ -94,6 +100,78 @@ pub struct TrainArgs {
     also_test: Vec<PathBuf>,
 }
 
+/// The devices of `--devices`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// `cpu:N`: N workers on the CPU backends' one device.
+    Cpu(usize),
+    /// `cuda:…` or `wgpu:…`: the runtime's name and the device indices.
+    Gpu(String, Vec<usize>),
+}
+
+fn parse_devices(s: &str) -> Result<DeviceSpec, String> {
+    let (kind, list) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected cpu:N, cuda:I,J,… or wgpu:I,J,…"))?;
+    let numbers = list
+        .split(',')
+        .map(|n| n.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{s:?}: {e}"))?;
+    match kind {
+        "cpu" if numbers.len() == 1 && numbers[0] > 0 => Ok(DeviceSpec::Cpu(numbers[0])),
+        "cpu" => Err(format!("{s:?}: cpu:N takes one number of workers, N ≥ 1")),
+        "cuda" | "wgpu" => {
+            let mut unique = numbers.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            if unique.len() != numbers.len() {
+                return Err(format!("{s:?}: a device is listed twice"));
+            }
+            if let Some(n) = numbers.iter().find(|&&n| n > u16::MAX as usize) {
+                return Err(format!("{s:?}: device index {n} is too large"));
+            }
+            Ok(DeviceSpec::Gpu(kind.to_string(), numbers))
+        }
+        other => Err(format!(
+            "{s:?}: unknown device kind {other:?} (cpu, cuda or wgpu)"
+        )),
+    }
+}
+
+impl DeviceSpec {
+    /// The devices of backend `backend` whose default device is `default`.
+    ///
+    /// # Errors
+    /// When the kind does not match the backend (`cpu:` for flex and ndarray, `cuda:` for the
+    /// CUDA backends, `wgpu:` for the WGPU and Vulkan ones).
+    pub fn devices<D: burn::tensor::backend::DeviceOps>(
+        &self,
+        backend: BackendName,
+        default: &D,
+    ) -> anyhow::Result<Vec<D>> {
+        let kind = match backend {
+            BackendName::Flex | BackendName::Ndarray => "cpu",
+            BackendName::Cuda | BackendName::CudaUnfused => "cuda",
+            _ => "wgpu",
+        };
+        match self {
+            DeviceSpec::Cpu(n) if kind == "cpu" => Ok(vec![default.clone(); *n]),
+            DeviceSpec::Gpu(k, ids) if *k == kind => {
+                let type_id = default.to_id().type_id;
+                Ok(ids
+                    .iter()
+                    .map(|&i| D::from_id(burn::tensor::backend::DeviceId::new(type_id, i as u16)))
+                    .collect())
+            }
+            _ => anyhow::bail!(
+                "--devices {self:?} does not fit --backend {}: use {kind}:…",
+                backend.name()
+            ),
+        }
+    }
+}
+
 fn parse_augment(s: &str) -> Result<AugmentSet, String> {
     match s {
         "all" => Ok(AugmentSet::new(&Augmentation::ALL)),
@@ -111,9 +189,14 @@ impl BackendTask for &TrainArgs {
     type Output = anyhow::Result<()>;
 
     /// Trains on `Autodiff<B>`, then prints the test phone error rates.
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
+    fn run<B: ClusteredAttentionBackend>(
+        self,
+        backend: BackendName,
+        device: B::Device,
+    ) -> Self::Output {
         let args = self;
         let start = Instant::now();
+        let devices = args.devices.devices(backend, &device)?;
         let features = LogMelConfig::new()
             .with_n_mels(args.n_mels)
             .with_f_max_hz(args.f_max_hz);
@@ -210,7 +293,7 @@ impl BackendTask for &TrainArgs {
             application_log: true,
             augment: args.augment.clone(),
         };
-        let model = train::<Autodiff<B>>(&saved, train_split, dev, &options, &device)?;
+        let model = train_on_devices::<Autodiff<B>>(&saved, train_split, dev, &options, &devices)?;
         for (manifest, test) in &tests {
             let per = evaluate(&model, test, None, args.batch_frames, &device);
             println!(
