@@ -525,12 +525,13 @@ fn fixtures_import_as_corpora() {
 fn speakers_are_split_whole() {
     let counts: BTreeMap<String, usize> = (0..40)
         .map(|i| (format!("speaker {i}"), 10 + (i * 37) % 50))
-        .chain([("lead".to_string(), 900)])
+        .chain([("lead".to_string(), 900), ("UNKNOWN".to_string(), 30)])
         .collect();
     let total: usize = counts.values().sum();
     let splits = split_by_speaker(&counts, 0.06);
     assert_eq!(splits.len(), counts.len());
     assert_eq!(splits["lead"], "train");
+    assert_eq!(splits["UNKNOWN"], "train");
     for split in ["dev", "test"] {
         let held: usize = counts
             .iter()

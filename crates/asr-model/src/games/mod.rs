@@ -187,10 +187,15 @@ fn package_doc_dir(game: Game, dir: &Path) -> Option<PathBuf> {
         .find(|d| d.join("copyright").exists())
 }
 
+/// The speaker of clips whose speaker the data does not give (a mixture of voices).
+pub const UNKNOWN_SPEAKER: &str = "UNKNOWN";
+
 /// Splits speakers into `train`, `dev` and `test` so that no speaker is in two splits: the
-/// speakers are taken in an order fixed by their names (a hash, so not alphabetical), the
-/// most frequent speaker never, and given to `test` until it holds `held_out` of the clips,
-/// then to `dev` until it does too; the rest is `train`. Returns the split of each speaker.
+/// speakers are taken in an order fixed by their names (FNV-1a, then SplitMix64's finaliser,
+/// so neither alphabetical nor grouped by common prefixes), the most frequent one and
+/// [`UNKNOWN_SPEAKER`] never, and given to `test` until it holds `held_out` of the clips (at
+/// most twice that), then to `dev` likewise; the rest is `train`. Returns the split of each
+/// speaker.
 ///
 /// # Panics
 /// When `held_out` is not in `[0, 0.5)`.
@@ -207,19 +212,22 @@ pub fn split_by_speaker(
         .iter()
         .max_by_key(|(name, n)| (**n, std::cmp::Reverse((*name).clone())))
         .map(|(name, _)| name.clone());
-    let fnv = |s: &str| {
-        s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    let hash = |s: &str| {
+        let mut z = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        })
+        });
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     };
     let mut order: Vec<&String> = clips_per_speaker.keys().collect();
-    order.sort_by_key(|name| (fnv(name), (*name).clone()));
+    order.sort_by_key(|name| (hash(name), (*name).clone()));
     let target = (held_out * total as f64).ceil() as usize;
     let (mut test, mut dev) = (0, 0);
     let mut splits = BTreeMap::new();
     for name in order {
         let n = clips_per_speaker[name];
-        let split = if Some(name) == most.as_ref() {
+        let split = if Some(name) == most.as_ref() || name == UNKNOWN_SPEAKER {
             "train"
         } else if test < target && test + n <= 2 * target.max(1) {
             test += n;

@@ -427,7 +427,7 @@ impl Jas {
             .iter()
             .find(|c| hint.len() == 3 && c.starts_with(&hint))
             .or(candidates.first());
-        chosen.map_or_else(|| "UNKNOWN".to_string(), |c| canonical(c))
+        chosen.map_or_else(|| super::UNKNOWN_SPEAKER.to_string(), |c| canonical(c))
     }
 }
 
@@ -818,7 +818,7 @@ pub fn read_clips(dir: &Path) -> anyhow::Result<(Vec<Clip>, Vec<String>)> {
             .iter()
             .find(|c| c.starts_with(&hint))
             .or(candidates.first())
-            .map_or_else(|| "UNKNOWN".to_string(), |c| canonical(c));
+            .map_or_else(|| super::UNKNOWN_SPEAKER.to_string(), |c| canonical(c));
         let (dog, unreachable) = read_dog(&bundle, &name, &person)?;
         sentences.extend(dog);
         left_out.extend(unreachable);
@@ -938,6 +938,6 @@ fn text_speaker(jas: &Jas, record: &Record, by_colour: &HashMap<i16, BTreeSet<St
     if names.len() == 1 {
         names.into_iter().next().expect("one name")
     } else {
-        "UNKNOWN".to_string()
+        super::UNKNOWN_SPEAKER.to_string()
     }
 }
