@@ -129,7 +129,13 @@ fn rnc_pack(chunks: &[Steps]) -> (Vec<u8>, Vec<u8>) {
 
 fn square_wave(n: usize, period: usize) -> Vec<u8> {
     (0..n)
-        .map(|i| if (i / period) % 2 == 0 { 168 } else { 88 })
+        .map(|i| {
+            if (i / period).is_multiple_of(2) {
+                168
+            } else {
+                88
+            }
+        })
         .collect()
 }
 

@@ -435,12 +435,11 @@ impl Jas {
 /// `-F`, `_STAND`, `_SHOWER` suffixes dropped, variants merged.
 pub fn canonical(actor: &str) -> String {
     let mut a = actor;
-    if let Some(rest) = a.strip_prefix('X') {
-        if let Some((digits, tail)) = rest.split_once('_') {
-            if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) {
-                a = tail;
-            }
-        }
+    if let Some((digits, tail)) = a.strip_prefix('X').and_then(|rest| rest.split_once('_'))
+        && !digits.is_empty()
+        && digits.chars().all(|c| c.is_ascii_digit())
+    {
+        a = tail;
     }
     for suffix in ["-H", "-E", "-F", "_STAND", "_SHOWER"] {
         if let Some(stripped) = a.strip_suffix(suffix) {
@@ -786,13 +785,12 @@ pub fn read_clips(dir: &Path) -> anyhow::Result<(Vec<Clip>, Vec<String>)> {
         let speak = state[3] as u16 as usize;
         if let Some(file) = speak.checked_sub(1).and_then(|s| jas.descriptions.get(s)) {
             let file = file.to_ascii_uppercase();
-            if file.ends_with(".DOG") {
-                if let Some(command) = usize::try_from(state[0])
+            if file.ends_with(".DOG")
+                && let Some(command) = usize::try_from(state[0])
                     .ok()
                     .and_then(|c| jas.commands.get(c))
-                {
-                    dog_objects.entry(file).or_default().push(command[1]);
-                }
+            {
+                dog_objects.entry(file).or_default().push(command[1]);
             }
         }
     }
