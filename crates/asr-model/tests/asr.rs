@@ -361,6 +361,19 @@ fn one_batch_overfits_to_near_zero_loss() {
     assert_eq!(decoded, batch.references);
 }
 
+/// `n` toy utterances of 24 frames and a model of `attention` to train on them.
+fn toy_run(n: usize, attention: AttentionKind) -> (Vec<Example>, SavedModel) {
+    let examples = (0..n)
+        .map(|i| toy_example(i, vec![1 + i % 8, 2, 3], 24, 16))
+        .collect();
+    let saved = SavedModel {
+        model: toy_config(attention),
+        features: LogMelConfig::new().with_n_mels(16),
+        phones: PhoneInventory::standard().phones()[..8].to_vec(),
+    };
+    (examples, saved)
+}
+
 /// Every float parameter of a module, in visiting order.
 struct Parameters(Vec<Vec<f32>>);
 
@@ -381,14 +394,7 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
 #[test]
 fn two_devices_train_as_one_device_on_twice_the_batch() {
     let _rng = process_rng();
-    let examples: Vec<Example> = (0..4)
-        .map(|i| toy_example(i, vec![1 + i % 8, 2, 3], 24, 16))
-        .collect();
-    let saved = SavedModel {
-        model: toy_config(AttentionKind::Full),
-        features: LogMelConfig::new().with_n_mels(16),
-        phones: PhoneInventory::standard().phones()[..8].to_vec(),
-    };
+    let (examples, saved) = toy_run(4, AttentionKind::Full);
     let options = |name: &str, batch_frames| TrainOptions {
         dir: tempdir(name),
         epochs: 1,
@@ -453,14 +459,7 @@ fn two_devices_train_as_one_device_on_twice_the_batch() {
 #[test]
 fn interrupted_training_resumes_from_its_last_checkpoint() {
     let _rng = process_rng();
-    let examples: Vec<Example> = (0..6)
-        .map(|i| toy_example(i, vec![1 + i % 8, 2, 3], 24, 16))
-        .collect();
-    let saved = SavedModel {
-        model: toy_config(AttentionKind::Clustered { clusters: 4 }),
-        features: LogMelConfig::new().with_n_mels(16),
-        phones: PhoneInventory::standard().phones()[..8].to_vec(),
-    };
+    let (examples, saved) = toy_run(6, AttentionKind::Clustered { clusters: 4 });
     let options = |dir: &Path, epochs, resume, stop_after_steps| TrainOptions {
         dir: dir.to_path_buf(),
         epochs,

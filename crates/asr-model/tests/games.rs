@@ -13,7 +13,7 @@ use std::sync::Arc;
 use asr_model::data::{Example, mix};
 use asr_model::features::Features;
 use asr_model::games::{
-    ClipAudio, Game, GameImportOptions, import_game, queen, rnc, sky, split_by_speaker,
+    Clip, ClipAudio, Game, GameImportOptions, import_game, queen, rnc, sky, split_by_speaker,
 };
 use asr_model::manifest::read_manifest;
 use asr_model::phones::PhoneInventory;
@@ -272,16 +272,21 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// Each clip's id, transcript and speaker.
+fn summary(clips: &[Clip]) -> Vec<(&str, &str, &str)> {
+    clips
+        .iter()
+        .map(|c| (c.id.as_str(), c.transcript.as_str(), c.speaker.as_str()))
+        .collect()
+}
+
 #[test]
 fn sky_fixture_reads_back() {
     let dir = temp_dir("sky");
     let speech = sky_fixture(&dir);
     let (clips, left_out) = sky::read_clips(&dir).unwrap();
     assert!(left_out.is_empty(), "{left_out:?}");
-    let got: Vec<(&str, &str, &str)> = clips
-        .iter()
-        .map(|c| (c.id.as_str(), c.transcript.as_str(), c.speaker.as_str()))
-        .collect();
+    let got = summary(&clips);
     assert_eq!(
         got,
         [
@@ -403,10 +408,7 @@ fn queen_fixture_reads_back() {
     let dir = temp_dir("queen");
     queen_fixture(&dir);
     let (clips, left_out) = queen::read_clips(&dir).unwrap();
-    let got: Vec<(&str, &str, &str)> = clips
-        .iter()
-        .map(|c| (c.id.as_str(), c.transcript.as_str(), c.speaker.as_str()))
-        .collect();
+    let got = summary(&clips);
     assert_eq!(
         got,
         [

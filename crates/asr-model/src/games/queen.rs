@@ -756,29 +756,32 @@ pub fn read_clips(dir: &Path) -> anyhow::Result<(Vec<Clip>, Vec<String>)> {
         );
         Jas::default()
     };
-    let mut sentences = Vec::new();
-    for (i, line) in jas.joe.iter().enumerate() {
-        sentences.push(Sentence {
-            at: format!("queen.1c: QUEEN2.JAS response {}", i + 1),
-            prefix: format!("JOE{:04}", i + 1),
-            text: line.clone(),
+    // Joe's responses (voice files JOE0001…) and the object descriptions (after them), less
+    // the description lines that name a dialogue or cutscene to start.
+    let responses = jas
+        .joe
+        .iter()
+        .enumerate()
+        .map(|(i, l)| ("response", i + 1, i + 1, l));
+    let descriptions = jas
+        .descriptions
+        .iter()
+        .enumerate()
+        .map(|(i, l)| ("description", i + 1, i + 41, l))
+        .filter(|(_, _, _, l)| {
+            let upper = l.to_ascii_uppercase();
+            !(upper.ends_with(".DOG") || upper.ends_with(".CUT"))
+        });
+    let mut sentences: Vec<Sentence> = responses
+        .chain(descriptions)
+        .map(|(kind, line, number, text)| Sentence {
+            at: format!("queen.1c: QUEEN2.JAS {kind} {line}"),
+            prefix: format!("JOE{number:04}"),
+            text: text.clone(),
             speaker: "JOE".to_string(),
             whole: false,
-        });
-    }
-    for (i, line) in jas.descriptions.iter().enumerate() {
-        let upper = line.to_ascii_uppercase();
-        if upper.ends_with(".DOG") || upper.ends_with(".CUT") {
-            continue;
-        }
-        sentences.push(Sentence {
-            at: format!("queen.1c: QUEEN2.JAS description {}", i + 1),
-            prefix: format!("JOE{:04}", i + 41),
-            text: line.clone(),
-            speaker: "JOE".to_string(),
-            whole: false,
-        });
-    }
+        })
+        .collect();
     // Who each dialogue is with: the objects whose "talk to" command or cutscene opens it.
     let mut dog_objects: HashMap<String, Vec<i16>> = HashMap::new();
     for state in jas.game_states.iter().skip(1) {
