@@ -453,6 +453,59 @@ fn two_devices_train_as_one_device_on_twice_the_batch() {
     );
 }
 
+/// `asr train --devices cpu:2` (two data-parallel workers) trains an epoch of a small corpus,
+/// writes its checkpoint, and `--resume` continues it to a second epoch.
+#[test]
+fn cli_trains_on_two_cpu_workers_and_resumes() {
+    // The first utterances of the bundled corpus's splits, their audio by absolute path.
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus");
+    let corpus = tempdir("cli-corpus");
+    std::fs::copy(bundled.join("phones.txt"), corpus.join("phones.txt")).unwrap();
+    for (split, n) in [("train", 24), ("dev", 6), ("test", 6)] {
+        let text = std::fs::read_to_string(bundled.join(format!("{split}.jsonl"))).unwrap();
+        let lines: Vec<String> = text
+            .lines()
+            .take(n)
+            .map(|line| {
+                let mut entry: ManifestEntry = serde_json::from_str(line).unwrap();
+                entry.audio = bundled.join(&entry.audio).to_string_lossy().into_owned();
+                serde_json::to_string(&entry).unwrap()
+            })
+            .collect();
+        std::fs::write(
+            corpus.join(format!("{split}.jsonl")),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+    }
+    let out = tempdir("cli-run");
+    let run = |extra: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_asr"))
+            .arg("train")
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(&out)
+            .args(["--devices", "cpu:2", "--d-model", "32", "--n-heads", "2"])
+            .args(["--n-layers", "1", "--d-ff", "64", "--augment", "none"])
+            .args(["--batch-frames", "1500", "--warmup-steps", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, _) = run(&["--epochs", "1"]);
+    assert!(stdout.contains("test PER on"), "{stdout}");
+    assert_eq!(last_checkpoint(&out), Some(1));
+    let (_, stderr) = run(&["--epochs", "2", "--resume"]);
+    assert!(stderr.contains("resuming after epoch 1"), "{stderr}");
+    assert_eq!(last_checkpoint(&out), Some(2));
+    assert!(out.join("model.mpk").exists());
+}
+
 /// A run interrupted in its second epoch and restarted with `resume` continues from the
 /// first epoch's checkpoint (weights, Adam state and learning-rate schedule): it ends with the
 /// same weights as an uninterrupted two-epoch run (batch order fixed, no dropout), to 1e-5.
