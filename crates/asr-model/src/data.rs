@@ -80,32 +80,42 @@ pub fn load_corpus(
 
 /// Computes the features of utterances on all cores (the audio was validated).
 pub fn featurize(utterances: &[Utterance], log_mel: &LogMel, keep_audio: bool) -> Vec<Example> {
+    map_on_all_cores(utterances, |u| {
+        let samples = load_audio(&u.audio_path).expect("audio was validated with the manifest");
+        Example {
+            id: u.entry.id.clone(),
+            features: Arc::new(log_mel.features(&samples)),
+            targets: u.targets.clone(),
+            audio: keep_audio.then(|| Arc::new(samples)),
+        }
+    })
+}
+
+/// `items.iter().map(f)`, in order, computed on all cores (one scoped thread per core, each
+/// on a contiguous share).
+pub(crate) fn map_on_all_cores<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = utterances.len().div_ceil(threads).max(1);
+    let chunk = items.len().div_ceil(threads).max(1);
+    let f = &f;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = utterances
+        let handles: Vec<_> = items
             .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .map(|u| {
-                            let samples = load_audio(&u.audio_path)
-                                .expect("audio was validated with the manifest");
-                            Example {
-                                id: u.entry.id.clone(),
-                                features: Arc::new(log_mel.features(&samples)),
-                                targets: u.targets.clone(),
-                                audio: keep_audio.then(|| Arc::new(samples)),
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().expect("feature thread panicked"))
+            .flat_map(|h| h.join().expect("a worker thread panicked"))
             .collect()
+    })
+}
+
+/// 64-bit FNV-1a of `bytes`.
+pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
@@ -273,11 +283,7 @@ impl AugmentingBatcher {
 
     /// The augmented copies of `examples` (one call's random choices).
     pub fn augment(&self, examples: &[Example]) -> Vec<Example> {
-        let key = examples.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, e| {
-            e.id.bytes()
-                .chain([0])
-                .fold(h, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-        });
+        let key = fnv1a(examples.iter().flat_map(|e| e.id.bytes().chain([0])));
         let call = {
             let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
             let count = calls.entry(key).or_insert(0);

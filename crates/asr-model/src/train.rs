@@ -180,11 +180,7 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
     fn step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs);
-        let grads = if batch.loss_weight == 1.0 {
-            loss.backward()
-        } else {
-            (loss.clone() * batch.loss_weight).backward()
-        };
+        let grads = (loss.clone() * batch.loss_weight).backward();
         TrainOutput::new(
             self,
             grads,

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::audio::{SAMPLE_RATE_HZ, decode_audio};
+use crate::data::{fnv1a, map_on_all_cores};
 use crate::manifest::import::{check_espeak, label, normalize_text};
 use crate::manifest::{ManifestEntry, write_manifest};
 use crate::phones::PhoneInventory;
@@ -213,9 +214,7 @@ pub fn split_by_speaker(
         .max_by_key(|(name, n)| (**n, std::cmp::Reverse((*name).clone())))
         .map(|(name, _)| name.clone());
     let hash = |s: &str| {
-        let mut z = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        });
+        let mut z = fnv1a(s.bytes());
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -374,16 +373,5 @@ fn label_clips(clips: &[Clip], accent: &str) -> Vec<Result<(String, String), Str
             .map_err(|words| format!("espeak-ng ({accent}) cannot phonemize {words:?}"))?;
         Ok((text, phones.join(" ")))
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = clips.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = clips
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("labelling thread panicked"))
-            .collect()
-    })
+    map_on_all_cores(clips, one)
 }
