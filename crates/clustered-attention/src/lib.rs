@@ -24,6 +24,7 @@
 //! - `layer.rs`: the multi-head layer; `kind.rs`: [`AttentionKind`] and its parser.
 //! - `attention/`: the functional forms, one file per attention.
 //! - `clustering.rs`: [`ClusteringOptions`], the hashing planes and [`cluster_queries`].
+//! - `dropout.rs`: dropout whose masks can be seeded per thread ([`with_dropout_seed`]).
 //! - `ops/`: the backend trait, its structs, checks, tensor-level forms and default bodies.
 //! - `backends/`: the trait's implementations, `cpu/`, `cube/` and `autodiff.rs`.
 //!
@@ -44,6 +45,7 @@
 pub mod attention;
 pub mod backends;
 pub mod clustering;
+pub mod dropout;
 mod kind;
 mod layer;
 pub mod ops;
@@ -55,6 +57,7 @@ pub use attention::{
 pub use clustering::{
     ClusteringOptions, Clusters, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
+pub use dropout::with_dropout_seed;
 pub use kind::{AttentionKind, ParseAttentionKindError};
 pub use layer::{ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention};
 #[allow(deprecated)]

@@ -1,7 +1,6 @@
 //! The checks of an attention's input, its padding masks and lengths, and the small tensor
 //! helpers the attentions share (dropout, positions, top keys, inverse counts).
 
-use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorData};
 
@@ -179,12 +178,9 @@ pub(crate) fn top_keys<B: ClusteredAttentionBackend>(
     }
 }
 
-/// Dropout on attention weights, active only when autodiff is enabled (as `burn::nn::Dropout`).
+/// Dropout on attention weights, active only when autodiff is enabled ([`crate::dropout`]).
 pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
-    if prob == 0.0 {
-        return x;
-    }
-    DropoutConfig::new(prob).init().forward(x)
+    crate::dropout::dropout(x, prob)
 }
 
 /// `1 / count` of each cluster's members (1 for an empty cluster): `counts` `[batch, heads, C]`
