@@ -12,7 +12,7 @@ use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::manifest::read_manifest;
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, evaluate, load_model, train};
+use asr_model::train::{SavedModel, Strategy, TrainOptions, evaluate, load_model, train};
 use burn::backend::{Autodiff, Flex};
 use clustered_attention::AttentionKind;
 
@@ -61,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         stop_after_steps: None,
         application_log: false,
         augment: AugmentSet::default(),
+        strategy: Strategy::Multi,
     };
     let model = train::<Autodiff<B>>(&saved, train_split, dev.clone(), &options, &device)?;
     let per = evaluate(&model, &dev, None, options.batch_frames, &device);

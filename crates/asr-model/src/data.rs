@@ -9,6 +9,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use rand::Rng;
 
 use crate::audio::load_audio;
 use crate::augment::{AugmentSet, rng_for};
@@ -177,6 +178,13 @@ pub struct CtcBatch<B: Backend> {
     /// Factor of the batch's loss (1; `1/n` when `n` devices each train on a batch and their
     /// gradients are summed, so that a step is the mean over all of them).
     pub loss_weight: f32,
+    /// Seed of the dropout masks of the batch's training step
+    /// ([`clustered_attention::with_dropout_seed`]); `None`: the backend's generator.
+    pub dropout_seed: Option<u64>,
+    /// Threads the batch's training step may use for the host ops (the CPU backends' and the
+    /// attention's, on rayon): `None`, rayon's global pool; `Some(t)` when several workers
+    /// train side by side on one machine's cores, each then keeps to `t` of them.
+    pub step_threads: Option<usize>,
 }
 
 /// Pads the utterances of a bucket into a [`CtcBatch`].
@@ -224,6 +232,8 @@ impl CtcBatcher {
             target_lengths: examples.iter().map(|e| e.targets.len()).collect(),
             references: examples.iter().map(|e| e.targets.clone()).collect(),
             loss_weight: 1.0,
+            dropout_seed: None,
+            step_threads: None,
         }
     }
 }
@@ -258,6 +268,7 @@ pub struct AugmentingBatcher {
     subsampling: usize,
     seed: u64,
     loss_weight: f32,
+    step_threads: Option<usize>,
     calls: Arc<Mutex<HashMap<u64, u64>>>,
 }
 
@@ -271,6 +282,7 @@ impl AugmentingBatcher {
             subsampling,
             seed,
             loss_weight: 1.0,
+            step_threads: None,
             calls: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -281,15 +293,29 @@ impl AugmentingBatcher {
         self
     }
 
+    /// The same batcher making batches whose training step keeps to `threads` threads
+    /// ([`CtcBatch::step_threads`]).
+    pub fn with_step_threads(mut self, threads: Option<usize>) -> Self {
+        self.step_threads = threads;
+        self
+    }
+
     /// The augmented copies of `examples` (one call's random choices).
     pub fn augment(&self, examples: &[Example]) -> Vec<Example> {
+        self.augment_call(examples, self.call(examples))
+    }
+
+    /// The key of this call's random choices: the batch's utterance ids and how many times
+    /// this batcher has made that batch before.
+    fn call(&self, examples: &[Example]) -> u64 {
         let key = fnv1a(examples.iter().flat_map(|e| e.id.bytes().chain([0])));
-        let call = {
-            let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-            let count = calls.entry(key).or_insert(0);
-            *count += 1;
-            key ^ (*count - 1)
-        };
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = calls.entry(key).or_insert(0);
+        *count += 1;
+        key ^ (*count - 1)
+    }
+
+    fn augment_call(&self, examples: &[Example], call: u64) -> Vec<Example> {
         examples
             .iter()
             .enumerate()
@@ -322,8 +348,12 @@ impl AugmentingBatcher {
 impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for AugmentingBatcher {
     fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
         let examples: Vec<Example> = items.into_iter().flatten().collect();
-        let mut batch = CtcBatcher.make(&self.augment(&examples), device);
+        let call = self.call(&examples);
+        let mut batch = CtcBatcher.make(&self.augment_call(&examples, call), device);
         batch.loss_weight = self.loss_weight;
+        batch.step_threads = self.step_threads;
+        // A stream of its own: past every utterance's index.
+        batch.dropout_seed = Some(rng_for(self.seed, call, usize::MAX).next_u64());
         batch
     }
 }

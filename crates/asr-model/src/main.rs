@@ -45,10 +45,10 @@ fn main() -> anyhow::Result<()> {
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Manifest(args) => cli::manifest::run(args),
         Command::Import(args) => cli::import::run(args),
-        Command::Train(args) => cli::on_backend(args.backend, &args),
+        Command::Train(args) => cli::on_training_backend(args.backend, &args),
         Command::Eval(args) => cli::on_backend(args.backend, &args),
         Command::Compare(args) => cli::on_backend(args.backend, &args),
         Command::Transcribe(args) => cli::on_backend(args.backend, &args),
-        Command::StepTime(args) => cli::on_backend(args.backend, &args),
+        Command::StepTime(args) => cli::on_training_backend(args.backend, &args),
     }
 }

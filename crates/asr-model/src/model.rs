@@ -8,6 +8,7 @@ use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, Linea
 use burn::tensor::activation::{gelu, log_softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use clustered_attention::dropout::dropout;
 use clustered_attention::{
     AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
     MultiHeadClusteredAttention,
@@ -211,7 +212,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             .forward(features.reshape([batch, steps, s * n_mels]));
         let x = x * (self.d_model as f64).sqrt()
             + sinusoidal_positions::<B>(steps, self.d_model, &device).unsqueeze_dim(0);
-        let mut x = self.dropout.forward(x);
+        let mut x = dropout(x, self.dropout.prob);
         let lengths: Vec<i64> = frame_lengths
             .iter()
             .map(|&f| self.output_length(f).min(steps) as i64)
@@ -224,12 +225,12 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                     .key_lengths(lengths.clone())
                     .query_lengths(lengths.clone()),
             );
-            x = x + layer.dropout.forward(h);
+            x = x + dropout(h, layer.dropout.prob);
             let h = layer.norm_ff.forward(x.clone());
             let h = layer
                 .ff_out
-                .forward(layer.dropout.forward(gelu(layer.ff_in.forward(h))));
-            x = x + layer.dropout.forward(h);
+                .forward(dropout(gelu(layer.ff_in.forward(h)), layer.dropout.prob));
+            x = x + dropout(h, layer.dropout.prob);
         }
         log_softmax(self.output.forward(self.norm.forward(x)), 2)
     }

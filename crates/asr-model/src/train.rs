@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::record::{DefaultRecorder, Recorder};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::{AutodiffBackend, Backend, DeviceOps};
 use burn::tensor::{Tensor, TensorData};
 use burn::train::metric::state::{FormatOptions, NumericMetricState};
 use burn::train::metric::{
@@ -177,7 +177,42 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
     type Input = CtcBatch<B>;
     type Output = CtcOutput<B>;
 
+    /// One training step: forward, CTC loss, backward. With [`CtcBatch::dropout_seed`] the
+    /// dropout masks come from it; with [`CtcBatch::step_threads`] the step runs on a thread
+    /// pool of that many threads of the calling thread's own.
     fn step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+        let Some(threads) = batch.step_threads else {
+            return self.seeded_train_step(batch);
+        };
+        thread_local! {
+            static POOL: std::cell::RefCell<Option<(usize, rayon::ThreadPool)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let model = self.clone();
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.as_ref().is_none_or(|(n, _)| *n != threads) {
+                let built = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a thread pool for the training step");
+                *pool = Some((threads, built));
+            }
+            let (_, pool) = pool.as_ref().expect("built above");
+            pool.install(move || model.seeded_train_step(batch))
+        })
+    }
+}
+
+impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
+    fn seeded_train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+        match batch.dropout_seed {
+            Some(seed) => clustered_attention::with_dropout_seed(seed, || self.train_step(batch)),
+            None => self.train_step(batch),
+        }
+    }
+
+    fn train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs);
         let grads = (loss.clone() * batch.loss_weight).backward();
@@ -244,7 +279,43 @@ pub struct TrainOptions {
     /// Training-time augmentation ([`crate::augment`]); waveform steps need the examples'
     /// kept audio ([`crate::data::featurize`] with `keep_audio`).
     pub augment: AugmentSet,
+    /// How several devices share the work ([`train_on_devices`]).
+    pub strategy: Strategy,
 }
+
+/// How [`train_on_devices`] trains on several devices: both are data-parallel (each device
+/// computes the gradients of its own batch, the optimizer steps on their mean) and give the
+/// same run up to float rounding; they differ in where the gradients meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Strategy {
+    /// burn-train's multi-device strategy: the gradients are moved to the first device and
+    /// summed there; one optimizer, on the first device. Every backend; on the CPU backends a
+    /// device listed `n` times is `n` workers.
+    #[default]
+    Multi,
+    /// burn-train's distributed data parallel (its `ddp` feature): one worker and one
+    /// optimizer per device, the gradients summed by an all-reduce (NCCL) during the backward
+    /// pass. CUDA only, in a build with this crate's `ddp` feature: with it Burn 0.21's
+    /// `Autodiff<B>` trains only on backends that implement `DistributedBackend` (the CubeCL
+    /// ones), and CubeCL 0.10 implements the all-reduce on CUDA alone.
+    Ddp,
+}
+
+/// The backends [`train_on_devices`] can train on: every [`AutodiffBackend`] in a build
+/// without the `ddp` feature; with it, those that are also a `DistributedBackend`, which
+/// [`Strategy::Ddp`] needs.
+#[cfg(not(feature = "ddp"))]
+pub trait TrainingBackend {}
+#[cfg(not(feature = "ddp"))]
+impl<B> TrainingBackend for B {}
+
+/// The backends [`train_on_devices`] can train on: every [`AutodiffBackend`] in a build
+/// without the `ddp` feature; with it, those that are also a `DistributedBackend`, which
+/// [`Strategy::Ddp`] needs.
+#[cfg(feature = "ddp")]
+pub trait TrainingBackend: burn::tensor::backend::distributed::DistributedBackend {}
+#[cfg(feature = "ddp")]
+impl<B: burn::tensor::backend::distributed::DistributedBackend> TrainingBackend for B {}
 
 /// The last epoch with a model checkpoint in `dir/checkpoint`.
 pub fn last_checkpoint(dir: &Path) -> Option<usize> {
@@ -291,7 +362,7 @@ impl Dataset<Vec<Example>> for StopAfter {
 ///
 /// # Errors
 /// When the directory cannot be written or a checkpoint cannot be read.
-pub fn train<B: AutodiffBackend + ClusteredAttentionBackend>(
+pub fn train<B: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend>(
     saved: &SavedModel,
     train: Vec<Example>,
     valid: Vec<Example>,
@@ -304,17 +375,18 @@ where
     train_on_devices::<B>(saved, train, valid, options, std::slice::from_ref(device))
 }
 
-/// Trains as [`train`] does, data-parallel on `devices` (burn-train's multi-device strategy,
-/// the optimizer on the first device): each step, every device computes the gradients of its
-/// own batch, with its loss weighted `1/n`, and the optimizer takes their sum, the mean over
-/// `n` batches. A device may be listed more than once: on the CPU backends, whose one device
-/// is the whole machine, `n` copies are `n` workers. The batches are dealt to the devices in
-/// turn in length order, so each device gets batches of every length. Validation runs on the
-/// first device.
+/// Trains as [`train`] does, data-parallel on `devices` with `options.strategy`
+/// ([`Strategy`]): each step, every device computes the gradients of its own batch, with its
+/// loss weighted `1/n`, and the optimizer takes their sum, the mean over `n` batches. With
+/// [`Strategy::Multi`] a device may be listed more than once: on the CPU backends, whose one
+/// device is the whole machine, `n` copies are `n` workers. The batches are dealt to the
+/// devices in turn in length order, so each device gets batches of every length. Validation
+/// and checkpoints are the first device's.
 ///
 /// # Errors
-/// As [`train`]; or when `devices` is empty.
-pub fn train_on_devices<B: AutodiffBackend + ClusteredAttentionBackend>(
+/// As [`train`]; or when `devices` is empty; or with [`Strategy::Ddp`] in a build without
+/// the `ddp` feature, or with a device listed twice.
+pub fn train_on_devices<B: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend>(
     saved: &SavedModel,
     train: Vec<Example>,
     valid: Vec<Example>,
@@ -327,6 +399,20 @@ where
     let Some(device) = devices.first() else {
         anyhow::bail!("training needs at least one device");
     };
+    if options.strategy == Strategy::Ddp {
+        if cfg!(not(feature = "ddp")) {
+            anyhow::bail!(
+                "strategy ddp needs a build with asr-model's `ddp` feature \
+                 (`--no-default-features --features cuda,ddp`)"
+            );
+        }
+        let ids: std::collections::HashSet<_> = devices.iter().map(|d| d.id()).collect();
+        if ids.len() != devices.len() {
+            anyhow::bail!(
+                "strategy ddp runs one worker per device: {devices:?} lists a device twice"
+            );
+        }
+    }
     std::fs::create_dir_all(&options.dir)?;
     B::seed(device, options.seed);
     let model: AsrModel<B> = saved.model.init(device);
@@ -334,10 +420,15 @@ where
     let optim = AdamConfig::new()
         .with_grad_clipping(Some(GradientClippingConfig::Norm(options.grad_clip)))
         .init();
+    // burn-train's DDP workers each advance their scheduler once per device every step.
+    let scheduler_steps_per_step = match options.strategy {
+        Strategy::Multi => 1,
+        Strategy::Ddp => devices.len(),
+    };
     let scheduler = LinearLrSchedulerConfig::new(
         options.learning_rate / options.warmup_steps.max(1) as f64,
         options.learning_rate,
-        options.warmup_steps.max(1),
+        options.warmup_steps.max(1) * scheduler_steps_per_step,
     )
     .init()
     .map_err(|e| anyhow::anyhow!("learning-rate schedule: {e}"))?;
@@ -351,7 +442,8 @@ where
         saved.model.subsampling,
         options.seed,
     )
-    .with_loss_weight(1.0 / devices.len() as f32);
+    .with_loss_weight(1.0 / devices.len() as f32)
+    .with_step_threads(step_threads::<B>(devices));
     let builder = || {
         let mut builder = DataLoaderBuilder::<B, _, _>::new(batcher.clone()).batch_size(1);
         // Batches (and their augmentation) are made by one worker thread, beside the training
@@ -387,10 +479,26 @@ where
     if !options.application_log {
         training = training.with_application_logger(None);
     }
-    if devices.len() > 1 {
-        training = training.with_training_strategy(
-            ExecutionStrategy::multi(devices.to_vec(), MultiDeviceOptim::OptimMainDevice).into(),
-        );
+    match options.strategy {
+        Strategy::Multi if devices.len() > 1 => {
+            training = training.with_training_strategy(
+                ExecutionStrategy::multi(devices.to_vec(), MultiDeviceOptim::OptimMainDevice)
+                    .into(),
+            );
+        }
+        Strategy::Multi => {}
+        #[cfg(feature = "ddp")]
+        Strategy::Ddp => {
+            use burn::tensor::backend::distributed::{DistributedConfig, ReduceOperation};
+            // The losses are weighted 1/n already: the all-reduce sums.
+            let config = DistributedConfig {
+                all_reduce_op: ReduceOperation::Sum,
+            };
+            training = training
+                .with_training_strategy(ExecutionStrategy::ddp(devices.to_vec(), config).into());
+        }
+        #[cfg(not(feature = "ddp"))]
+        Strategy::Ddp => unreachable!("rejected above"),
     }
     if options.resume {
         if let Some(epoch) = last_checkpoint(&options.dir) {
@@ -444,6 +552,21 @@ fn deal(batches: Vec<Vec<Example>>, n: usize) -> Vec<Vec<Example>> {
         slices[k].push(batch);
     }
     slices.into_iter().flatten().collect()
+}
+
+/// The threads each worker's training step keeps to: when a device is listed `k > 1` times
+/// (the CPU backends' one device, as `k` workers), its workers share the machine's cores,
+/// `cores / k` each (at least one), each worker's step on a thread pool of its own, so that
+/// they do not queue on one pool; else none (rayon's global pool).
+fn step_threads<B: Backend>(devices: &[B::Device]) -> Option<usize> {
+    let most = devices
+        .iter()
+        .map(|d| devices.iter().filter(|e| *e == d).count())
+        .max()?;
+    (most > 1).then(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / most).max(1)
+    })
 }
 
 /// File of a model directory that holds its [`TrainingLog`].

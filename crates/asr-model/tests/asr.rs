@@ -18,15 +18,20 @@ use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
-    EpochLog, SavedModel, TRAINING_LOG, TrainOptions, TrainingLog, evaluate, last_checkpoint,
-    load_model, save_model, train, train_on_devices,
+    EpochLog, SavedModel, Strategy, TRAINING_LOG, TrainOptions, TrainingLog, evaluate,
+    last_checkpoint, load_model, save_model, train, train_on_devices,
 };
 use burn::backend::{Autodiff, NdArray};
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::AttentionKind;
+
+mod common;
+use common::{
+    Parameters, data_parallel_against_one_device, tempdir, toy_config, toy_example, toy_run,
+};
 
 type Cpu = NdArray<f32>;
 type Train = Autodiff<Cpu>;
@@ -235,48 +240,6 @@ fn manifest_reads_and_reports_every_problem_with_its_line() {
     }
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("asr-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A toy utterance: `frames` frames of noise with a distinct pattern per label segment.
-fn toy_example(id: usize, targets: Vec<usize>, frames: usize, n_mels: usize) -> Example {
-    let mut data = vec![0f32; frames * n_mels];
-    let per = frames / targets.len();
-    for t in 0..frames {
-        let label = targets[(t / per).min(targets.len() - 1)];
-        for m in 0..n_mels {
-            let noise = (((t * 31 + m * 17 + id * 7) % 13) as f32 - 6.0) * 0.02;
-            data[t * n_mels + m] = if m % 8 == label % 8 { 1.5 } else { -0.2 } + noise;
-        }
-    }
-    Example {
-        id: format!("toy-{id}"),
-        features: Arc::new(Features {
-            frames,
-            n_mels,
-            data,
-        }),
-        targets,
-        audio: None,
-    }
-}
-
-fn toy_config(attention: AttentionKind) -> AsrModelConfig {
-    AsrModelConfig::new(9)
-        .with_n_mels(16)
-        .with_d_model(32)
-        .with_n_heads(2)
-        .with_n_layers(1)
-        .with_d_ff(64)
-        .with_dropout(0.0)
-        .with_subsampling(2)
-        .with_attention(attention)
-}
-
 /// A model saved by `save_model` and loaded back by `load_model` has the same configuration and
 /// phones and gives the same log-probabilities, bit for bit, as the model that was saved.
 #[test]
@@ -361,29 +324,6 @@ fn one_batch_overfits_to_near_zero_loss() {
     assert_eq!(decoded, batch.references);
 }
 
-/// `n` toy utterances of 24 frames and a model of `attention` to train on them.
-fn toy_run(n: usize, attention: AttentionKind) -> (Vec<Example>, SavedModel) {
-    let examples = (0..n)
-        .map(|i| toy_example(i, vec![1 + i % 8, 2, 3], 24, 16))
-        .collect();
-    let saved = SavedModel {
-        model: toy_config(attention),
-        features: LogMelConfig::new().with_n_mels(16),
-        phones: PhoneInventory::standard().phones()[..8].to_vec(),
-    };
-    (examples, saved)
-}
-
-/// Every float parameter of a module, in visiting order.
-struct Parameters(Vec<Vec<f32>>);
-
-impl<B: Backend> ModuleVisitor<B> for Parameters {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.0
-            .push(param.val().into_data().convert::<f32>().to_vec().unwrap());
-    }
-}
-
 /// Data-parallel training on two devices (two workers on NdArray's one device), each step one
 /// utterance per device, ends with the same weights as one device whose batches hold both
 /// utterances: the gradients of the two halves, each loss weighted 1/2, sum to the whole
@@ -394,63 +334,75 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
 #[test]
 fn two_devices_train_as_one_device_on_twice_the_batch() {
     let _rng = process_rng();
-    let (examples, saved) = toy_run(4, AttentionKind::Full);
-    let options = |name: &str, batch_frames| TrainOptions {
-        dir: tempdir(name),
-        epochs: 1,
-        learning_rate: 3e-3,
-        warmup_steps: 1,
-        grad_clip: 1.0,
-        batch_frames,
-        seed: 0,
-        shuffle: false,
-        resume: false,
-        stop_after_steps: None,
-        application_log: false,
-        augment: AugmentSet::default(),
-    };
     let device = burn::backend::ndarray::NdArrayDevice::default();
-    // 24 frames each: one utterance per batch at 24 frames, two at 48.
-    let two = train_on_devices::<Train>(
-        &saved,
-        examples.clone(),
-        examples.clone(),
-        &options("two-devices", 24),
-        &[device, device],
-    )
-    .unwrap();
-    let one = train::<Train>(
-        &saved,
-        examples.clone(),
-        examples.clone(),
-        &options("one-device", 48),
-        &device,
-    )
-    .unwrap();
-    let (mut a, mut b) = (Parameters(Vec::new()), Parameters(Vec::new()));
-    two.visit(&mut a);
-    one.visit(&mut b);
-    assert_eq!(a.0.len(), b.0.len());
-    // The initial weights, drawn as the runs above drew them: a run whose steps move nothing.
-    let mut still = options("no-step", 48);
-    still.learning_rate = 1e-12;
-    let init = train::<Train>(&saved, examples.clone(), examples, &still, &device).unwrap();
-    let mut initial = Parameters(Vec::new());
-    init.visit(&mut initial);
-    let mut moved = 0f32;
-    let mut worst = 0f32;
-    for ((x, y), z) in a.0.iter().zip(&b.0).zip(&initial.0) {
-        for ((x, y), z) in x.iter().zip(y).zip(z) {
-            worst = worst.max((x - y).abs());
-            moved = moved.max((y - z).abs());
-        }
-    }
+    let run =
+        data_parallel_against_one_device::<Train>("multi", &[device, device], Strategy::Multi);
     // Measured: 5.4e-7.
-    assert!(worst <= 1e-5, "largest difference {worst}");
+    assert!(run.worst <= 1e-5, "largest difference {}", run.worst);
     assert!(
-        moved > 1e-3,
-        "the steps changed the weights (largest change {moved})"
+        run.moved > 1e-3,
+        "the steps changed the weights (largest change {})",
+        run.moved
     );
+}
+
+/// Two data-parallel workers on one device, with dropout (0.1) and SpecAugment on and the
+/// batches shuffled, end two runs of the same seed with the same weights, bit for bit: each
+/// batch's dropout masks and augmentation are drawn from its own seed, not from a generator
+/// that the workers share in whatever order they reach it. A third run with another seed
+/// ends elsewhere.
+#[test]
+fn two_workers_with_dropout_repeat_bit_for_bit() {
+    let _rng = process_rng();
+    let (examples, mut saved) = toy_run(
+        8,
+        AttentionKind::Improved {
+            clusters: 3,
+            topk: 4,
+        },
+    );
+    saved.model = saved.model.with_dropout(0.1);
+    let device = burn::backend::ndarray::NdArrayDevice::default();
+    let run = |name: &str, seed: u64| {
+        let options = TrainOptions {
+            dir: tempdir(name),
+            epochs: 1,
+            learning_rate: 3e-3,
+            warmup_steps: 1,
+            grad_clip: 1.0,
+            batch_frames: 48,
+            seed,
+            shuffle: true,
+            resume: false,
+            stop_after_steps: None,
+            application_log: false,
+            augment: AugmentSet::new(&[Augmentation::SpecAugment]),
+            strategy: Strategy::Multi,
+        };
+        let model = train_on_devices::<Train>(
+            &saved,
+            examples.clone(),
+            examples.clone(),
+            &options,
+            &[device, device],
+        )
+        .unwrap();
+        let mut parameters = Parameters(Vec::new());
+        model.visit(&mut parameters);
+        parameters.0
+    };
+    let largest_difference = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let first = run("repeat-a", 0);
+    let again = largest_difference(&first, &run("repeat-b", 0));
+    assert_eq!(again, 0.0, "the same seed gave other weights");
+    let other = largest_difference(&first, &run("repeat-c", 1));
+    assert!(other > 0.0, "another seed gave the same weights");
 }
 
 /// `asr train --devices cpu:2` (two data-parallel workers) trains an epoch of a small corpus,
@@ -506,6 +458,31 @@ fn cli_trains_on_two_cpu_workers_and_resumes() {
     assert!(out.join("model.mpk").exists());
 }
 
+/// `asr train --strategy ddp` off CUDA is refused before any work, naming the devices, and
+/// `--devices` that do not fit `--backend` are too.
+#[test]
+fn cli_refuses_ddp_off_cuda_and_devices_of_another_backend() {
+    let train = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_asr"))
+            .arg("train")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} ran");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let stderr = train(&["--devices", "cpu:2", "--strategy", "ddp"]);
+    assert!(
+        stderr.contains("--strategy ddp with --devices cpu:2") && stderr.contains("CUDA"),
+        "{stderr}"
+    );
+    let stderr = train(&["--devices", "cuda:0"]);
+    assert!(
+        stderr.contains("--devices cuda:0 does not fit --backend flex"),
+        "{stderr}"
+    );
+}
+
 /// A run interrupted in its second epoch and restarted with `resume` continues from the
 /// first epoch's checkpoint (weights, Adam state and learning-rate schedule): it ends with the
 /// same weights as an uninterrupted two-epoch run (batch order fixed, no dropout), to 1e-5.
@@ -526,6 +503,7 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
         stop_after_steps,
         application_log: false,
         augment: AugmentSet::default(),
+        strategy: Strategy::Multi,
     };
     let device = Default::default();
     let run = |o: TrainOptions| {
@@ -1163,6 +1141,7 @@ fn manifests_from_librispeech_kaldi_and_tsv_layouts() {
                 stop_after_steps: None,
                 application_log: false,
                 augment: AugmentSet::default(),
+                strategy: Strategy::Multi,
             },
             &Default::default(),
         )

@@ -5,13 +5,15 @@ use std::time::Instant;
 
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use backend_select::{BackendName, BackendTask};
-use burn::backend::Autodiff;
+use asr_model::train::TrainingBackend;
+use backend_select::BackendName;
 use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Args;
 use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+use super::TrainingTask;
 
 /// Arguments of `asr step-time`.
 #[derive(Args, Debug)]
@@ -40,12 +42,13 @@ pub struct StepTimeArgs {
     steps: usize,
 }
 
-impl BackendTask for &StepTimeArgs {
-    type Output = anyhow::Result<()>;
-
-    /// Times the steps on `Autodiff<B>` and prints a markdown table.
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        type A<B> = Autodiff<B>;
+impl TrainingTask for &StepTimeArgs {
+    /// Times the steps on the autodiff backend `A` and prints a markdown table.
+    fn run<A>(self, _: BackendName, device: A::Device) -> anyhow::Result<()>
+    where
+        A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
+        A::InnerBackend: ClusteredAttentionBackend,
+    {
         let args = self;
         let inventory = PhoneInventory::standard();
         let targets_len = args.frames / args.subsampling / 4;
@@ -53,18 +56,18 @@ impl BackendTask for &StepTimeArgs {
             "| attention | frames | batch | subsampling | median step (s) | min (s) | max (s) |\n|---|---:|---:|---:|---:|---:|---:|"
         );
         for &attention in &args.attention {
-            A::<B>::seed(&device, 0);
+            A::seed(&device, 0);
             let mut model = AsrModelConfig::new(inventory.n_outputs())
                 .with_attention(attention)
                 .with_subsampling(args.subsampling)
-                .init::<A<B>>(&device);
+                .init::<A>(&device);
             let mut optim = burn::optim::AdamConfig::new().init();
-            let features = Tensor::<A<B>, 3>::random(
+            let features = Tensor::<A, 3>::random(
                 [args.batch, args.frames, 40],
                 Distribution::Normal(0.0, 1.0),
                 &device,
             );
-            let targets = Tensor::<A<B>, 2, Int>::random(
+            let targets = Tensor::<A, 2, Int>::random(
                 [args.batch, targets_len],
                 Distribution::Uniform(1.0, 40.0),
                 &device,
@@ -81,7 +84,7 @@ impl BackendTask for &StepTimeArgs {
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 model = optim.step(1e-4, model, grads);
                 // Wait for the device: read one value back.
-                let _ = A::<B>::sync(&device);
+                let _ = A::sync(&device);
                 if step > 0 {
                     times.push(start.elapsed().as_secs_f64());
                 }

@@ -8,11 +8,15 @@ use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{SavedModel, TrainOptions, evaluate, feasible, train_on_devices};
-use backend_select::{BackendName, BackendTask};
-use burn::backend::Autodiff;
+use asr_model::train::{
+    SavedModel, Strategy, TrainOptions, TrainingBackend, evaluate, feasible, train_on_devices,
+};
+use backend_select::BackendName;
+use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+use super::TrainingTask;
 
 /// Arguments of `asr train`.
 #[derive(Args, Debug)]
@@ -39,6 +43,11 @@ pub struct TrainArgs {
     /// on the mean of their gradients.
     #[arg(long, default_value = "cpu:1", value_parser = parse_devices)]
     devices: DeviceSpec,
+    /// How the devices share the work: `multi` (burn-train's multi-device strategy, any
+    /// backend) or `ddp` (distributed data parallel over NCCL: CUDA devices, in a build with
+    /// the `ddp` feature).
+    #[arg(long, value_enum, default_value = "multi")]
+    strategy: Strategy,
     /// Attention: full, clustered:C, improved:C:K, shared-full, lsh:X or oracle:K.
     #[arg(long, default_value = "improved:16:16")]
     attention: AttentionKind,
@@ -109,6 +118,18 @@ pub enum DeviceSpec {
     Gpu(String, Vec<usize>),
 }
 
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu(n) => write!(f, "cpu:{n}"),
+            DeviceSpec::Gpu(kind, ids) => {
+                let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+                write!(f, "{kind}:{}", ids.join(","))
+            }
+        }
+    }
+}
+
 fn parse_devices(s: &str) -> Result<DeviceSpec, String> {
     let (kind, list) = s
         .split_once(':')
@@ -165,7 +186,7 @@ impl DeviceSpec {
                     .collect())
             }
             _ => anyhow::bail!(
-                "--devices {self:?} does not fit --backend {}: use {kind}:…",
+                "--devices {self} does not fit --backend {}: use {kind}:…",
                 backend.name()
             ),
         }
@@ -185,18 +206,25 @@ fn parse_augment(s: &str) -> Result<AugmentSet, String> {
     }
 }
 
-impl BackendTask for &TrainArgs {
-    type Output = anyhow::Result<()>;
-
-    /// Trains on `Autodiff<B>`, then prints the test phone error rates.
-    fn run<B: ClusteredAttentionBackend>(
-        self,
-        backend: BackendName,
-        device: B::Device,
-    ) -> Self::Output {
+impl TrainingTask for &TrainArgs {
+    /// Trains on the autodiff backend `A`, then prints the test phone error rates.
+    fn run<A>(self, backend: BackendName, device: A::Device) -> anyhow::Result<()>
+    where
+        A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
+        A::InnerBackend: ClusteredAttentionBackend,
+    {
         let args = self;
         let start = Instant::now();
         let devices = args.devices.devices(backend, &device)?;
+        if args.strategy == Strategy::Ddp
+            && !matches!(args.devices, DeviceSpec::Gpu(ref k, _) if k == "cuda")
+        {
+            anyhow::bail!(
+                "--strategy ddp with --devices {}: DDP runs on CUDA devices only (its all-reduce \
+                 is NCCL's); use --strategy multi",
+                args.devices
+            );
+        }
         let features = LogMelConfig::new()
             .with_n_mels(args.n_mels)
             .with_f_max_hz(args.f_max_hz);
@@ -292,8 +320,9 @@ impl BackendTask for &TrainArgs {
             stop_after_steps: args.stop_after_steps,
             application_log: true,
             augment: args.augment.clone(),
+            strategy: args.strategy,
         };
-        let model = train_on_devices::<Autodiff<B>>(&saved, train_split, dev, &options, &devices)?;
+        let model = train_on_devices::<A>(&saved, train_split, dev, &options, &devices)?;
         for (manifest, test) in &tests {
             let per = evaluate(&model, test, None, args.batch_frames, &device);
             println!(

@@ -1,0 +1,163 @@
+//! Helpers shared by the test files: toy utterances, a toy model, and the comparison of a
+//! data-parallel run with a one-device run.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use asr_model::augment::AugmentSet;
+use asr_model::data::Example;
+use asr_model::features::{Features, LogMelConfig};
+use asr_model::model::AsrModelConfig;
+use asr_model::phones::PhoneInventory;
+use asr_model::train::{
+    SavedModel, Strategy, TrainOptions, TrainingBackend, train, train_on_devices,
+};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+
+pub fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("asr-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A toy utterance: `frames` frames of noise with a distinct pattern per label segment.
+pub fn toy_example(id: usize, targets: Vec<usize>, frames: usize, n_mels: usize) -> Example {
+    let mut data = vec![0f32; frames * n_mels];
+    let per = frames / targets.len();
+    for t in 0..frames {
+        let label = targets[(t / per).min(targets.len() - 1)];
+        for m in 0..n_mels {
+            let noise = (((t * 31 + m * 17 + id * 7) % 13) as f32 - 6.0) * 0.02;
+            data[t * n_mels + m] = if m % 8 == label % 8 { 1.5 } else { -0.2 } + noise;
+        }
+    }
+    Example {
+        id: format!("toy-{id}"),
+        features: Arc::new(Features {
+            frames,
+            n_mels,
+            data,
+        }),
+        targets,
+        audio: None,
+    }
+}
+
+pub fn toy_config(attention: AttentionKind) -> AsrModelConfig {
+    AsrModelConfig::new(9)
+        .with_n_mels(16)
+        .with_d_model(32)
+        .with_n_heads(2)
+        .with_n_layers(1)
+        .with_d_ff(64)
+        .with_dropout(0.0)
+        .with_subsampling(2)
+        .with_attention(attention)
+}
+
+/// `n` toy utterances of 24 frames and a model of `attention` to train on them.
+pub fn toy_run(n: usize, attention: AttentionKind) -> (Vec<Example>, SavedModel) {
+    let examples = (0..n)
+        .map(|i| toy_example(i, vec![1 + i % 8, 2, 3], 24, 16))
+        .collect();
+    let saved = SavedModel {
+        model: toy_config(attention),
+        features: LogMelConfig::new().with_n_mels(16),
+        phones: PhoneInventory::standard().phones()[..8].to_vec(),
+    };
+    (examples, saved)
+}
+
+/// Every float parameter of a module, in visiting order.
+pub struct Parameters(pub Vec<Vec<f32>>);
+
+impl<B: Backend> ModuleVisitor<B> for Parameters {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0
+            .push(param.val().into_data().convert::<f32>().to_vec().unwrap());
+    }
+}
+
+/// How far a data-parallel run ended from the one-device run it should equal.
+pub struct Comparison {
+    /// Largest difference of a weight between the two runs.
+    pub worst: f32,
+    /// Largest change of a weight by the one-device run's steps (that the steps did move them).
+    pub moved: f32,
+}
+
+/// Trains 4 toy utterances of 24 frames with full attention for two steps data-parallel on
+/// `devices` with `strategy`, one utterance per device and step, and on `devices[0]` alone
+/// with batches of `devices.len()` utterances (no dropout, no augmentation, fixed order); each
+/// weight is compared between the runs and with its initial value.
+pub fn data_parallel_against_one_device<A>(
+    name: &str,
+    devices: &[A::Device],
+    strategy: Strategy,
+) -> Comparison
+where
+    A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
+    A::InnerBackend: ClusteredAttentionBackend,
+{
+    let n = devices.len();
+    let (examples, saved) = toy_run(2 * n, AttentionKind::Full);
+    let options = |run: &str, batch_frames| TrainOptions {
+        dir: tempdir(&format!("{name}-{run}")),
+        epochs: 1,
+        learning_rate: 3e-3,
+        warmup_steps: 1,
+        grad_clip: 1.0,
+        batch_frames,
+        seed: 0,
+        shuffle: false,
+        resume: false,
+        stop_after_steps: None,
+        application_log: false,
+        augment: AugmentSet::default(),
+        strategy: Strategy::Multi,
+    };
+    let mut parallel = options("parallel", 24);
+    parallel.strategy = strategy;
+    let parallel = train_on_devices::<A>(
+        &saved,
+        examples.clone(),
+        examples.clone(),
+        &parallel,
+        devices,
+    )
+    .unwrap();
+    let device = &devices[0];
+    let one = train::<A>(
+        &saved,
+        examples.clone(),
+        examples.clone(),
+        &options("one-device", 24 * n),
+        device,
+    )
+    .unwrap();
+    // The initial weights, drawn as the runs above drew them: a run whose steps move nothing.
+    let mut still = options("no-step", 24 * n);
+    still.learning_rate = 1e-12;
+    let init = train::<A>(&saved, examples.clone(), examples, &still, device).unwrap();
+    let (mut a, mut b, mut initial) = (
+        Parameters(Vec::new()),
+        Parameters(Vec::new()),
+        Parameters(Vec::new()),
+    );
+    parallel.visit(&mut a);
+    one.visit(&mut b);
+    init.visit(&mut initial);
+    assert_eq!(a.0.len(), b.0.len());
+    let (mut worst, mut moved) = (0f32, 0f32);
+    for ((x, y), z) in a.0.iter().zip(&b.0).zip(&initial.0) {
+        for ((x, y), z) in x.iter().zip(y).zip(z) {
+            worst = worst.max((x - y).abs());
+            moved = moved.max((y - z).abs());
+        }
+    }
+    Comparison { worst, moved }
+}
