@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA kit on a machine without a GPU: stripped, gzipped release binaries of the
-# benchmark CLI (`bench`, CUDA backend only) and of the test suite that holds the CUDA tests
-# (`suite`), `run.sh`, the one command to run on the GPU machine, and `sdpa-bench.py`, which
+# benchmark CLI (`bench`, CUDA backend only), of the test suite that holds the CUDA tests
+# (`suite`), and of `asr` and its `ddp` test (asr-model's `ddp` feature), `run.sh`, the one command to run on the GPU machine, and `sdpa-bench.py`, which
 # times PyTorch's attention on the same shapes there. Everything lands in `gpu-kit/`
 # (git-ignored), under 64 MiB.
 #
@@ -33,13 +33,29 @@ for line in sys.stdin:
         print(message["executable"])
 ')
 
+# Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
+# `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
+cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
+ddp=$(cargo test --release --locked -p asr-model --no-default-features --features ddp \
+    --test ddp --no-run --message-format=json |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["target"]["name"] == "ddp":
+        print(message["executable"])
+')
+
 rm -rf "$kit"
 mkdir -p "$kit"
 cp "$target/release/bench" "$kit/bench"
 cp "$suite" "$kit/suite"
-strip "$kit/bench" "$kit/suite"
-# Stripped, the two are ~77 MiB; gzip brings them to ~19 (run.sh unpacks them).
-gzip -9 "$kit/bench" "$kit/suite"
+cp "$target/release/asr" "$kit/asr"
+cp "$ddp" "$kit/ddp"
+strip "$kit/bench" "$kit/suite" "$kit/asr" "$kit/ddp"
+# gzip brings them to about a quarter (run.sh unpacks them).
+gzip -9 "$kit/bench" "$kit/suite" "$kit/asr" "$kit/ddp"
 cp scripts/gpu-run.sh "$kit/run.sh"
 cp scripts/sdpa-bench.py "$kit/sdpa-bench.py"
 

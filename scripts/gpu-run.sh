@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bench.gz` and `suite.gz`): the CUDA tests, then the CUDA benchmark
+# there as gpu-kit/run.sh beside `bench.gz`, `suite.gz`, `asr.gz` and `ddp.gz`): the CUDA tests,
+# a check of training with DDP (ddp-test.log, ddp-train.log), then the CUDA benchmark
 # (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then
 # clustered and improved in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused).
 #
@@ -51,6 +52,10 @@ work=$(mktemp -d)
 bin=$(mktemp -d)
 for name in bench suite; do
     gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1
+done
+# `asr` and the `ddp` test, built with asr-model's `ddp` feature (kits from before lack them).
+for name in asr ddp; do
+    [ -f "$kit/$name.gz" ] && { gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1; }
 done
 
 # Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
@@ -207,6 +212,48 @@ if [ -n "$faulted" ]; then
                 } >>"$out/summary.md"
             done
         done
+    fi
+    echo '```' >>"$out/summary.md"
+fi
+
+# Training with burn-train's DDP on the first GPU (DDP=0 skips it): the `ddp` test (DDP
+# against one device, to 1e-5), then `asr train --strategy ddp` for one epoch of the bundled
+# corpus, when the kit sits in a checkout (`../data/corpus`), DDP_TIMEOUT_S each (default 240).
+# cudarc loads NCCL as `libnccl.so`; NCCL's own packages and PyTorch's wheel have
+# `libnccl.so.2`: a link to it is made when the loader finds no `libnccl.so`.
+if [ "${DDP:-1}" != 0 ] && [ -x "$bin/ddp" ]; then
+    nccl_note="libnccl.so in the loader's cache"
+    if ! ldconfig -p | grep -q 'libnccl\.so '; then
+        nccl_note="no libnccl.so found"
+        nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+        [ -f "$nccl" ] || nccl=$(find /usr/lib /usr/local /opt -name 'libnccl.so*' 2>/dev/null | head -1)
+        if [ -n "$nccl" ] && [ -f "$nccl" ]; then
+            mkdir -p "$work/nccl" && ln -sf "$nccl" "$work/nccl/libnccl.so"
+            export LD_LIBRARY_PATH="$work/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            nccl_note="libnccl.so linked to $nccl"
+        fi
+    fi
+    {
+        echo
+        echo "## Training with DDP on CUDA"
+        echo
+        echo '```'
+        echo "NCCL: $nccl_note"
+    } >>"$out/summary.md"
+    if limit=$(within_deadline "${DDP_TIMEOUT_S:-240}"); then
+        CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
+            timeout -k 10 "$limit" "$bin/ddp" --test-threads=1 --nocapture >"$out/ddp-test.log" 2>&1
+        echo "ddp test: exit status $?" >>"$out/summary.md"
+        grep -E '^ddp on|^test result|panicked at' -A1 "$out/ddp-test.log" | cut -c1-300 >>"$out/summary.md"
+    else
+        echo "ddp test skipped: RUN_DEADLINE_S reached" >>"$out/summary.md"
+    fi
+    corpus="$kit/../data/corpus"
+    if [ -x "$bin/asr" ] && [ -f "$corpus/train.jsonl" ] && limit=$(within_deadline "${DDP_TIMEOUT_S:-240}"); then
+        timeout -k 10 "$limit" "$bin/asr" train --backend cuda --devices cuda:0 --strategy ddp \
+            --corpus "$corpus" --epochs 1 --augment none --out "$work/ddp-run" >"$out/ddp-train.log" 2>&1
+        echo "asr train --backend cuda --devices cuda:0 --strategy ddp, 1 epoch: exit status $?" >>"$out/summary.md"
+        grep -E '^test PER|wall time|panicked at|^Error' -A1 "$out/ddp-train.log" | cut -c1-300 >>"$out/summary.md"
     fi
     echo '```' >>"$out/summary.md"
 fi

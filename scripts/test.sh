@@ -69,6 +69,14 @@ run_tests() {
 }
 phase "tests" run_tests "$@"
 
+# The `ddp` build of asr-model (burn-train's distributed data parallel, CUDA alone: with Burn's
+# `distributed`, the CPU backends cannot train, so it is a build of its own) is checked, so that
+# it keeps compiling; its test runs on a GPU (scripts/gpu-bundle.sh). DDP_CHECK=0 skips it.
+if [ "${DDP_CHECK:-1}" != 0 ]; then
+    phase "ddp build check" cargo check --locked -p asr-model --no-default-features \
+        --features ddp --lib --bins --test ddp
+fi
+
 # The WGPU kernels' tests once more with tensors allocated as CUDA allocates them, each row
 # padded to a pitch: the layout bugs that only CUDA would show, found without a GPU
 # (scripts/pitched-wgpu.sh; PITCHED_WGPU=0 skips it).
