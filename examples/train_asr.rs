@@ -53,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         epochs: 1,
         learning_rate: 2e-3,
         warmup_steps: 4,
+        final_learning_rate: None,
         grad_clip: 1.0,
         batch_frames: 3000,
         seed: 0,

@@ -18,34 +18,32 @@ kit=gpu-kit
 target=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
+# test_binary NAME CARGO_TEST_ARGS...: builds a test binary and prints the path of the one
+# whose target is NAME.
+test_binary() {
+    local name=$1
+    shift
+    cargo test "$@" --no-run --message-format=json | NAME="$name" python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["target"]["name"] == os.environ["NAME"]:
+        print(message["executable"])
+'
+}
+
 cargo build --release --locked -p bench --no-default-features --features cuda
 # The test binary that holds the CUDA tests (the `suite` integration test). Without Burn's
 # autotuning: the tests check values, and with it the half-precision tests ran past 150 s on an
 # H100, where a build without it had taken ~35 s. The benchmark keeps it.
-suite=$(cargo test --release --locked -p clustered-attention --features cuda --test suite \
-    --no-run --message-format=json |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message.get("executable") \
-            and message["target"]["name"] == "suite":
-        print(message["executable"])
-')
+suite=$(test_binary suite --release --locked -p clustered-attention --features cuda --test suite)
 
 # Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
 # `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
 cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
-ddp=$(cargo test --release --locked -p asr-model --no-default-features --features ddp \
-    --test ddp --no-run --message-format=json |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message.get("executable") \
-            and message["target"]["name"] == "ddp":
-        print(message["executable"])
-')
+ddp=$(test_binary ddp --release --locked -p asr-model --no-default-features --features ddp \
+    --test ddp)
 
 rm -rf "$kit"
 mkdir -p "$kit"

@@ -8,6 +8,7 @@ use anyhow::Context;
 use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
+use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
 use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
 use burn::module::Module;
 use burn::optim::AdamConfig;
@@ -261,6 +262,10 @@ pub struct TrainOptions {
     pub learning_rate: f64,
     /// Linear warm-up steps.
     pub warmup_steps: usize,
+    /// Learning rate at the last step of the last epoch: the warm-up's rate times a factor
+    /// falling linearly from 1 at the first step to `final / learning_rate` at the last.
+    /// `None`: the peak rate from the end of the warm-up on.
+    pub final_learning_rate: Option<f64>,
     /// Gradient clipping: largest L2 norm of each parameter's gradient.
     pub grad_clip: f32,
     /// Padded frames per batch.
@@ -425,13 +430,35 @@ where
         Strategy::Multi => 1,
         Strategy::Ddp => devices.len(),
     };
-    let scheduler = LinearLrSchedulerConfig::new(
-        options.learning_rate / options.warmup_steps.max(1) as f64,
-        options.learning_rate,
-        options.warmup_steps.max(1) * scheduler_steps_per_step,
-    )
-    .init()
-    .map_err(|e| anyhow::anyhow!("learning-rate schedule: {e}"))?;
+    // Steps per epoch: burn-train gives each device a slice of the batches, the last the
+    // largest (see `deal`).
+    let batches = dataset.len();
+    let n = devices.len();
+    let steps_per_epoch = (batches - (batches / n) * (n - 1)).max(1);
+    let decay = match options.final_learning_rate {
+        Some(last) if !(0.0..=options.learning_rate).contains(&last) => anyhow::bail!(
+            "final learning rate {last} must be in [0, learning rate = {}]",
+            options.learning_rate
+        ),
+        // burn's linear schedule reaches its final rate after `num_iters` steps, at the
+        // step after them: the run's last step.
+        Some(last) => LinearLrSchedulerConfig::new(
+            1.0,
+            last / options.learning_rate,
+            (options.epochs.max(1) * steps_per_epoch * scheduler_steps_per_step - 1).max(1),
+        ),
+        None => LinearLrSchedulerConfig::new(1.0, 1.0, 1),
+    };
+    let scheduler = ComposedLrSchedulerConfig::new()
+        .with_reduction(SchedulerReduction::Prod)
+        .linear(LinearLrSchedulerConfig::new(
+            options.learning_rate / options.warmup_steps.max(1) as f64,
+            options.learning_rate,
+            options.warmup_steps.max(1) * scheduler_steps_per_step,
+        ))
+        .linear(decay)
+        .init()
+        .map_err(|e| anyhow::anyhow!("learning-rate schedule: {e}"))?;
     let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(CtcBatcher)
         .batch_size(1)
         .build(BucketDataset::new(bucket(valid, options.batch_frames)));

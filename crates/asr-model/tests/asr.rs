@@ -30,7 +30,8 @@ use clustered_attention::AttentionKind;
 
 mod common;
 use common::{
-    Parameters, data_parallel_against_one_device, tempdir, toy_config, toy_example, toy_run,
+    Parameters, data_parallel_against_one_device, largest_difference, tempdir, toy_config,
+    toy_example, toy_options, toy_run,
 };
 
 type Cpu = NdArray<f32>;
@@ -365,19 +366,10 @@ fn two_workers_with_dropout_repeat_bit_for_bit() {
     let device = burn::backend::ndarray::NdArrayDevice::default();
     let run = |name: &str, seed: u64| {
         let options = TrainOptions {
-            dir: tempdir(name),
-            epochs: 1,
-            learning_rate: 3e-3,
-            warmup_steps: 1,
-            grad_clip: 1.0,
-            batch_frames: 48,
             seed,
             shuffle: true,
-            resume: false,
-            stop_after_steps: None,
-            application_log: false,
             augment: AugmentSet::new(&[Augmentation::SpecAugment]),
-            strategy: Strategy::Multi,
+            ..toy_options(tempdir(name))
         };
         let model = train_on_devices::<Train>(
             &saved,
@@ -390,13 +382,6 @@ fn two_workers_with_dropout_repeat_bit_for_bit() {
         let mut parameters = Parameters(Vec::new());
         model.visit(&mut parameters);
         parameters.0
-    };
-    let largest_difference = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        a.iter()
-            .flatten()
-            .zip(b.iter().flatten())
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max)
     };
     let first = run("repeat-a", 0);
     let again = largest_difference(&first, &run("repeat-b", 0));
@@ -483,6 +468,40 @@ fn cli_refuses_ddp_off_cuda_and_devices_of_another_backend() {
     );
 }
 
+/// `final_learning_rate` is the rate of the run's last step: a two-step run decaying to 0 ends
+/// with the weights its first step left, bit for bit (Adam moves nothing at rate 0), while
+/// the same run without decay moves them on.
+#[test]
+fn learning_rate_decays_to_the_final_rate_at_the_last_step() {
+    let _rng = process_rng();
+    let (examples, saved) = toy_run(2, AttentionKind::Full);
+    let device = Default::default();
+    let run = |name: &str, final_learning_rate, stop_after_steps| {
+        let options = TrainOptions {
+            batch_frames: 24,
+            final_learning_rate,
+            stop_after_steps,
+            ..toy_options(tempdir(name))
+        };
+        let model = train::<Train>(
+            &saved,
+            examples.clone(),
+            examples.clone(),
+            &options,
+            &device,
+        )
+        .unwrap();
+        let mut parameters = Parameters(Vec::new());
+        model.visit(&mut parameters);
+        parameters.0
+    };
+    let one_step = run("decay-one-step", Some(0.0), Some(1));
+    let decayed = run("decay-two-steps", Some(0.0), None);
+    assert_eq!(largest_difference(&one_step, &decayed), 0.0);
+    let constant = run("constant-two-steps", None, None);
+    assert!(largest_difference(&one_step, &constant) > 1e-4);
+}
+
 /// A run interrupted in its second epoch and restarted with `resume` continues from the
 /// first epoch's checkpoint (weights, Adam state and learning-rate schedule): it ends with the
 /// same weights as an uninterrupted two-epoch run (batch order fixed, no dropout), to 1e-5.
@@ -491,19 +510,12 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
     let _rng = process_rng();
     let (examples, saved) = toy_run(6, AttentionKind::Clustered { clusters: 4 });
     let options = |dir: &Path, epochs, resume, stop_after_steps| TrainOptions {
-        dir: dir.to_path_buf(),
         epochs,
         learning_rate: 1e-3,
         warmup_steps: 2,
-        grad_clip: 1.0,
-        batch_frames: 48,
-        seed: 0,
-        shuffle: false,
         resume,
         stop_after_steps,
-        application_log: false,
-        augment: AugmentSet::default(),
-        strategy: Strategy::Multi,
+        ..toy_options(dir.to_path_buf())
     };
     let device = Default::default();
     let run = |o: TrainOptions| {
@@ -1129,19 +1141,9 @@ fn manifests_from_librispeech_kaldi_and_tsv_layouts() {
             examples.clone(),
             examples.clone(),
             &TrainOptions {
-                dir: out.join("run"),
-                epochs: 1,
                 learning_rate: 1e-3,
-                warmup_steps: 1,
-                grad_clip: 1.0,
                 batch_frames: 2000,
-                seed: 0,
-                shuffle: false,
-                resume: false,
-                stop_after_steps: None,
-                application_log: false,
-                augment: AugmentSet::default(),
-                strategy: Strategy::Multi,
+                ..toy_options(out.join("run"))
             },
             &Default::default(),
         )

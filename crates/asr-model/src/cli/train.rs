@@ -60,6 +60,11 @@ pub struct TrainArgs {
     /// Linear warm-up steps.
     #[arg(long, default_value_t = 200)]
     warmup_steps: usize,
+    /// Learning rate at the last step: the rate then falls linearly over the run, from the
+    /// peak (within the warm-up, its ramp) at the first step to this at the last step of
+    /// --epochs (default: no decay).
+    #[arg(long)]
+    final_learning_rate: Option<f64>,
     /// Largest gradient L2 norm per parameter.
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f32,
@@ -312,6 +317,7 @@ impl TrainingTask for &TrainArgs {
             epochs: args.epochs,
             learning_rate: args.learning_rate,
             warmup_steps: args.warmup_steps,
+            final_learning_rate: args.final_learning_rate,
             grad_clip: args.grad_clip,
             batch_frames: args.batch_frames,
             seed: args.seed,

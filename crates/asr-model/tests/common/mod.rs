@@ -72,6 +72,28 @@ pub fn toy_run(n: usize, attention: AttentionKind) -> (Vec<Example>, SavedModel)
     (examples, saved)
 }
 
+/// Training options for the toy runs, written to `dir`: one epoch of batches of 48 padded
+/// frames in a fixed order, learning rate 3e-3 after one warm-up step, seed 0, no
+/// augmentation, no application log.
+pub fn toy_options(dir: std::path::PathBuf) -> TrainOptions {
+    TrainOptions {
+        dir,
+        epochs: 1,
+        learning_rate: 3e-3,
+        warmup_steps: 1,
+        final_learning_rate: None,
+        grad_clip: 1.0,
+        batch_frames: 48,
+        seed: 0,
+        shuffle: false,
+        resume: false,
+        stop_after_steps: None,
+        application_log: false,
+        augment: AugmentSet::default(),
+        strategy: Strategy::Multi,
+    }
+}
+
 /// Every float parameter of a module, in visiting order.
 pub struct Parameters(pub Vec<Vec<f32>>);
 
@@ -80,6 +102,15 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
         self.0
             .push(param.val().into_data().convert::<f32>().to_vec().unwrap());
     }
+}
+
+/// The largest difference between two models' parameters ([`Parameters`]), element by element.
+pub fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
 }
 
 /// How far a data-parallel run ended from the one-device run it should equal.
@@ -106,19 +137,8 @@ where
     let n = devices.len();
     let (examples, saved) = toy_run(2 * n, AttentionKind::Full);
     let options = |run: &str, batch_frames| TrainOptions {
-        dir: tempdir(&format!("{name}-{run}")),
-        epochs: 1,
-        learning_rate: 3e-3,
-        warmup_steps: 1,
-        grad_clip: 1.0,
         batch_frames,
-        seed: 0,
-        shuffle: false,
-        resume: false,
-        stop_after_steps: None,
-        application_log: false,
-        augment: AugmentSet::default(),
-        strategy: Strategy::Multi,
+        ..toy_options(tempdir(&format!("{name}-{run}")))
     };
     let mut parallel = options("parallel", 24);
     parallel.strategy = strategy;
