@@ -18,12 +18,13 @@ bin="${CARGO_TARGET_DIR:-target}/release/asr"
 cores=$(nproc 2>/dev/null || echo 1)
 
 if ASR_BIN="$bin" bash scripts/get-real-speech.sh; then
-    # Real speech: batches of 4,000 frames, a higher learning rate with a short warm-up, only
-    # speed perturbation and SpecAugment (the recordings are degraded already), and no dropout
-    # (within 20 minutes the model is far from overfitting, and steps without it are faster).
+    # Real speech: batches of 4,000 frames, a higher learning rate with a short warm-up and a
+    # linear decay to 0 at the last step, only speed perturbation and SpecAugment (the
+    # recordings are degraded already), and no dropout (within 20 minutes the model is far
+    # from overfitting, and steps without it are faster).
     args=(--corpus data/corpus --corpus data/games/sky --corpus data/games/queen
         --epochs "${EPOCHS:-11}" --batch-frames 4000 --learning-rate 3e-3 --warmup-steps 100
-        --augment speed,specaugment --dropout 0)
+        --final-learning-rate 0 --augment speed,specaugment --dropout 0)
 else
     echo "train.sh: the games' speech is not available (see above): training on the bundled corpus alone" >&2
     args=(--corpus data/corpus --epochs "${EPOCHS:-40}")
