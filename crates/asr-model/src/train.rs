@@ -8,8 +8,7 @@ use anyhow::Context;
 use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
-use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
-use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
+use burn::lr_scheduler::LrScheduler;
 use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
@@ -435,30 +434,21 @@ where
     let batches = dataset.len();
     let n = devices.len();
     let steps_per_epoch = (batches - (batches / n) * (n - 1)).max(1);
-    let decay = match options.final_learning_rate {
-        Some(last) if !(0.0..=options.learning_rate).contains(&last) => anyhow::bail!(
+    if let Some(last) = options.final_learning_rate
+        && !(0.0..=options.learning_rate).contains(&last)
+    {
+        anyhow::bail!(
             "final learning rate {last} must be in [0, learning rate = {}]",
             options.learning_rate
-        ),
-        // burn's linear schedule reaches its final rate after `num_iters` steps, at the
-        // step after them: the run's last step.
-        Some(last) => LinearLrSchedulerConfig::new(
-            1.0,
-            last / options.learning_rate,
-            (options.epochs.max(1) * steps_per_epoch * scheduler_steps_per_step - 1).max(1),
-        ),
-        None => LinearLrSchedulerConfig::new(1.0, 1.0, 1),
+        );
+    }
+    let scheduler = WarmupDecay {
+        peak: options.learning_rate,
+        final_rate: options.final_learning_rate,
+        warmup: options.warmup_steps.max(1) * scheduler_steps_per_step,
+        total: options.epochs.max(1) * steps_per_epoch * scheduler_steps_per_step,
+        step: 0,
     };
-    let scheduler = ComposedLrSchedulerConfig::new()
-        .with_reduction(SchedulerReduction::Prod)
-        .linear(LinearLrSchedulerConfig::new(
-            options.learning_rate / options.warmup_steps.max(1) as f64,
-            options.learning_rate,
-            options.warmup_steps.max(1) * scheduler_steps_per_step,
-        ))
-        .linear(decay)
-        .init()
-        .map_err(|e| anyhow::anyhow!("learning-rate schedule: {e}"))?;
     let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(CtcBatcher)
         .batch_size(1)
         .build(BucketDataset::new(bucket(valid, options.batch_frames)));
@@ -558,6 +548,53 @@ where
         serde_json::to_string_pretty(&log)?,
     )?;
     Ok(model)
+}
+
+/// The learning-rate schedule of [`train_on_devices`]: a linear warm-up from `peak / warmup`
+/// at the first step to `peak` at step `warmup + 1`, times, with a final rate, a factor
+/// falling linearly from 1 at the first step to `final / peak` at step `total`, the run's
+/// last (burn's `LinearLrScheduler`s, composed by product). Its record is the step count alone, so a
+/// run resumed with more epochs stretches the decay to its new last step (burn's linear
+/// scheduler keeps its steps left, and would go on at the final rate).
+#[derive(Debug, Clone)]
+struct WarmupDecay {
+    peak: f64,
+    final_rate: Option<f64>,
+    warmup: usize,
+    total: usize,
+    step: usize,
+}
+
+impl LrScheduler for WarmupDecay {
+    type Record<B: Backend> = usize;
+
+    fn step(&mut self) -> f64 {
+        self.step += 1;
+        // Both factors as burn's `LinearLrScheduler` computes them (`final − size · left`)
+        // and multiplied as its `ComposedLrScheduler` does, so the rates are those of burn's
+        // schedules, bit for bit; only the record differs.
+        let linear = |initial: f64, last: f64, iters: usize| {
+            let size = (last - initial) / iters as f64;
+            let left = (iters + 1).saturating_sub(self.step);
+            last - size * left as f64
+        };
+        let w = self.warmup.max(1);
+        let ramp = linear(self.peak / w as f64, self.peak, w);
+        let factor = match self.final_rate {
+            Some(last) => linear(1.0, last / self.peak, self.total.saturating_sub(1).max(1)),
+            None => linear(1.0, 1.0, 1),
+        };
+        ramp * factor
+    }
+
+    fn to_record<B: Backend>(&self) -> usize {
+        self.step
+    }
+
+    fn load_record<B: Backend>(mut self, record: usize) -> Self {
+        self.step = record;
+        self
+    }
 }
 
 /// Reorders length-sorted batches for `n` devices: burn-train gives device `k` the `k`-th of
@@ -791,4 +828,55 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
         .collect();
     let dropped = before - kept.len();
     (kept, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WarmupDecay;
+    use burn::backend::NdArray;
+    use burn::lr_scheduler::LrScheduler;
+    use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
+    use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
+
+    /// The schedule's rates are those of burn's two linear schedulers composed by product,
+    /// bit for bit, over a whole run and past it, with and without decay; from its record a
+    /// copy goes on with the same rates.
+    #[test]
+    fn schedule_is_burns_composed_linear_schedules() {
+        for (peak, last, warmup, total) in [
+            (3e-3, Some(0.0), 100, 2_000),
+            (2e-3, Some(1e-4), 7, 50),
+            (1e-3, None, 3, 10),
+            (5e-4, Some(5e-4), 1, 1),
+        ] {
+            let mut ours = WarmupDecay {
+                peak,
+                final_rate: last,
+                warmup,
+                total,
+                step: 0,
+            };
+            let decay = match last {
+                Some(last) => LinearLrSchedulerConfig::new(1.0, last / peak, (total - 1).max(1)),
+                None => LinearLrSchedulerConfig::new(1.0, 1.0, 1),
+            };
+            let mut burns = ComposedLrSchedulerConfig::new()
+                .with_reduction(SchedulerReduction::Prod)
+                .linear(LinearLrSchedulerConfig::new(
+                    peak / warmup as f64,
+                    peak,
+                    warmup,
+                ))
+                .linear(decay)
+                .init()
+                .unwrap();
+            for step in 1..=total + 5 {
+                assert_eq!(ours.step(), burns.step(), "step {step} of {total}");
+                if step == total / 2 {
+                    let record = ours.to_record::<NdArray>();
+                    ours = ours.clone().load_record::<NdArray>(record);
+                }
+            }
+        }
+    }
 }

@@ -470,7 +470,7 @@ fn cli_refuses_ddp_off_cuda_and_devices_of_another_backend() {
 
 /// `final_learning_rate` is the rate of the run's last step: a two-step run decaying to 0 ends
 /// with the weights its first step left, bit for bit (Adam moves nothing at rate 0), while
-/// the same run without decay moves them on.
+/// the same run without decay moves them on; resumed to a second epoch, it trains on.
 #[test]
 fn learning_rate_decays_to_the_final_rate_at_the_last_step() {
     let _rng = process_rng();
@@ -500,6 +500,27 @@ fn learning_rate_decays_to_the_final_rate_at_the_last_step() {
     assert_eq!(largest_difference(&one_step, &decayed), 0.0);
     let constant = run("constant-two-steps", None, None);
     assert!(largest_difference(&one_step, &constant) > 1e-4);
+    // Resumed to a second epoch, the decay is stretched to the new last step: the weights move
+    // on (at the final rate, they would not).
+    let dir = tempdir("decay-resumed");
+    let options = |epochs, resume| TrainOptions {
+        epochs,
+        resume,
+        batch_frames: 24,
+        final_learning_rate: Some(0.0),
+        ..toy_options(dir.clone())
+    };
+    let weights = |options: &TrainOptions| {
+        let model =
+            train::<Train>(&saved, examples.clone(), examples.clone(), options, &device).unwrap();
+        let mut parameters = Parameters(Vec::new());
+        model.visit(&mut parameters);
+        parameters.0
+    };
+    let first_epoch = weights(&options(1, false));
+    assert_eq!(largest_difference(&first_epoch, &decayed), 0.0);
+    let second_epoch = weights(&options(2, true));
+    assert!(largest_difference(&first_epoch, &second_epoch) > 1e-4);
 }
 
 /// A run interrupted in its second epoch and restarted with `resume` continues from the
