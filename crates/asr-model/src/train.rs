@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::record::{DefaultRecorder, Recorder};
-use burn::tensor::backend::{AutodiffBackend, Backend, DeviceOps};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn::train::metric::state::{FormatOptions, NumericMetricState};
 use burn::train::metric::{
@@ -407,11 +407,10 @@ where
         if cfg!(not(feature = "ddp")) {
             anyhow::bail!(
                 "strategy ddp needs a build with asr-model's `ddp` feature \
-                 (`--no-default-features --features cuda,ddp`)"
+                 (`--no-default-features --features ddp`)"
             );
         }
-        let ids: std::collections::HashSet<_> = devices.iter().map(|d| d.id()).collect();
-        if ids.len() != devices.len() {
+        if most_listed::<B>(devices) > 1 {
             anyhow::bail!(
                 "strategy ddp runs one worker per device: {devices:?} lists a device twice"
             );
@@ -429,11 +428,12 @@ where
         Strategy::Multi => 1,
         Strategy::Ddp => devices.len(),
     };
-    // Steps per epoch: burn-train gives each device a slice of the batches, the last the
-    // largest (see `deal`).
-    let batches = dataset.len();
-    let n = devices.len();
-    let steps_per_epoch = (batches - (batches / n) * (n - 1)).max(1);
+    // Steps per epoch: the largest of the devices' slices of the batches, the last.
+    let steps_per_epoch = slice_lengths(dataset.len(), devices.len())
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .max(1);
     if let Some(last) = options.final_learning_rate
         && !(0.0..=options.learning_rate).contains(&last)
     {
@@ -553,9 +553,9 @@ where
 /// The learning-rate schedule of [`train_on_devices`]: a linear warm-up from `peak / warmup`
 /// at the first step to `peak` at step `warmup + 1`, times, with a final rate, a factor
 /// falling linearly from 1 at the first step to `final / peak` at step `total`, the run's
-/// last (burn's `LinearLrScheduler`s, composed by product). Its record is the step count alone, so a
-/// run resumed with more epochs stretches the decay to its new last step (burn's linear
-/// scheduler keeps its steps left, and would go on at the final rate).
+/// last (burn's `LinearLrScheduler`s, composed by product). Its record is the step count
+/// alone, so a run resumed with more epochs stretches the decay to its new last step (burn's
+/// linear scheduler keeps its steps left, and would go on at the final rate).
 #[derive(Debug, Clone)]
 struct WarmupDecay {
     peak: f64,
@@ -603,10 +603,7 @@ fn deal(batches: Vec<Vec<Example>>, n: usize) -> Vec<Vec<Example>> {
     if n <= 1 {
         return batches;
     }
-    // The slices' sizes as burn-train cuts them: ⌊m/n⌋ each, the rest to the last.
-    let m = batches.len();
-    let mut room: Vec<usize> = vec![m / n; n];
-    room[n - 1] = m - (m / n) * (n - 1);
+    let room = slice_lengths(batches.len(), n);
     let mut slices: Vec<Vec<Vec<Example>>> = vec![Vec::new(); n];
     for (i, batch) in batches.into_iter().enumerate() {
         let k = (0..n)
@@ -618,15 +615,29 @@ fn deal(batches: Vec<Vec<Example>>, n: usize) -> Vec<Vec<Example>> {
     slices.into_iter().flatten().collect()
 }
 
+/// The lengths of the slices burn-train cuts `m` batches into for `n ≥ 1` devices: ⌊m/n⌋
+/// each, the rest to the last.
+fn slice_lengths(m: usize, n: usize) -> Vec<usize> {
+    let mut lengths = vec![m / n; n];
+    lengths[n - 1] = m - (m / n) * (n - 1);
+    lengths
+}
+
+/// How many times the most listed device of `devices` is listed (0 for none).
+fn most_listed<B: Backend>(devices: &[B::Device]) -> usize {
+    devices
+        .iter()
+        .map(|d| devices.iter().filter(|e| *e == d).count())
+        .max()
+        .unwrap_or(0)
+}
+
 /// The threads each worker's training step keeps to: when a device is listed `k > 1` times
 /// (the CPU backends' one device, as `k` workers), its workers share the machine's cores,
 /// `cores / k` each (at least one), each worker's step on a thread pool of its own, so that
 /// they do not queue on one pool; else none (rayon's global pool).
 fn step_threads<B: Backend>(devices: &[B::Device]) -> Option<usize> {
-    let most = devices
-        .iter()
-        .map(|d| devices.iter().filter(|e| *e == d).count())
-        .max()?;
+    let most = most_listed::<B>(devices);
     (most > 1).then(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / most).max(1)
@@ -839,8 +850,8 @@ mod tests {
     use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
 
     /// The schedule's rates are those of burn's two linear schedulers composed by product,
-    /// bit for bit, over a whole run and past it, with and without decay; from its record a
-    /// copy goes on with the same rates.
+    /// bit for bit, over a whole run and past it, with and without decay; a fresh schedule
+    /// loaded with its record halfway goes on with the same rates.
     #[test]
     fn schedule_is_burns_composed_linear_schedules() {
         for (peak, last, warmup, total) in [
@@ -874,7 +885,7 @@ mod tests {
                 assert_eq!(ours.step(), burns.step(), "step {step} of {total}");
                 if step == total / 2 {
                     let record = ours.to_record::<NdArray>();
-                    ours = ours.clone().load_record::<NdArray>(record);
+                    ours = WarmupDecay { step: 0, ..ours }.load_record::<NdArray>(record);
                 }
             }
         }

@@ -22,7 +22,7 @@ use asr_model::train::{
     last_checkpoint, load_model, save_model, train, train_on_devices,
 };
 use burn::backend::{Autodiff, NdArray};
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
@@ -30,7 +30,7 @@ use clustered_attention::AttentionKind;
 
 mod common;
 use common::{
-    Parameters, data_parallel_against_one_device, largest_difference, tempdir, toy_config,
+    data_parallel_against_one_device, largest_difference, parameters, tempdir, toy_config,
     toy_example, toy_options, toy_run,
 };
 
@@ -379,9 +379,7 @@ fn two_workers_with_dropout_repeat_bit_for_bit() {
             &[device, device],
         )
         .unwrap();
-        let mut parameters = Parameters(Vec::new());
-        model.visit(&mut parameters);
-        parameters.0
+        parameters(&model)
     };
     let first = run("repeat-a", 0);
     let again = largest_difference(&first, &run("repeat-b", 0));
@@ -476,24 +474,18 @@ fn learning_rate_decays_to_the_final_rate_at_the_last_step() {
     let _rng = process_rng();
     let (examples, saved) = toy_run(2, AttentionKind::Full);
     let device = Default::default();
+    let weights = |options: &TrainOptions| {
+        let model =
+            train::<Train>(&saved, examples.clone(), examples.clone(), options, &device).unwrap();
+        parameters(&model)
+    };
     let run = |name: &str, final_learning_rate, stop_after_steps| {
-        let options = TrainOptions {
+        weights(&TrainOptions {
             batch_frames: 24,
             final_learning_rate,
             stop_after_steps,
             ..toy_options(tempdir(name))
-        };
-        let model = train::<Train>(
-            &saved,
-            examples.clone(),
-            examples.clone(),
-            &options,
-            &device,
-        )
-        .unwrap();
-        let mut parameters = Parameters(Vec::new());
-        model.visit(&mut parameters);
-        parameters.0
+        })
     };
     let one_step = run("decay-one-step", Some(0.0), Some(1));
     let decayed = run("decay-two-steps", Some(0.0), None);
@@ -509,13 +501,6 @@ fn learning_rate_decays_to_the_final_rate_at_the_last_step() {
         batch_frames: 24,
         final_learning_rate: Some(0.0),
         ..toy_options(dir.clone())
-    };
-    let weights = |options: &TrainOptions| {
-        let model =
-            train::<Train>(&saved, examples.clone(), examples.clone(), options, &device).unwrap();
-        let mut parameters = Parameters(Vec::new());
-        model.visit(&mut parameters);
-        parameters.0
     };
     let first_epoch = weights(&options(1, false));
     assert_eq!(largest_difference(&first_epoch, &decayed), 0.0);

@@ -95,7 +95,7 @@ pub fn toy_options(dir: std::path::PathBuf) -> TrainOptions {
 }
 
 /// Every float parameter of a module, in visiting order.
-pub struct Parameters(pub Vec<Vec<f32>>);
+struct Parameters(Vec<Vec<f32>>);
 
 impl<B: Backend> ModuleVisitor<B> for Parameters {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -104,7 +104,14 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
     }
 }
 
-/// The largest difference between two models' parameters ([`Parameters`]), element by element.
+/// Every float parameter of `model`, in visiting order, on the host.
+pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
+    let mut parameters = Parameters(Vec::new());
+    model.visit(&mut parameters);
+    parameters.0
+}
+
+/// The largest difference between two models' parameters ([`parameters`]), element by element.
 pub fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter()
         .flatten()
@@ -163,21 +170,10 @@ where
     let mut still = options("no-step", 24 * n);
     still.learning_rate = 1e-12;
     let init = train::<A>(&saved, examples.clone(), examples, &still, device).unwrap();
-    let (mut a, mut b, mut initial) = (
-        Parameters(Vec::new()),
-        Parameters(Vec::new()),
-        Parameters(Vec::new()),
-    );
-    parallel.visit(&mut a);
-    one.visit(&mut b);
-    init.visit(&mut initial);
-    assert_eq!(a.0.len(), b.0.len());
-    let (mut worst, mut moved) = (0f32, 0f32);
-    for ((x, y), z) in a.0.iter().zip(&b.0).zip(&initial.0) {
-        for ((x, y), z) in x.iter().zip(y).zip(z) {
-            worst = worst.max((x - y).abs());
-            moved = moved.max((y - z).abs());
-        }
+    let (a, b) = (parameters(&parallel), parameters(&one));
+    assert_eq!(a.len(), b.len());
+    Comparison {
+        worst: largest_difference(&a, &b),
+        moved: largest_difference(&b, &parameters(&init)),
     }
-    Comparison { worst, moved }
 }

@@ -178,11 +178,6 @@ pub(crate) fn top_keys<B: ClusteredAttentionBackend>(
     }
 }
 
-/// Dropout on attention weights, active only when autodiff is enabled ([`crate::dropout`]).
-pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
-    crate::dropout::dropout(x, prob)
-}
-
 /// `1 / count` of each cluster's members (1 for an empty cluster): `counts` `[batch, heads, C]`
 /// → `[batch, heads, C, 1]` in `dtype`. The counts go to `f32` directly (in f16 a count above
 /// 65504 would be infinite, in bf16 one above 256 inexact), and only 1 / count is rounded to

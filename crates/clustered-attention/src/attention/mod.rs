@@ -37,7 +37,8 @@ pub use lsh::{LshOptions, angular_buckets, lsh_attention, lsh_rotations, sort_by
 pub use oracle::oracle_top_attention;
 pub use shared::shared_full_attention;
 
-pub(crate) use input::{Checked, check_input, dropout, inverse_counts, positions, top_keys};
+pub(crate) use crate::dropout::dropout;
+pub(crate) use input::{Checked, check_input, inverse_counts, positions, top_keys};
 
 use burn::config::Config;
 
