@@ -1,11 +1,18 @@
-//! The transformer CTC encoder: frame stacking, sinusoidal positions, pre-norm encoder layers
-//! built on [`MultiHeadClusteredAttention`], a linear output over phones + blank.
+//! The transformer CTC encoder: a front end (frame stacking or strided 1-D convolutions),
+//! sinusoidal positions, pre-norm encoder layers built on [`MultiHeadClusteredAttention`], a
+//! linear output over phones + blank.
+
+use core::fmt;
+use core::str::FromStr;
 
 use burn::config::Config;
 use burn::module::Module;
+use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::loss::CTCLossConfig;
-use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::activation::{gelu, log_softmax};
+use burn::nn::{
+    Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig1d,
+};
+use burn::tensor::activation::{gelu, glu, log_softmax, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
@@ -13,6 +20,51 @@ use clustered_attention::{
     AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
     MultiHeadClusteredAttention,
 };
+use serde::{Deserialize, Serialize};
+
+/// How the model turns feature frames into encoder steps, `subsampling` frames per step.
+///
+/// Parses from and prints as `stack` or `conv:C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FrontEnd {
+    /// Stacks `subsampling` consecutive frames into one vector, then projects it linearly to
+    /// `d_model`.
+    Stack,
+    /// Two 1-D convolutions over time, each with kernel 3, padding 1 and a GELU, with strides
+    /// whose product is `subsampling` (2·2, 2·1 or 1·1), then a linear projection to
+    /// `d_model`: the convolutional subsampling of speech transformers (Mohamed, Okhonko and
+    /// Zettlemoyer, 2019, "Transformers with convolutional context for ASR"; here over time
+    /// only, with the mel bands as input channels).
+    Conv {
+        /// Channels of both convolutions.
+        channels: usize,
+    },
+}
+
+impl fmt::Display for FrontEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stack => f.pad("stack"),
+            Self::Conv { channels } => f.pad(&format!("conv:{channels}")),
+        }
+    }
+}
+
+impl FromStr for FrontEnd {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let error = || format!("invalid front end {s:?}: expected stack or conv:C with C ≥ 1");
+        match s.trim().split(':').collect::<Vec<_>>().as_slice() {
+            ["stack"] => Ok(Self::Stack),
+            ["conv", c] => match c.parse::<usize>() {
+                Ok(channels) if channels > 0 => Ok(Self::Conv { channels }),
+                _ => Err(error()),
+            },
+            _ => Err(error()),
+        }
+    }
+}
 
 /// Configuration of [`AsrModel`].
 #[derive(Config, Debug)]
@@ -40,29 +92,77 @@ pub struct AsrModelConfig {
     /// Attention of every layer.
     #[config(default = "AttentionKind::Improved { clusters: 16, topk: 16 }")]
     pub attention: AttentionKind,
-    /// Time subsampling by frame stacking: 1, 2 or 4 frames per encoder step.
+    /// Time subsampling: 1, 2 or 4 frames per encoder step.
     #[config(default = 4)]
     pub subsampling: usize,
+    /// How frames become encoder steps.
+    #[config(default = "FrontEnd::Stack")]
+    pub front_end: FrontEnd,
+    /// Kernel size of a convolution module in every layer, after the attention (Conformer's,
+    /// [`ConvModule`]); 0 for none.
+    #[config(default = 0)]
+    pub conv_kernel: usize,
     /// Seed of the attention's hashing planes.
     #[config(default = 0)]
     pub seed: u64,
 }
 
-/// One pre-norm encoder layer: `x + Attn(LN(x))`, then `x + FF(LN(x))`.
+/// The convolution module of a Conformer layer (Gulati et al., 2020, "Conformer:
+/// Convolution-augmented transformer for speech recognition", §2.2, Fig. 2): a pointwise
+/// projection to `2·d_model` and a GLU, a depthwise convolution over time, a normalisation, a
+/// Swish (SiLU) and a pointwise projection. The normalisation is a layer norm instead of the
+/// paper's batch norm, so that an utterance's output does not depend on its batch; padded
+/// steps are zeroed before the depthwise convolution, so they do not leak into valid ones.
+#[derive(Module, Debug)]
+pub struct ConvModule<B: Backend> {
+    norm_input: LayerNorm<B>,
+    pointwise_in: Linear<B>,
+    depthwise: Conv1d<B>,
+    norm_depthwise: LayerNorm<B>,
+    pointwise_out: Linear<B>,
+}
+
+impl<B: Backend> ConvModule<B> {
+    /// `x`: `[batch, steps, d_model]`; `valid`: `[batch, steps, 1]`, 1 on valid steps and 0 on
+    /// padding. Returns the module's branch, `[batch, steps, d_model]` (without the residual).
+    fn forward(&self, x: Tensor<B, 3>, valid: Tensor<B, 3>) -> Tensor<B, 3> {
+        let h = glu(self.pointwise_in.forward(self.norm_input.forward(x)), 2) * valid;
+        let h = self.depthwise.forward(h.swap_dims(1, 2)).swap_dims(1, 2);
+        self.pointwise_out
+            .forward(silu(self.norm_depthwise.forward(h)))
+    }
+}
+
+/// One pre-norm encoder layer: `x + Attn(LN(x))`, then `x + Conv(x)` when the layer has a
+/// [`ConvModule`], then `x + FF(LN(x))`.
 #[derive(Module, Debug)]
 pub struct EncoderLayer<B: Backend> {
     norm_attention: LayerNorm<B>,
     attention: MultiHeadClusteredAttention<B>,
+    conv: Option<ConvModule<B>>,
     norm_ff: LayerNorm<B>,
     ff_in: Linear<B>,
     ff_out: Linear<B>,
     dropout: Dropout,
 }
 
+/// Stride of the first convolution of [`FrontEnd::Conv`] at time subsampling `subsampling`.
+fn first_stride(subsampling: usize) -> usize {
+    subsampling.min(2)
+}
+
+/// The convolutions of [`FrontEnd::Conv`].
+#[derive(Module, Debug)]
+pub struct ConvFrontEnd<B: Backend> {
+    first: Conv1d<B>,
+    second: Conv1d<B>,
+}
+
 /// The phone recognizer: `[batch, frames, n_mels]` log-mel features → `[batch, steps,
 /// n_outputs]` log-probabilities.
 #[derive(Module, Debug)]
 pub struct AsrModel<B: Backend> {
+    conv: Option<ConvFrontEnd<B>>,
     input: Linear<B>,
     layers: Vec<EncoderLayer<B>>,
     norm: LayerNorm<B>,
@@ -77,8 +177,8 @@ impl AsrModelConfig {
     /// Builds the model on `device`.
     ///
     /// # Panics
-    /// When `subsampling` is not 1, 2 or 4, `n_outputs < 2`, or `d_model` is not divisible by
-    /// `n_heads`.
+    /// When `subsampling` is not 1, 2 or 4, `n_outputs < 2`, `d_model` is not divisible by
+    /// `n_heads`, the front end has 0 channels, or `conv_kernel` is even.
     pub fn init<B: Backend>(&self, device: &B::Device) -> AsrModel<B> {
         assert!(
             matches!(self.subsampling, 1 | 2 | 4),
@@ -90,6 +190,26 @@ impl AsrModelConfig {
             "n_outputs must count phones + blank, got {}",
             self.n_outputs
         );
+        assert!(
+            self.conv_kernel % 2 == 1 || self.conv_kernel == 0,
+            "conv_kernel must be odd (or 0 for none), got {}",
+            self.conv_kernel
+        );
+        let conv_module = || {
+            (self.conv_kernel > 0).then(|| ConvModule {
+                norm_input: LayerNormConfig::new(self.d_model).init(device),
+                pointwise_in: LinearConfig::new(self.d_model, 2 * self.d_model).init(device),
+                depthwise: Conv1dConfig::new(self.d_model, self.d_model, self.conv_kernel)
+                    .with_groups(self.d_model)
+                    .with_padding(PaddingConfig1d::Explicit(
+                        self.conv_kernel / 2,
+                        self.conv_kernel / 2,
+                    ))
+                    .init(device),
+                norm_depthwise: LayerNormConfig::new(self.d_model).init(device),
+                pointwise_out: LinearConfig::new(self.d_model, self.d_model).init(device),
+            })
+        };
         let layers = (0..self.n_layers)
             .map(|i| EncoderLayer {
                 norm_attention: LayerNormConfig::new(self.d_model).init(device),
@@ -101,14 +221,33 @@ impl AsrModelConfig {
                 .with_dropout(self.dropout)
                 .with_seed(self.seed + i as u64)
                 .init(device),
+                conv: conv_module(),
                 norm_ff: LayerNormConfig::new(self.d_model).init(device),
                 ff_in: LinearConfig::new(self.d_model, self.d_ff).init(device),
                 ff_out: LinearConfig::new(self.d_ff, self.d_model).init(device),
                 dropout: DropoutConfig::new(self.dropout).init(),
             })
             .collect();
+        let (conv, input_width) = match self.front_end {
+            FrontEnd::Stack => (None, self.n_mels * self.subsampling),
+            FrontEnd::Conv { channels } => {
+                assert!(channels > 0, "the conv front end needs channels ≥ 1, got 0");
+                let conv = |input, stride| {
+                    Conv1dConfig::new(input, channels, 3)
+                        .with_stride(stride)
+                        .with_padding(PaddingConfig1d::Explicit(1, 1))
+                        .init(device)
+                };
+                let front = ConvFrontEnd {
+                    first: conv(self.n_mels, first_stride(self.subsampling)),
+                    second: conv(channels, self.subsampling / first_stride(self.subsampling)),
+                };
+                (Some(front), channels)
+            }
+        };
         AsrModel {
-            input: LinearConfig::new(self.n_mels * self.subsampling, self.d_model).init(device),
+            conv,
+            input: LinearConfig::new(input_width, self.d_model).init(device),
             layers,
             norm: LayerNormConfig::new(self.d_model).init(device),
             output: LinearConfig::new(self.d_model, self.n_outputs).init(device),
@@ -192,24 +331,19 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             frame_lengths.len(),
             features.dims()
         );
+        let expected_mels = match &self.conv {
+            Some(conv) => conv.first.weight.dims()[1],
+            None => self.input.weight.dims()[0] / s,
+        };
         assert_eq!(
-            n_mels * s,
-            self.input.weight.dims()[0],
-            "features must be [batch, frames, n_mels = {}], got {:?}",
-            self.input.weight.dims()[0] / s,
+            n_mels,
+            expected_mels,
+            "features must be [batch, frames, n_mels = {expected_mels}], got {:?}",
             features.dims()
         );
         let device = features.device();
         let steps = frames.div_ceil(s);
-        let features = if steps * s > frames {
-            let pad = Tensor::zeros([batch, steps * s - frames, n_mels], &device);
-            Tensor::cat(vec![features, pad], 1)
-        } else {
-            features
-        };
-        let x = self
-            .input
-            .forward(features.reshape([batch, steps, s * n_mels]));
+        let x = self.front_end(features, frame_lengths);
         let x = x * (self.d_model as f64).sqrt()
             + sinusoidal_positions::<B>(steps, self.d_model, &device).unsqueeze_dim(0);
         let mut x = dropout(x, self.dropout.prob);
@@ -217,6 +351,13 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             .iter()
             .map(|&f| self.output_length(f).min(steps) as i64)
             .collect();
+        let valid = self.layers.iter().any(|l| l.conv.is_some()).then(|| {
+            let mut mask = vec![0f32; batch * steps];
+            for (b, &len) in lengths.iter().enumerate() {
+                mask[b * steps..b * steps + len as usize].fill(1.0);
+            }
+            Tensor::<B, 3>::from_data(TensorData::new(mask, [batch, steps, 1]), &device)
+        });
         let lengths = Tensor::<B, 1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
         for layer in &self.layers {
             let h = layer.norm_attention.forward(x.clone());
@@ -226,6 +367,9 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                     .query_lengths(lengths.clone()),
             );
             x = x + dropout(h, layer.dropout.prob);
+            if let (Some(conv), Some(valid)) = (&layer.conv, &valid) {
+                x = x.clone() + dropout(conv.forward(x, valid.clone()), layer.dropout.prob);
+            }
             let h = layer.norm_ff.forward(x.clone());
             let h = layer
                 .ff_out
@@ -233,6 +377,45 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             x = x + dropout(h, layer.dropout.prob);
         }
         log_softmax(self.output.forward(self.norm.forward(x)), 2)
+    }
+
+    /// The front end: `[batch, frames, n_mels]` features → `[batch, ceil(frames /
+    /// subsampling), d_model]`, before the positions are added.
+    fn front_end(&self, features: Tensor<B, 3>, frame_lengths: &[usize]) -> Tensor<B, 3> {
+        let [batch, frames, n_mels] = features.dims();
+        let s = self.subsampling;
+        let device = features.device();
+        let steps = frames.div_ceil(s);
+        match &self.conv {
+            // Stride 2 with kernel 3 and padding 1 gives ceil(n / 2) outputs: `steps` in all.
+            // The first convolution's outputs past an utterance's end are zeroed, as its
+            // zero padding would be if the utterance were alone.
+            Some(conv) => {
+                let x = gelu(conv.first.forward(features.swap_dims(1, 2)));
+                let [_, _, width] = x.dims();
+                let stride = first_stride(s);
+                let mut mask = vec![0f32; batch * width];
+                for (b, &f) in frame_lengths.iter().enumerate() {
+                    mask[b * width..b * width + f.div_ceil(stride).min(width)].fill(1.0);
+                }
+                let x = x * Tensor::<B, 3>::from_data(
+                    TensorData::new(mask, [batch, 1, width]),
+                    &device,
+                );
+                let x = gelu(conv.second.forward(x));
+                self.input.forward(x.swap_dims(1, 2))
+            }
+            None => {
+                let features = if steps * s > frames {
+                    let pad = Tensor::zeros([batch, steps * s - frames, n_mels], &device);
+                    Tensor::cat(vec![features, pad], 1)
+                } else {
+                    features
+                };
+                self.input
+                    .forward(features.reshape([batch, steps, s * n_mels]))
+            }
+        }
     }
 
     /// Mean CTC loss per utterance (burn-nn's `CTCLoss`, blank 0) of a batch.
@@ -260,5 +443,207 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             Tensor::from_data(TensorData::new(input_lengths, [batch]), &device),
             Tensor::from_data(TensorData::new(target_lengths, [batch]), &device),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::tensor::Distribution;
+
+    type B = NdArray;
+
+    fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+        t.into_data().to_vec::<f32>().unwrap()
+    }
+
+    /// erf to 1.5e-7 (Abramowitz and Stegun 7.1.26).
+    fn erf(x: f64) -> f64 {
+        let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+        let poly = t
+            * (0.254829592
+                + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+        (1.0 - poly * (-x * x).exp()).copysign(x)
+    }
+
+    fn gelu_ref(x: f64) -> f64 {
+        0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
+    }
+
+    /// `x`: `[c_in, n]` → `[c_out, (n + 2·pad − k) / stride + 1]`, zero padding, `groups`
+    /// groups, as in the definition of a convolution (no library code).
+    fn conv1d_ref(x: &[f32], n: usize, conv: &Conv1d<B>, pad: usize) -> (Vec<f64>, usize) {
+        let [c_out, c_in_group, k] = conv.weight.dims();
+        let w = values(conv.weight.val());
+        let bias = values(conv.bias.as_ref().unwrap().val());
+        let out_group = c_out / conv.groups;
+        let n_out = (n + 2 * pad - k) / conv.stride + 1;
+        let mut y = vec![0f64; c_out * n_out];
+        for o in 0..c_out {
+            let group = o / out_group;
+            for t in 0..n_out {
+                let mut acc = bias[o] as f64;
+                for ci in 0..c_in_group {
+                    let c = group * c_in_group + ci;
+                    for j in 0..k {
+                        let pos = (t * conv.stride + j) as isize - pad as isize;
+                        if pos >= 0 && (pos as usize) < n {
+                            acc += w[(o * c_in_group + ci) * k + j] as f64
+                                * x[c * n + pos as usize] as f64;
+                        }
+                    }
+                }
+                y[o * n_out + t] = acc;
+            }
+        }
+        (y, n_out)
+    }
+
+    /// `x`: `[n, d_in]` rows → `[n, d_out]`.
+    fn linear_ref(x: &[f64], n: usize, linear: &Linear<B>) -> Vec<f64> {
+        let [d_in, d_out] = linear.weight.dims();
+        let w = values(linear.weight.val());
+        let bias = values(linear.bias.as_ref().unwrap().val());
+        let mut y = vec![0f64; n * d_out];
+        for r in 0..n {
+            for o in 0..d_out {
+                y[r * d_out + o] = bias[o] as f64
+                    + (0..d_in)
+                        .map(|i| x[r * d_in + i] * w[i * d_out + o] as f64)
+                        .sum::<f64>();
+            }
+        }
+        y
+    }
+
+    /// `x`: `[n, d]` rows, each normalised: `(x − mean) / sqrt(var + 1e-5) · γ + β`.
+    fn layer_norm_ref(x: &[f64], d: usize, norm: &LayerNorm<B>) -> Vec<f64> {
+        let gamma = values(norm.gamma.val());
+        let beta = values(norm.beta.as_ref().unwrap().val());
+        x.chunks(d)
+            .flat_map(|row| {
+                let mean = row.iter().sum::<f64>() / d as f64;
+                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / d as f64;
+                row.iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        (v - mean) / (var + 1e-5).sqrt() * gamma[i] as f64 + beta[i] as f64
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn largest_difference(ours: &[f32], reference: &[f64]) -> f64 {
+        assert_eq!(ours.len(), reference.len());
+        ours.iter()
+            .zip(reference)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max)
+    }
+
+    fn random(shape: [usize; 3]) -> Tensor<B, 3> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    }
+
+    /// The convolutional front end of one utterance of 13 frames, at subsampling 1, 2 and 4,
+    /// against the definitions (a convolution of kernel 3 with zero padding 1, GELU, a
+    /// linear map), computed in f64: ceil(13 / s) steps, to 1e-4.
+    #[test]
+    fn conv_front_end_is_two_convolutions_and_a_projection() {
+        for s in [1, 2, 4] {
+            let model = AsrModelConfig::new(5)
+                .with_n_mels(6)
+                .with_d_model(8)
+                .with_n_heads(2)
+                .with_n_layers(1)
+                .with_subsampling(s)
+                .with_front_end(FrontEnd::Conv { channels: 7 })
+                .init::<B>(&Default::default());
+            let features = random([1, 13, 6]);
+            let ours = values(model.front_end(features.clone(), &[13]));
+            // [frames, mels] → [mels, frames]
+            let x = values(features.swap_dims(1, 2));
+            let conv = model.conv.as_ref().unwrap();
+            let (h, n1) = conv1d_ref(&x, 13, &conv.first, 1);
+            let h: Vec<f32> = h.into_iter().map(|v| gelu_ref(v) as f32).collect();
+            let (h, n2) = conv1d_ref(&h, n1, &conv.second, 1);
+            assert_eq!(n2, 13usize.div_ceil(s), "steps at subsampling {s}");
+            // [channels, steps] → [steps, channels]
+            let h: Vec<f64> = (0..n2 * 7)
+                .map(|i| gelu_ref(h[(i % 7) * n2 + i / 7]))
+                .collect();
+            let reference = linear_ref(&h, n2, &model.input);
+            let diff = largest_difference(&ours, &reference);
+            assert!(diff < 1e-4, "subsampling {s}: largest difference {diff}");
+        }
+    }
+
+    /// The Conformer convolution module of one sequence whose last 3 of 11 steps are padding,
+    /// against its definition computed in f64: layer norm, a projection to 2·d, GLU (first
+    /// half × sigmoid(second half)), padding zeroed, a depthwise convolution of kernel 5 with
+    /// zero padding 2, layer norm, SiLU, a projection; to 1e-4 on every step.
+    #[test]
+    fn conv_module_is_the_conformer_convolution_block() {
+        let (d, n, valid_steps) = (6, 11, 8);
+        let model = AsrModelConfig::new(5)
+            .with_n_mels(4)
+            .with_d_model(d)
+            .with_n_heads(2)
+            .with_n_layers(1)
+            .with_conv_kernel(5)
+            .init::<B>(&Default::default());
+        let module = model.layers[0].conv.as_ref().unwrap();
+        let x = random([1, n, d]);
+        let mut mask = vec![0f32; n];
+        mask[..valid_steps].fill(1.0);
+        let valid =
+            Tensor::<B, 3>::from_data(TensorData::new(mask, [1, n, 1]), &Default::default());
+        let ours = values(module.forward(x.clone(), valid));
+
+        let x: Vec<f64> = values(x).into_iter().map(f64::from).collect();
+        let h = linear_ref(
+            &layer_norm_ref(&x, d, &module.norm_input),
+            n,
+            &module.pointwise_in,
+        );
+        // GLU, padding zeroed, as [d, n] for the convolution
+        let mut g = vec![0f32; d * n];
+        for t in 0..valid_steps {
+            for c in 0..d {
+                let (a, b) = (h[t * 2 * d + c], h[t * 2 * d + d + c]);
+                g[c * n + t] = (a / (1.0 + (-b).exp())) as f32;
+            }
+        }
+        let (h, n_out) = conv1d_ref(&g, n, &module.depthwise, 2);
+        assert_eq!(n_out, n);
+        let h: Vec<f64> = (0..n * d).map(|i| h[(i % d) * n + i / d]).collect();
+        let h: Vec<f64> = layer_norm_ref(&h, d, &module.norm_depthwise)
+            .into_iter()
+            .map(|v| v / (1.0 + (-v).exp()))
+            .collect();
+        let reference = linear_ref(&h, n, &module.pointwise_out);
+        let diff = largest_difference(&ours, &reference);
+        assert!(diff < 1e-4, "largest difference {diff}");
+    }
+
+    #[test]
+    fn front_end_parses_and_prints() {
+        for text in ["stack", "conv:128"] {
+            assert_eq!(text.parse::<FrontEnd>().unwrap().to_string(), text);
+        }
+        for bad in ["conv", "conv:0", "conv:x", "stacked", "conv:1:2"] {
+            let error = bad.parse::<FrontEnd>().unwrap_err();
+            assert!(error.contains(bad), "{error}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "conv_kernel must be odd (or 0 for none), got 4")]
+    fn even_conv_kernel_is_refused() {
+        AsrModelConfig::new(5)
+            .with_conv_kernel(4)
+            .init::<B>(&Default::default());
     }
 }

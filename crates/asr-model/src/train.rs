@@ -800,12 +800,28 @@ pub fn load_model<B: ClusteredAttentionBackend>(
 ) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
     let json = std::fs::read_to_string(dir.join("model.json"))
         .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
-    let saved: SavedModel = serde_json::from_str(&json)
+    let saved = parse_saved_model(&json)
         .with_context(|| format!("{}: malformed model.json", dir.display()))?;
     let record = DefaultRecorder::new()
         .load(dir.join("model"), device)
         .with_context(|| format!("{}: cannot load model.mpk", dir.display()))?;
     Ok((saved.model.init::<B>(device).load_record(record), saved))
+}
+
+/// Reads a `model.json`. Models saved before the model had its `front_end` and `conv_kernel`
+/// options stacked frames and had no convolution module: those options are filled in as such.
+fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
+    let mut value: serde_json::Value = serde_json::from_str(json)?;
+    if let Some(model) = value.get_mut("model").and_then(|m| m.as_object_mut()) {
+        let defaults = AsrModelConfig::new(2);
+        for (key, default) in [
+            ("front_end", serde_json::to_value(defaults.front_end)?),
+            ("conv_kernel", defaults.conv_kernel.into()),
+        ] {
+            model.entry(key).or_insert(default);
+        }
+    }
+    serde_json::from_value(value)
 }
 
 /// Phone error rate of `model` (with `attention`, when given) over `examples`.
@@ -843,7 +859,9 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
 
 #[cfg(test)]
 mod tests {
-    use super::WarmupDecay;
+    use super::{SavedModel, WarmupDecay, parse_saved_model};
+    use crate::features::LogMelConfig;
+    use crate::model::{AsrModelConfig, FrontEnd};
     use burn::backend::NdArray;
     use burn::lr_scheduler::LrScheduler;
     use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
@@ -889,5 +907,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A `model.json` without `front_end` and `conv_kernel` reads as frame stacking without a
+    /// convolution module; one with them keeps them.
+    #[test]
+    fn model_json_without_front_end_options_reads_as_stacking() {
+        let saved = SavedModel {
+            model: AsrModelConfig::new(9)
+                .with_front_end(FrontEnd::Conv { channels: 8 })
+                .with_conv_kernel(5),
+            features: LogMelConfig::new(),
+            phones: vec!["a".into()],
+        };
+        let json = serde_json::to_string(&saved).unwrap();
+        let read = parse_saved_model(&json).unwrap();
+        assert_eq!(read.model.front_end, FrontEnd::Conv { channels: 8 });
+        assert_eq!(read.model.conv_kernel, 5);
+        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let model = value["model"].as_object_mut().unwrap();
+        model.remove("front_end").unwrap();
+        model.remove("conv_kernel").unwrap();
+        let read = parse_saved_model(&value.to_string()).unwrap();
+        assert_eq!(read.model.front_end, FrontEnd::Stack);
+        assert_eq!(read.model.conv_kernel, 0);
+        assert_eq!(read.model.n_outputs, 9);
     }
 }

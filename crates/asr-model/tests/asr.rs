@@ -15,7 +15,7 @@ use asr_model::decode::{PhoneErrorRate, edit_distance, greedy_ctc_decode};
 use asr_model::features::{Features, LogMel, LogMelConfig};
 use asr_model::manifest::import::{ImportOptions, Source, import, normalize_text};
 use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
-use asr_model::model::AsrModelConfig;
+use asr_model::model::{AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
     EpochLog, SavedModel, Strategy, TRAINING_LOG, TrainOptions, TrainingLog, evaluate,
@@ -278,6 +278,50 @@ fn saved_model_loads_back_identical() {
         .forward(features, &lengths)
         .into_data()
         .assert_eq(&expected, true);
+}
+
+/// An utterance gets the same log-probabilities alone as in a batch where it is padded to a
+/// longer utterance's length, for every front end and with the convolution module, at
+/// subsampling 1, 2 and 4: padding reaches no valid step. Full attention (clustered attention
+/// draws its K-means starting centroids per batch position); to 1e-5.
+#[test]
+fn an_utterance_is_recognized_alike_alone_and_padded_in_a_batch() {
+    let _rng = process_rng();
+    let device = Default::default();
+    Cpu::seed(&device, 5);
+    let (short, long) = (17, 24);
+    let features = Tensor::<Cpu, 3>::random([2, long, 16], Distribution::Normal(0., 1.), &device);
+    // The batch's padding is zeros, as CtcBatcher makes it.
+    let padded = Tensor::cat(
+        vec![
+            features.clone().slice([0..1, 0..short]),
+            Tensor::zeros([1, long - short, 16], &device),
+        ],
+        1,
+    );
+    let batch = Tensor::cat(vec![padded, features.clone().slice([1..2])], 0);
+    let alone = features.slice([0..1, 0..short]);
+    for front_end in [FrontEnd::Stack, FrontEnd::Conv { channels: 8 }] {
+        for conv_kernel in [0, 5] {
+            for subsampling in [1, 2, 4] {
+                let model = toy_config(AttentionKind::Full)
+                    .with_subsampling(subsampling)
+                    .with_front_end(front_end)
+                    .with_conv_kernel(conv_kernel)
+                    .init::<Cpu>(&device);
+                let steps = model.output_length(short);
+                let expected = model.forward(alone.clone(), &[short]);
+                let batched = model
+                    .forward(batch.clone(), &[short, long])
+                    .slice([0..1, 0..steps]);
+                let diff = (batched - expected).abs().max().into_scalar();
+                assert!(
+                    diff < 1e-5,
+                    "front end {front_end}, conv kernel {conv_kernel}, subsampling {subsampling}: largest difference {diff}"
+                );
+            }
+        }
+    }
 }
 
 /// One batch, trained alone, reaches a CTC loss near zero and is transcribed exactly.

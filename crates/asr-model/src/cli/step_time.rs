@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use asr_model::model::AsrModelConfig;
+use asr_model::model::{AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::TrainingBackend;
 use backend_select::BackendName;
@@ -37,6 +37,12 @@ pub struct StepTimeArgs {
     /// Time subsampling (1 = none, as in the paper).
     #[arg(long, default_value_t = 1)]
     subsampling: usize,
+    /// How frames become encoder steps: `stack` or `conv:C` (as `asr train --front-end`).
+    #[arg(long, default_value = "stack")]
+    front_end: FrontEnd,
+    /// Kernel size of a convolution module in every layer (as `asr train --conv-kernel`).
+    #[arg(long, default_value_t = 0)]
+    conv_kernel: usize,
     /// Timed steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -60,6 +66,8 @@ impl TrainingTask for &StepTimeArgs {
             let mut model = AsrModelConfig::new(inventory.n_outputs())
                 .with_attention(attention)
                 .with_subsampling(args.subsampling)
+                .with_front_end(args.front_end)
+                .with_conv_kernel(args.conv_kernel)
                 .init::<A>(&device);
             let mut optim = burn::optim::AdamConfig::new().init();
             let features = Tensor::<A, 3>::random(

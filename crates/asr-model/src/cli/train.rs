@@ -6,7 +6,7 @@ use std::time::Instant;
 use asr_model::augment::{AugmentSet, Augmentation};
 use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
-use asr_model::model::AsrModelConfig;
+use asr_model::model::{AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
     SavedModel, Strategy, TrainOptions, TrainingBackend, evaluate, feasible, train_on_devices,
@@ -86,9 +86,18 @@ pub struct TrainArgs {
     /// Dropout probability.
     #[arg(long, default_value_t = 0.1)]
     dropout: f64,
-    /// Time subsampling by frame stacking (1, 2 or 4).
+    /// Time subsampling (1, 2 or 4 frames per encoder step).
     #[arg(long, default_value_t = 4)]
     subsampling: usize,
+    /// How frames become encoder steps: `stack` (frame stacking and a linear projection) or
+    /// `conv:C` (two 1-D convolutions over time with C channels; see
+    /// `asr_model::model::FrontEnd`).
+    #[arg(long, default_value = "stack")]
+    front_end: FrontEnd,
+    /// Kernel size of a Conformer convolution module in every layer (odd; 0 for none; see
+    /// `asr_model::model::ConvModule`).
+    #[arg(long, default_value_t = 0)]
+    conv_kernel: usize,
     /// Mel bands.
     #[arg(long, default_value_t = 40)]
     n_mels: usize,
@@ -308,6 +317,8 @@ impl TrainingTask for &TrainArgs {
                 .with_dropout(args.dropout)
                 .with_attention(args.attention)
                 .with_subsampling(args.subsampling)
+                .with_front_end(args.front_end)
+                .with_conv_kernel(args.conv_kernel)
                 .with_seed(args.seed),
             features,
             phones: inventory.phones().to_vec(),
