@@ -12,7 +12,7 @@ use burn::nn::loss::CTCLossConfig;
 use burn::nn::{
     Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig1d,
 };
-use burn::tensor::activation::{gelu, glu, log_softmax, silu};
+use burn::tensor::activation::{gelu, glu, log_softmax, relu, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
@@ -66,6 +66,55 @@ impl FromStr for FrontEnd {
     }
 }
 
+/// The activation of the feed-forward blocks and of the convolutional front end.
+///
+/// Parses from and prints as `gelu`, `relu` or `silu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Activation {
+    /// `x·Φ(x)` with `Φ` the standard normal CDF (Hendrycks and Gimpel, 2016).
+    Gelu,
+    /// `max(x, 0)`: the cheapest on the CPU backends, whose GELU evaluates `erf` one element
+    /// at a time.
+    Relu,
+    /// `x·σ(x)`, the Swish of the Conformer's feed-forward modules.
+    Silu,
+}
+
+impl Activation {
+    fn apply<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+        match self {
+            Self::Gelu => gelu(x),
+            Self::Relu => relu(x),
+            Self::Silu => silu(x),
+        }
+    }
+}
+
+impl fmt::Display for Activation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Self::Gelu => "gelu",
+            Self::Relu => "relu",
+            Self::Silu => "silu",
+        })
+    }
+}
+
+impl FromStr for Activation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "gelu" => Ok(Self::Gelu),
+            "relu" => Ok(Self::Relu),
+            "silu" => Ok(Self::Silu),
+            _ => Err(format!(
+                "invalid activation {s:?}: expected gelu, relu or silu"
+            )),
+        }
+    }
+}
+
 /// Configuration of [`AsrModel`].
 #[derive(Config, Debug)]
 pub struct AsrModelConfig {
@@ -98,6 +147,9 @@ pub struct AsrModelConfig {
     /// How frames become encoder steps.
     #[config(default = "FrontEnd::Stack")]
     pub front_end: FrontEnd,
+    /// Activation of the feed-forward blocks and of the convolutional front end.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
     /// Kernel size of a convolution module in every layer, after the attention (Conformer's,
     /// [`ConvModule`]); 0 for none.
     #[config(default = 0)]
@@ -168,6 +220,7 @@ pub struct AsrModel<B: Backend> {
     norm: LayerNorm<B>,
     output: Linear<B>,
     dropout: Dropout,
+    activation: Activation,
     d_model: usize,
     subsampling: usize,
     n_outputs: usize,
@@ -252,6 +305,7 @@ impl AsrModelConfig {
             norm: LayerNormConfig::new(self.d_model).init(device),
             output: LinearConfig::new(self.d_model, self.n_outputs).init(device),
             dropout: DropoutConfig::new(self.dropout).init(),
+            activation: self.activation,
             d_model: self.d_model,
             subsampling: self.subsampling,
             n_outputs: self.n_outputs,
@@ -371,9 +425,10 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                 x = x.clone() + dropout(conv.forward(x, valid.clone()), layer.dropout.prob);
             }
             let h = layer.norm_ff.forward(x.clone());
-            let h = layer
-                .ff_out
-                .forward(dropout(gelu(layer.ff_in.forward(h)), layer.dropout.prob));
+            let h = layer.ff_out.forward(dropout(
+                self.activation.apply(layer.ff_in.forward(h)),
+                layer.dropout.prob,
+            ));
             x = x + dropout(h, layer.dropout.prob);
         }
         log_softmax(self.output.forward(self.norm.forward(x)), 2)
@@ -391,7 +446,9 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             // The first convolution's outputs past an utterance's end are zeroed, as its
             // zero padding would be if the utterance were alone.
             Some(conv) => {
-                let x = gelu(conv.first.forward(features.swap_dims(1, 2)));
+                let x = self
+                    .activation
+                    .apply(conv.first.forward(features.swap_dims(1, 2)));
                 let [_, _, width] = x.dims();
                 let stride = first_stride(s);
                 let mut mask = vec![0f32; batch * width];
@@ -402,7 +459,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                     TensorData::new(mask, [batch, 1, width]),
                     &device,
                 );
-                let x = gelu(conv.second.forward(x));
+                let x = self.activation.apply(conv.second.forward(x));
                 self.input.forward(x.swap_dims(1, 2))
             }
             None => {

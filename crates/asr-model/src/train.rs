@@ -808,8 +808,9 @@ pub fn load_model<B: ClusteredAttentionBackend>(
     Ok((saved.model.init::<B>(device).load_record(record), saved))
 }
 
-/// Reads a `model.json`. Models saved before the model had its `front_end` and `conv_kernel`
-/// options stacked frames and had no convolution module: those options are filled in as such.
+/// Reads a `model.json`. Models saved before the model had its `front_end`, `conv_kernel` and
+/// `activation` options stacked frames, had no convolution module and used GELU: those options
+/// are filled in as such.
 fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
     let mut value: serde_json::Value = serde_json::from_str(json)?;
     if let Some(model) = value.get_mut("model").and_then(|m| m.as_object_mut()) {
@@ -817,6 +818,7 @@ fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
         for (key, default) in [
             ("front_end", serde_json::to_value(defaults.front_end)?),
             ("conv_kernel", defaults.conv_kernel.into()),
+            ("activation", serde_json::to_value(defaults.activation)?),
         ] {
             model.entry(key).or_insert(default);
         }
@@ -861,7 +863,7 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
 mod tests {
     use super::{SavedModel, WarmupDecay, parse_saved_model};
     use crate::features::LogMelConfig;
-    use crate::model::{AsrModelConfig, FrontEnd};
+    use crate::model::{Activation, AsrModelConfig, FrontEnd};
     use burn::backend::NdArray;
     use burn::lr_scheduler::LrScheduler;
     use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
@@ -916,7 +918,8 @@ mod tests {
         let saved = SavedModel {
             model: AsrModelConfig::new(9)
                 .with_front_end(FrontEnd::Conv { channels: 8 })
-                .with_conv_kernel(5),
+                .with_conv_kernel(5)
+                .with_activation(Activation::Relu),
             features: LogMelConfig::new(),
             phones: vec!["a".into()],
         };
@@ -924,13 +927,16 @@ mod tests {
         let read = parse_saved_model(&json).unwrap();
         assert_eq!(read.model.front_end, FrontEnd::Conv { channels: 8 });
         assert_eq!(read.model.conv_kernel, 5);
+        assert_eq!(read.model.activation, Activation::Relu);
         let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
         let model = value["model"].as_object_mut().unwrap();
         model.remove("front_end").unwrap();
         model.remove("conv_kernel").unwrap();
+        model.remove("activation").unwrap();
         let read = parse_saved_model(&value.to_string()).unwrap();
         assert_eq!(read.model.front_end, FrontEnd::Stack);
         assert_eq!(read.model.conv_kernel, 0);
+        assert_eq!(read.model.activation, Activation::Gelu);
         assert_eq!(read.model.n_outputs, 9);
     }
 }

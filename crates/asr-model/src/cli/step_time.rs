@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use asr_model::model::{AsrModelConfig, FrontEnd};
+use asr_model::model::{Activation, AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::TrainingBackend;
 use backend_select::BackendName;
@@ -43,6 +43,9 @@ pub struct StepTimeArgs {
     /// Kernel size of a convolution module in every layer (as `asr train --conv-kernel`).
     #[arg(long, default_value_t = 0)]
     conv_kernel: usize,
+    /// Activation of the feed-forward blocks (as `asr train --activation`).
+    #[arg(long, default_value = "gelu")]
+    activation: Activation,
     /// Timed steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -68,6 +71,7 @@ impl TrainingTask for &StepTimeArgs {
                 .with_subsampling(args.subsampling)
                 .with_front_end(args.front_end)
                 .with_conv_kernel(args.conv_kernel)
+                .with_activation(args.activation)
                 .init::<A>(&device);
             let mut optim = burn::optim::AdamConfig::new().init();
             let features = Tensor::<A, 3>::random(

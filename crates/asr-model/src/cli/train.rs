@@ -6,7 +6,7 @@ use std::time::Instant;
 use asr_model::augment::{AugmentSet, Augmentation};
 use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
-use asr_model::model::{AsrModelConfig, FrontEnd};
+use asr_model::model::{Activation, AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
     SavedModel, Strategy, TrainOptions, TrainingBackend, evaluate, feasible, train_on_devices,
@@ -94,6 +94,10 @@ pub struct TrainArgs {
     /// `asr_model::model::FrontEnd`).
     #[arg(long, default_value = "stack")]
     front_end: FrontEnd,
+    /// Activation of the feed-forward blocks and the convolutional front end: gelu, relu or
+    /// silu.
+    #[arg(long, default_value = "gelu")]
+    activation: Activation,
     /// Kernel size of a Conformer convolution module in every layer (odd; 0 for none; see
     /// `asr_model::model::ConvModule`).
     #[arg(long, default_value_t = 0)]
@@ -319,6 +323,7 @@ impl TrainingTask for &TrainArgs {
                 .with_subsampling(args.subsampling)
                 .with_front_end(args.front_end)
                 .with_conv_kernel(args.conv_kernel)
+                .with_activation(args.activation)
                 .with_seed(args.seed),
             features,
             phones: inventory.phones().to_vec(),
