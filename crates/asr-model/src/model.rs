@@ -605,12 +605,19 @@ mod tests {
     }
 
     /// The convolutional front end of one utterance of 13 frames, at subsampling 1, 2 and 4,
-    /// against the definitions (a convolution of kernel 3 with zero padding 1, GELU, a
-    /// linear map), computed in f64: ceil(13 / s) steps, to 1e-4.
+    /// with GELU and with ReLU, against the definitions (a convolution of kernel 3 with zero
+    /// padding 1, the activation, a linear map), computed in f64: ceil(13 / s) steps, to 1e-4.
     #[test]
     fn conv_front_end_is_two_convolutions_and_a_projection() {
-        for s in [1, 2, 4] {
+        let relu_ref = |x: f64| x.max(0.0);
+        let activations: [(Activation, fn(f64) -> f64); 2] =
+            [(Activation::Gelu, gelu_ref), (Activation::Relu, relu_ref)];
+        for ((activation, act), s) in activations
+            .into_iter()
+            .flat_map(|a| [1, 2, 4].map(|s| (a, s)))
+        {
             let model = AsrModelConfig::new(5)
+                .with_activation(activation)
                 .with_n_mels(6)
                 .with_d_model(8)
                 .with_n_heads(2)
@@ -624,16 +631,17 @@ mod tests {
             let x = values(features.swap_dims(1, 2));
             let conv = model.conv.as_ref().unwrap();
             let (h, n1) = conv1d_ref(&x, 13, &conv.first, 1);
-            let h: Vec<f32> = h.into_iter().map(|v| gelu_ref(v) as f32).collect();
+            let h: Vec<f32> = h.into_iter().map(|v| act(v) as f32).collect();
             let (h, n2) = conv1d_ref(&h, n1, &conv.second, 1);
             assert_eq!(n2, 13usize.div_ceil(s), "steps at subsampling {s}");
             // [channels, steps] → [steps, channels]
-            let h: Vec<f64> = (0..n2 * 7)
-                .map(|i| gelu_ref(h[(i % 7) * n2 + i / 7]))
-                .collect();
+            let h: Vec<f64> = (0..n2 * 7).map(|i| act(h[(i % 7) * n2 + i / 7])).collect();
             let reference = linear_ref(&h, n2, &model.input);
             let diff = largest_difference(&ours, &reference);
-            assert!(diff < 1e-4, "subsampling {s}: largest difference {diff}");
+            assert!(
+                diff < 1e-4,
+                "{activation}, subsampling {s}: largest difference {diff}"
+            );
         }
     }
 
@@ -686,10 +694,15 @@ mod tests {
     }
 
     #[test]
-    fn front_end_parses_and_prints() {
+    fn front_end_and_activation_parse_and_print() {
         for text in ["stack", "conv:128"] {
             assert_eq!(text.parse::<FrontEnd>().unwrap().to_string(), text);
         }
+        for text in ["gelu", "relu", "silu"] {
+            assert_eq!(text.parse::<Activation>().unwrap().to_string(), text);
+        }
+        let error = "swish".parse::<Activation>().unwrap_err();
+        assert!(error.contains("swish"), "{error}");
         for bad in ["conv", "conv:0", "conv:x", "stacked", "conv:1:2"] {
             let error = bad.parse::<FrontEnd>().unwrap_err();
             assert!(error.contains(bad), "{error}");
