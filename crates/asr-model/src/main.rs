@@ -27,7 +27,7 @@ enum Command {
     /// and texts: Beneath a Steel Sky or Flight of the Amazon Queen (Debian packages).
     Import(cli::import::ImportArgs),
     /// Train a model on a corpus; prints the test phone error rate.
-    Train(cli::train::TrainArgs),
+    Train(Box<cli::train::TrainArgs>),
     /// Evaluate trained models, with their own or another attention (paper Table 1).
     Eval(cli::eval::EvalArgs),
     /// Compare trained models (paper Table 2 and Figure 1): time per epoch, time to the best
@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Manifest(args) => cli::manifest::run(args),
         Command::Import(args) => cli::import::run(args),
-        Command::Train(args) => cli::on_training_backend(args.backend, &args),
+        Command::Train(args) => cli::on_training_backend(args.backend, &*args),
         Command::Eval(args) => cli::on_backend(args.backend, &args),
         Command::Compare(args) => cli::on_backend(args.backend, &args),
         Command::Transcribe(args) => cli::on_backend(args.backend, &args),

@@ -609,8 +609,9 @@ mod tests {
     /// padding 1, the activation, a linear map), computed in f64: ceil(13 / s) steps, to 1e-4.
     #[test]
     fn conv_front_end_is_two_convolutions_and_a_projection() {
+        type Reference = fn(f64) -> f64;
         let relu_ref = |x: f64| x.max(0.0);
-        let activations: [(Activation, fn(f64) -> f64); 2] =
+        let activations: [(Activation, Reference); 2] =
             [(Activation::Gelu, gelu_ref), (Activation::Relu, relu_ref)];
         for ((activation, act), s) in activations
             .into_iter()

@@ -299,7 +299,7 @@ fn an_utterance_is_recognized_alike_alone_and_padded_in_a_batch() {
         ],
         1,
     );
-    let batch = Tensor::cat(vec![padded, features.clone().slice([1..2])], 0);
+    let batch = Tensor::cat(vec![padded, features.clone().slice([1..2, 0..long])], 0);
     let alone = features.slice([0..1, 0..short]);
     for front_end in [FrontEnd::Stack, FrontEnd::Conv { channels: 8 }] {
         for conv_kernel in [0, 5] {
