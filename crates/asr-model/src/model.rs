@@ -503,7 +503,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::*;
     use burn::backend::NdArray;

@@ -859,7 +859,7 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
     (kept, dropped)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::{SavedModel, WarmupDecay, parse_saved_model};
     use crate::features::LogMelConfig;
