@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::augment::AugmentSet;
 use crate::data::{AugmentingBatcher, BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
-use crate::decode::{PhoneErrorRate, greedy_ctc_decode};
+use crate::decode::{BeamSearch, PhoneErrorRate, beam_search, greedy_ctc_decode};
 use crate::features::{LogMel, LogMelConfig};
 use crate::model::{AsrModel, AsrModelConfig};
 
@@ -150,6 +150,40 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             per.add(hypothesis, reference);
         }
         per
+    }
+
+    /// Transcriptions of a batch's log-probabilities `[batch, steps, n_outputs]` by
+    /// [`beam_search`], each over its utterance's [`AsrModel::output_length`] steps.
+    ///
+    /// # Panics
+    /// When `search`'s LM has another number of outputs than the model.
+    pub fn beam_decode(
+        &self,
+        log_probs: Tensor<B, 3>,
+        frame_lengths: &[usize],
+        search: &BeamSearch,
+    ) -> Vec<Vec<usize>> {
+        let [_, steps, n_outputs] = log_probs.dims();
+        assert_eq!(
+            search.lm.n_outputs(),
+            n_outputs,
+            "the phone LM has {} outputs, the model {n_outputs}",
+            search.lm.n_outputs()
+        );
+        let values: Vec<f32> = log_probs
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .expect("f32 log-probabilities");
+        frame_lengths
+            .iter()
+            .enumerate()
+            .map(|(b, &frames)| {
+                let len = self.output_length(frames).min(steps);
+                let start = b * steps * n_outputs;
+                beam_search(&values[start..start + len * n_outputs], search)
+            })
+            .collect()
     }
 
     /// Greedy transcriptions of a batch's log-probabilities `[batch, steps, n_outputs]`.
@@ -826,13 +860,26 @@ fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
     serde_json::from_value(value)
 }
 
-/// Phone error rate of `model` (with `attention`, when given) over `examples`.
+/// Phone error rate of `model` (with `attention`, when given) over `examples`, decoded
+/// greedily.
 pub fn evaluate<B: ClusteredAttentionBackend>(
     model: &AsrModel<B>,
     examples: &[Example],
     attention: Option<AttentionKind>,
     batch_frames: usize,
     device: &B::Device,
+) -> PhoneErrorRate {
+    evaluate_with(model, examples, attention, batch_frames, device, None)
+}
+
+/// [`evaluate`], decoded by [`beam_search`] with `search` when given, else greedily.
+pub fn evaluate_with<B: ClusteredAttentionBackend>(
+    model: &AsrModel<B>,
+    examples: &[Example],
+    attention: Option<AttentionKind>,
+    batch_frames: usize,
+    device: &B::Device,
+    search: Option<&BeamSearch>,
 ) -> PhoneErrorRate {
     let model = match attention {
         Some(kind) => model.clone().with_attention(kind),
@@ -842,7 +889,15 @@ pub fn evaluate<B: ClusteredAttentionBackend>(
     for batch in bucket(examples.to_vec(), batch_frames) {
         let batch: CtcBatch<B> = CtcBatcher.make(&batch, device);
         let log_probs = model.forward(batch.features.clone(), &batch.frame_lengths);
-        per.merge(model.phone_errors(log_probs, &batch));
+        match search {
+            None => per.merge(model.phone_errors(log_probs, &batch)),
+            Some(search) => {
+                let hypotheses = model.beam_decode(log_probs, &batch.frame_lengths, search);
+                for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
+                    per.add(hypothesis, reference);
+                }
+            }
+        }
     }
     per
 }
