@@ -30,7 +30,8 @@ pub enum FrontEnd {
     /// Stacks `subsampling` consecutive frames into one vector, then projects it linearly to
     /// `d_model`.
     Stack,
-    /// Two 1-D convolutions over time, each with kernel 3, padding 1 and a GELU, with strides
+    /// Two 1-D convolutions over time, each with kernel 3, padding 1 and the model's
+    /// [`Activation`], with strides
     /// whose product is `subsampling` (2·2, 2·1 or 1·1), then a linear projection to
     /// `d_model`: the convolutional subsampling of speech transformers (Mohamed, Okhonko and
     /// Zettlemoyer, 2019, "Transformers with convolutional context for ASR"; here over time
@@ -196,6 +197,20 @@ pub struct EncoderLayer<B: Backend> {
     ff_in: Linear<B>,
     ff_out: Linear<B>,
     dropout: Dropout,
+}
+
+/// `[batch, width]`: 1 at each row's first `lengths[row]` positions (at most `width`), 0 after.
+fn length_mask<B: Backend>(
+    lengths: impl ExactSizeIterator<Item = usize>,
+    width: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let batch = lengths.len();
+    let mut mask = vec![0f32; batch * width];
+    for (row, len) in mask.chunks_mut(width.max(1)).zip(lengths) {
+        row[..len.min(width)].fill(1.0);
+    }
+    Tensor::from_data(TensorData::new(mask, [batch, width]), device)
 }
 
 /// Stride of the first convolution of [`FrontEnd::Conv`] at time subsampling `subsampling`.
@@ -406,11 +421,8 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             .map(|&f| self.output_length(f).min(steps) as i64)
             .collect();
         let valid = self.layers.iter().any(|l| l.conv.is_some()).then(|| {
-            let mut mask = vec![0f32; batch * steps];
-            for (b, &len) in lengths.iter().enumerate() {
-                mask[b * steps..b * steps + len as usize].fill(1.0);
-            }
-            Tensor::<B, 3>::from_data(TensorData::new(mask, [batch, steps, 1]), &device)
+            length_mask::<B>(lengths.iter().map(|&len| len as usize), steps, &device)
+                .unsqueeze_dim(2)
         });
         let lengths = Tensor::<B, 1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
         for layer in &self.layers {
@@ -451,14 +463,8 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                     .apply(conv.first.forward(features.swap_dims(1, 2)));
                 let [_, _, width] = x.dims();
                 let stride = first_stride(s);
-                let mut mask = vec![0f32; batch * width];
-                for (b, &f) in frame_lengths.iter().enumerate() {
-                    mask[b * width..b * width + f.div_ceil(stride).min(width)].fill(1.0);
-                }
-                let x = x * Tensor::<B, 3>::from_data(
-                    TensorData::new(mask, [batch, 1, width]),
-                    &device,
-                );
+                let lengths = frame_lengths.iter().map(|f| f.div_ceil(stride));
+                let x = x * length_mask::<B>(lengths, width, &device).unsqueeze_dim(1);
                 let x = self.activation.apply(conv.second.forward(x));
                 self.input.forward(x.swap_dims(1, 2))
             }

@@ -889,14 +889,12 @@ pub fn evaluate_with<B: ClusteredAttentionBackend>(
     for batch in bucket(examples.to_vec(), batch_frames) {
         let batch: CtcBatch<B> = CtcBatcher.make(&batch, device);
         let log_probs = model.forward(batch.features.clone(), &batch.frame_lengths);
-        match search {
-            None => per.merge(model.phone_errors(log_probs, &batch)),
-            Some(search) => {
-                let hypotheses = model.beam_decode(log_probs, &batch.frame_lengths, search);
-                for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
-                    per.add(hypothesis, reference);
-                }
-            }
+        let hypotheses = match search {
+            None => model.decode(log_probs, &batch.frame_lengths),
+            Some(search) => model.beam_decode(log_probs, &batch.frame_lengths, search),
+        };
+        for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
+            per.add(hypothesis, reference);
         }
     }
     per
@@ -966,8 +964,8 @@ mod tests {
         }
     }
 
-    /// A `model.json` without `front_end` and `conv_kernel` reads as frame stacking without a
-    /// convolution module; one with them keeps them.
+    /// A `model.json` without `front_end`, `conv_kernel` and `activation` reads as frame
+    /// stacking with GELU and without a convolution module; one with them keeps them.
     #[test]
     fn model_json_without_front_end_options_reads_as_stacking() {
         let saved = SavedModel {
