@@ -159,25 +159,76 @@ mod flex {
     use super::HostAccess;
 
     impl HostAccess for Flex {
-        /// Borrows `f32` storage when it is contiguous; widens `f16` and `bf16` into a copy.
+        /// Borrows `f32` storage when it is contiguous; otherwise copies it into row-major
+        /// order ([`row_major`]), widening `f16` and `bf16`.
         fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
-            fn widened<E: Element + bytemuck::Pod>(
-                x: &FloatTensor<Flex>,
-                to_f32: fn(E) -> f32,
-            ) -> Vec<f32> {
-                match x.as_slice::<E>() {
-                    Some(values) => values.iter().map(|&v| to_f32(v)).collect(),
-                    None => widened(&x.to_contiguous(), to_f32),
-                }
-            }
             match x.dtype() {
-                DType::F16 => f(&widened::<f16>(x, f16::to_f32)),
-                DType::BF16 => f(&widened::<bf16>(x, bf16::to_f32)),
+                DType::F16 => f(&row_major::<f16>(x, f16::to_f32)),
+                DType::BF16 => f(&row_major::<bf16>(x, bf16::to_f32)),
                 _ => match x.as_slice::<f32>() {
                     Some(values) => f(values),
-                    None => f(x.to_contiguous().as_slice::<f32>().expect("an f32 tensor")),
+                    None => f(&row_major::<f32>(x, |v| v)),
                 },
             }
+        }
+    }
+
+    /// The values of `x` in row-major order, converted by `to_f32`.
+    ///
+    /// A strided view (such as the heads of `[batch, time, heads, head_dim]` swapped to
+    /// `[batch, heads, time, head_dim]`) is copied one run of its dense innermost dimensions
+    /// at a time; Flex's own `to_contiguous` visits the elements of a layout that does not
+    /// collapse to two dimensions one index computation at a time.
+    ///
+    /// # Panics
+    /// If `x`'s dtype is not `E`.
+    fn row_major<E: Element + bytemuck::Pod>(
+        x: &FloatTensor<Flex>,
+        to_f32: fn(E) -> f32,
+    ) -> Vec<f32> {
+        let storage = x.storage::<E>();
+        let blocks = x.layout().strided_blocks();
+        let run = blocks.block_len();
+        let mut out = Vec::with_capacity(x.layout().num_elements());
+        for start in blocks.block_starts() {
+            out.extend(storage[start..start + run].iter().map(|&v| to_f32(v)));
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use burn::backend::Flex;
+        use burn::tensor::{DType, Tensor, TensorData, s};
+
+        use super::HostAccess;
+
+        /// `with_f32`'s values against Flex's own `into_data`, for views whose layouts are
+        /// not contiguous: swapped and permuted dims, a flip (negative stride), a slice with
+        /// an offset, a broadcast (stride 0), and half types; exactly (a copy).
+        #[test]
+        fn strided_views_read_in_row_major_order() {
+            let device = Default::default();
+            let values: Vec<f32> = (0..2 * 5 * 3 * 4).map(|v| v as f32 * 0.25 - 7.0).collect();
+            let x = Tensor::<Flex, 4>::from_data(TensorData::new(values, [2, 5, 3, 4]), &device);
+            let views = [
+                x.clone().swap_dims(1, 2),
+                x.clone().permute([3, 1, 0, 2]),
+                x.clone().flip([1, 3]),
+                x.clone().slice(s![.., 1..4, .., 1..3]),
+                x.clone().slice(s![.., 2..3, .., ..]).expand([2, 4, 3, 4]),
+                x.clone().swap_dims(1, 2).cast(DType::F16),
+                x.clone().permute([0, 2, 3, 1]).cast(DType::BF16),
+            ];
+            for (i, view) in views.into_iter().enumerate() {
+                let expected: Vec<f32> = view.to_data().convert::<f32>().to_vec().unwrap();
+                let ours = Flex::with_f32(&view.into_primitive().tensor(), <[f32]>::to_vec);
+                assert_eq!(ours, expected, "view {i}");
+            }
+            // One by hand: [2, 3] transposed.
+            let t = Tensor::<Flex, 2>::from_data([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &device);
+            let ours = Flex::with_f32(&t.transpose().into_primitive().tensor(), <[f32]>::to_vec);
+            assert_eq!(ours, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
         }
     }
 }
