@@ -70,6 +70,8 @@ pub struct LogMel {
     window: Vec<f32>,
     /// `[n_mels, n_fft / 2 + 1]`, row-major.
     filterbank: Vec<f32>,
+    /// Per mel band, the FFT bins where its filter is nonzero (the others add nothing).
+    supports: Vec<std::ops::Range<usize>>,
     fft: Arc<dyn RealToComplex<f32>>,
 }
 
@@ -139,11 +141,20 @@ impl LogMel {
                 filterbank[m * bins + k] = (rising.min(falling).max(0.0) * norm) as f32;
             }
         }
+        let supports = filterbank
+            .chunks(bins)
+            .map(|row| {
+                let first = row.iter().position(|&w| w != 0.0).unwrap_or(0);
+                let last = row.iter().rposition(|&w| w != 0.0).map_or(first, |k| k + 1);
+                first..last
+            })
+            .collect();
         let fft = RealFftPlanner::<f32>::new().plan_fft_forward(config.n_fft);
         Self {
             config,
             window,
             filterbank,
+            supports,
             fft,
         }
     }
@@ -187,9 +198,13 @@ impl LogMel {
             for (p, z) in power.iter_mut().zip(&spectrum) {
                 *p = z.norm_sqr();
             }
-            for m in 0..c.n_mels {
+            for (m, support) in self.supports.iter().enumerate() {
                 let row = &self.filterbank[m * bins..(m + 1) * bins];
-                out[t * c.n_mels + m] = row.iter().zip(&power).map(|(w, p)| w * p).sum();
+                out[t * c.n_mels + m] = row[support.clone()]
+                    .iter()
+                    .zip(&power[support.clone()])
+                    .map(|(w, p)| w * p)
+                    .sum();
             }
         }
         out
