@@ -184,7 +184,7 @@ mod flex {
     /// If `x`'s dtype is not `E`.
     fn row_major<E: Element + bytemuck::Pod>(
         x: &FloatTensor<Flex>,
-        to_f32: fn(E) -> f32,
+        to_f32: impl Fn(E) -> f32,
     ) -> Vec<f32> {
         let storage = x.storage::<E>();
         let blocks = x.layout().strided_blocks();
