@@ -155,6 +155,13 @@ pub struct AsrModelConfig {
     /// [`ConvModule`]); 0 for none.
     #[config(default = 0)]
     pub conv_kernel: usize,
+    /// Weight `w` of an intermediate CTC loss (Lee and Watanabe, 2021, "Intermediate loss
+    /// regularization for CTC-based speech recognition"): the output of the middle layer
+    /// ([`AsrModel::middle_layer`]) also goes through the final norm and output layer, and
+    /// the training loss is `(1 − w)·CTC(last layer) + w·CTC(middle layer)`. 0 for none.
+    /// Training only: recognition reads the last layer.
+    #[config(default = 0.0)]
+    pub inter_ctc_weight: f64,
     /// Seed of the attention's hashing planes.
     #[config(default = 0)]
     pub seed: u64,
@@ -239,6 +246,7 @@ pub struct AsrModel<B: Backend> {
     d_model: usize,
     subsampling: usize,
     n_outputs: usize,
+    inter_ctc_weight: f64,
 }
 
 impl AsrModelConfig {
@@ -246,7 +254,8 @@ impl AsrModelConfig {
     ///
     /// # Panics
     /// When `subsampling` is not 1, 2 or 4, `n_outputs < 2`, `d_model` is not divisible by
-    /// `n_heads`, the front end has 0 channels, or `conv_kernel` is even.
+    /// `n_heads`, the front end has 0 channels, `conv_kernel` is even, or `inter_ctc_weight`
+    /// is outside `[0, 1)` or positive with fewer than 2 layers.
     pub fn init<B: Backend>(&self, device: &B::Device) -> AsrModel<B> {
         assert!(
             matches!(self.subsampling, 1 | 2 | 4),
@@ -262,6 +271,13 @@ impl AsrModelConfig {
             self.conv_kernel % 2 == 1 || self.conv_kernel == 0,
             "conv_kernel must be odd (or 0 for none), got {}",
             self.conv_kernel
+        );
+        assert!(
+            (0.0..1.0).contains(&self.inter_ctc_weight)
+                && (self.inter_ctc_weight == 0.0 || self.n_layers >= 2),
+            "inter_ctc_weight must be in [0, 1), and 0 with fewer than 2 layers; got {} with {} layers",
+            self.inter_ctc_weight,
+            self.n_layers
         );
         let conv_module = || {
             (self.conv_kernel > 0).then(|| ConvModule {
@@ -324,6 +340,7 @@ impl AsrModelConfig {
             d_model: self.d_model,
             subsampling: self.subsampling,
             n_outputs: self.n_outputs,
+            inter_ctc_weight: self.inter_ctc_weight,
         }
     }
 }
@@ -354,6 +371,16 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// Number of outputs (phones + blank).
     pub fn n_outputs(&self) -> usize {
         self.n_outputs
+    }
+
+    /// The weight of the intermediate CTC loss ([`AsrModelConfig::inter_ctc_weight`]).
+    pub fn inter_ctc_weight(&self) -> f64 {
+        self.inter_ctc_weight
+    }
+
+    /// The number of layers whose output the intermediate CTC loss reads: `n_layers / 2`.
+    pub fn middle_layer(&self) -> usize {
+        self.layers.len() / 2
     }
 
     /// Whether the layers compute their keys with the query projection (trained with a
@@ -391,6 +418,33 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// When `features` does not have `n_mels` bands or `frame_lengths` disagrees with the
     /// batch.
     pub fn forward(&self, features: Tensor<B, 3>, frame_lengths: &[usize]) -> Tensor<B, 3> {
+        self.encode(features, frame_lengths, None).0
+    }
+
+    /// [`Self::forward`], and when the model has an intermediate CTC loss
+    /// ([`Self::inter_ctc_weight`] > 0) also the log-probabilities read from the output of
+    /// its first [`Self::middle_layer`] layers through the same final norm and output layer,
+    /// of the same shape.
+    ///
+    /// # Panics
+    /// As [`Self::forward`].
+    pub fn forward_with_intermediate(
+        &self,
+        features: Tensor<B, 3>,
+        frame_lengths: &[usize],
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
+        let tap = (self.inter_ctc_weight > 0.0).then(|| self.middle_layer());
+        self.encode(features, frame_lengths, tap)
+    }
+
+    /// The encoder: the last layer's log-probabilities, and those of the output of the first
+    /// `tap` layers when asked.
+    fn encode(
+        &self,
+        features: Tensor<B, 3>,
+        frame_lengths: &[usize],
+        tap: Option<usize>,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
         let [batch, frames, n_mels] = features.dims();
         let s = self.subsampling;
         assert_eq!(
@@ -425,7 +479,12 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                 .unsqueeze_dim(2)
         });
         let lengths = Tensor::<B, 1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
-        for layer in &self.layers {
+        let head = |x: Tensor<B, 3>| log_softmax(self.output.forward(self.norm.forward(x)), 2);
+        let mut middle = None;
+        for (i, layer) in self.layers.iter().enumerate() {
+            if tap == Some(i) {
+                middle = Some(head(x.clone()));
+            }
             let h = layer.norm_attention.forward(x.clone());
             let h = layer.attention.forward(
                 ClusteredAttentionInput::self_attn(h)
@@ -443,7 +502,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
             ));
             x = x + dropout(h, layer.dropout.prob);
         }
-        log_softmax(self.output.forward(self.norm.forward(x)), 2)
+        (head(x), middle)
     }
 
     /// The front end: `[batch, frames, n_mels]` features → `[batch, ceil(frames /
@@ -714,6 +773,60 @@ mod tests {
             let error = bad.parse::<FrontEnd>().unwrap_err();
             assert!(error.contains(bad), "{error}");
         }
+    }
+
+    /// The intermediate log-probabilities are those of the same model cut to its first
+    /// `n_layers / 2` layers, whose output goes through the same final norm and output layer
+    /// (Lee and Watanabe, 2021, eq. 5), for an even and an odd depth, with and without
+    /// convolution modules, on a padded batch; to 1e-6. The last layer's are
+    /// [`AsrModel::forward`]'s; a weight of 0 taps nothing.
+    #[test]
+    fn intermediate_ctc_reads_the_middle_layer() {
+        let device = Default::default();
+        let features = random([2, 13, 6]);
+        let lengths = [13, 9];
+        for (n_layers, conv_kernel) in [(4, 0), (3, 5), (2, 3)] {
+            let config = AsrModelConfig::new(5)
+                .with_n_mels(6)
+                .with_d_model(8)
+                .with_n_heads(2)
+                .with_n_layers(n_layers)
+                .with_d_ff(16)
+                .with_dropout(0.0)
+                .with_attention(AttentionKind::Full)
+                .with_front_end(FrontEnd::Conv { channels: 4 })
+                .with_conv_kernel(conv_kernel);
+            let model = config.clone().with_inter_ctc_weight(0.3).init::<B>(&device);
+            let (last, middle) = model.forward_with_intermediate(features.clone(), &lengths);
+            let mut cut = model.clone();
+            cut.layers.truncate(n_layers / 2);
+            let expected = values(cut.forward(features.clone(), &lengths));
+            let diff = largest_difference(
+                &values(middle.expect("a weight above 0 taps the middle layer")),
+                &expected.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+            );
+            assert!(diff < 1e-6, "{n_layers} layers: largest difference {diff}");
+            assert_eq!(
+                values(last),
+                values(model.forward(features.clone(), &lengths))
+            );
+            let plain = config.init::<B>(&device);
+            assert!(
+                plain
+                    .forward_with_intermediate(features.clone(), &lengths)
+                    .1
+                    .is_none()
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "inter_ctc_weight must be in [0, 1), and 0 with fewer than 2 layers")]
+    fn intermediate_ctc_needs_two_layers() {
+        AsrModelConfig::new(5)
+            .with_n_layers(1)
+            .with_inter_ctc_weight(0.3)
+            .init::<B>(&Default::default());
     }
 
     #[test]

@@ -246,9 +246,19 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
         }
     }
 
+    /// The loss is [`AsrModel::loss_of`]'s, or with an intermediate CTC loss
+    /// `(1 − w)·loss(last layer) + w·loss(middle layer)`
+    /// ([`crate::model::AsrModelConfig::inter_ctc_weight`]).
     fn train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
-        let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
-        let loss = self.loss_of(&batch, log_probs);
+        let (log_probs, middle) =
+            self.forward_with_intermediate(batch.features.clone(), &batch.frame_lengths);
+        let loss = match middle {
+            Some(middle) => {
+                let w = self.inter_ctc_weight();
+                self.loss_of(&batch, log_probs) * (1.0 - w) + self.loss_of(&batch, middle) * w
+            }
+            None => self.loss_of(&batch, log_probs),
+        };
         let grads = (loss.clone() * batch.loss_weight).backward();
         TrainOutput::new(
             self,
@@ -853,6 +863,7 @@ fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
             ("front_end", serde_json::to_value(defaults.front_end)?),
             ("conv_kernel", defaults.conv_kernel.into()),
             ("activation", serde_json::to_value(defaults.activation)?),
+            ("inter_ctc_weight", defaults.inter_ctc_weight.into()),
         ] {
             model.entry(key).or_insert(default);
         }
@@ -915,12 +926,15 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
 #[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::{SavedModel, WarmupDecay, parse_saved_model};
+    use crate::data::CtcBatch;
     use crate::features::LogMelConfig;
     use crate::model::{Activation, AsrModelConfig, FrontEnd};
     use burn::backend::NdArray;
     use burn::lr_scheduler::LrScheduler;
     use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
     use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
+    use burn::tensor::{Distribution, Tensor, TensorData};
+    use clustered_attention::AttentionKind;
 
     /// The schedule's rates are those of burn's two linear schedulers composed by product,
     /// bit for bit, over a whole run and past it, with and without decay; a fresh schedule
@@ -964,15 +978,17 @@ mod tests {
         }
     }
 
-    /// A `model.json` without `front_end`, `conv_kernel` and `activation` reads as frame
-    /// stacking with GELU and without a convolution module; one with them keeps them.
+    /// A `model.json` without `front_end`, `conv_kernel`, `activation` and
+    /// `inter_ctc_weight` reads as frame stacking with GELU, without a convolution module or
+    /// an intermediate loss; one with them keeps them.
     #[test]
     fn model_json_without_front_end_options_reads_as_stacking() {
         let saved = SavedModel {
             model: AsrModelConfig::new(9)
                 .with_front_end(FrontEnd::Conv { channels: 8 })
                 .with_conv_kernel(5)
-                .with_activation(Activation::Relu),
+                .with_activation(Activation::Relu)
+                .with_inter_ctc_weight(0.25),
             features: LogMelConfig::new(),
             phones: vec!["a".into()],
         };
@@ -981,15 +997,59 @@ mod tests {
         assert_eq!(read.model.front_end, FrontEnd::Conv { channels: 8 });
         assert_eq!(read.model.conv_kernel, 5);
         assert_eq!(read.model.activation, Activation::Relu);
+        assert_eq!(read.model.inter_ctc_weight, 0.25);
         let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
         let model = value["model"].as_object_mut().unwrap();
         model.remove("front_end").unwrap();
         model.remove("conv_kernel").unwrap();
         model.remove("activation").unwrap();
+        model.remove("inter_ctc_weight").unwrap();
         let read = parse_saved_model(&value.to_string()).unwrap();
         assert_eq!(read.model.front_end, FrontEnd::Stack);
         assert_eq!(read.model.conv_kernel, 0);
         assert_eq!(read.model.activation, Activation::Gelu);
+        assert_eq!(read.model.inter_ctc_weight, 0.0);
         assert_eq!(read.model.n_outputs, 9);
+    }
+
+    /// With an intermediate CTC loss of weight w, a training step's loss is
+    /// `(1 − w)·loss(last layer) + w·loss(middle layer)` (Lee and Watanabe, 2021, eq. 6), each
+    /// the mean CTC loss per target phone of its log-probabilities; to 1e-5.
+    #[test]
+    fn intermediate_ctc_loss_mixes_the_two_losses() {
+        type A = burn::backend::Autodiff<NdArray>;
+        let device = Default::default();
+        let w = 0.3;
+        let model = AsrModelConfig::new(5)
+            .with_n_mels(6)
+            .with_d_model(8)
+            .with_n_heads(2)
+            .with_n_layers(4)
+            .with_d_ff(16)
+            .with_dropout(0.0)
+            .with_attention(AttentionKind::Full)
+            .with_inter_ctc_weight(w)
+            .init::<A>(&device);
+        let batch = CtcBatch::<A> {
+            features: Tensor::random([2, 24, 6], Distribution::Normal(0.0, 1.0), &device),
+            frame_lengths: vec![24, 17],
+            targets: Tensor::from_data(TensorData::new(vec![1i64, 2, 3, 4, 2, 0], [2, 3]), &device),
+            target_lengths: vec![3, 2],
+            references: vec![vec![1, 2, 3], vec![4, 2]],
+            loss_weight: 1.0,
+            dropout_seed: None,
+            step_threads: None,
+        };
+        let (last, middle) =
+            model.forward_with_intermediate(batch.features.clone(), &batch.frame_lengths);
+        let loss = |log_probs| -> f64 { model.loss_of(&batch, log_probs).into_scalar() as f64 };
+        let (last, middle) = (loss(last), loss(middle.unwrap()));
+        assert!((last - middle).abs() > 1e-3, "the two losses should differ");
+        let step = model.train_step(batch.clone()).item.loss.into_scalar() as f64;
+        let expected = (1.0 - w) * last + w * middle;
+        assert!(
+            (step - expected).abs() < 1e-5,
+            "step loss {step}, expected {expected}"
+        );
     }
 }

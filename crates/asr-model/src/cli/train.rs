@@ -102,6 +102,11 @@ pub struct TrainArgs {
     /// `asr_model::model::ConvModule`).
     #[arg(long, default_value_t = 0)]
     conv_kernel: usize,
+    /// Weight w in [0, 1) of an intermediate CTC loss on the middle layer's output: the
+    /// training loss is (1 − w)·CTC(last layer) + w·CTC(middle layer) (Lee and Watanabe,
+    /// 2021); 0 for none.
+    #[arg(long, default_value_t = 0.0)]
+    inter_ctc: f64,
     /// Mel bands.
     #[arg(long, default_value_t = 40)]
     n_mels: usize,
@@ -257,6 +262,14 @@ impl TrainingTask for &TrainArgs {
         if let Some(w) = args.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
             anyhow::bail!("--weight {w}: a sampling weight must be finite and ≥ 0");
         }
+        if !(0.0..1.0).contains(&args.inter_ctc) || (args.inter_ctc > 0.0 && args.n_layers < 2) {
+            anyhow::bail!(
+                "--inter-ctc {}: the weight must be in [0, 1), and 0 with fewer than 2 layers \
+                 (--n-layers {})",
+                args.inter_ctc,
+                args.n_layers
+            );
+        }
         let mut inventory: Option<PhoneInventory> = None;
         let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
         let mut dropped = 0;
@@ -324,6 +337,7 @@ impl TrainingTask for &TrainArgs {
                 .with_front_end(args.front_end)
                 .with_conv_kernel(args.conv_kernel)
                 .with_activation(args.activation)
+                .with_inter_ctc_weight(args.inter_ctc)
                 .with_seed(args.seed),
             features,
             phones: inventory.phones().to_vec(),
