@@ -42,6 +42,23 @@ impl PhoneErrorRate {
         self.reference_phones += reference.len();
     }
 
+    /// Adds utterances pairwise: `hypotheses[i]` against `references[i]`.
+    ///
+    /// # Panics
+    /// When the two lists differ in length.
+    pub fn add_all(&mut self, hypotheses: &[Vec<usize>], references: &[Vec<usize>]) {
+        assert_eq!(
+            hypotheses.len(),
+            references.len(),
+            "{} hypotheses for {} references",
+            hypotheses.len(),
+            references.len()
+        );
+        for (hypothesis, reference) in hypotheses.iter().zip(references) {
+            self.add(hypothesis, reference);
+        }
+    }
+
     /// Adds another accumulator's counts.
     pub fn merge(&mut self, other: PhoneErrorRate) {
         self.errors += other.errors;

@@ -145,10 +145,10 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// `[batch, steps, n_outputs]` against its reference phones.
     pub fn phone_errors(&self, log_probs: Tensor<B, 3>, batch: &CtcBatch<B>) -> PhoneErrorRate {
         let mut per = PhoneErrorRate::default();
-        let hypotheses = self.decode(log_probs, &batch.frame_lengths);
-        for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
-            per.add(hypothesis, reference);
-        }
+        per.add_all(
+            &self.decode(log_probs, &batch.frame_lengths),
+            &batch.references,
+        );
         per
     }
 
@@ -904,9 +904,7 @@ pub fn evaluate_with<B: ClusteredAttentionBackend>(
             None => model.decode(log_probs, &batch.frame_lengths),
             Some(search) => model.beam_decode(log_probs, &batch.frame_lengths, search),
         };
-        for (hypothesis, reference) in hypotheses.iter().zip(&batch.references) {
-            per.add(hypothesis, reference);
-        }
+        per.add_all(&hypotheses, &batch.references);
     }
     per
 }
