@@ -272,13 +272,9 @@ impl AsrModelConfig {
             "conv_kernel must be odd (or 0 for none), got {}",
             self.conv_kernel
         );
-        assert!(
-            (0.0..1.0).contains(&self.inter_ctc_weight)
-                && (self.inter_ctc_weight == 0.0 || self.n_layers >= 2),
-            "inter_ctc_weight must be in [0, 1), and 0 with fewer than 2 layers; got {} with {} layers",
-            self.inter_ctc_weight,
-            self.n_layers
-        );
+        if let Err(message) = check_inter_ctc_weight(self.inter_ctc_weight, self.n_layers) {
+            panic!("inter_ctc_weight {message}");
+        }
         let conv_module = || {
             (self.conv_kernel > 0).then(|| ConvModule {
                 norm_input: LayerNormConfig::new(self.d_model).init(device),
@@ -342,6 +338,21 @@ impl AsrModelConfig {
             n_outputs: self.n_outputs,
             inter_ctc_weight: self.inter_ctc_weight,
         }
+    }
+}
+
+/// Whether `weight` is a valid [`AsrModelConfig::inter_ctc_weight`] for `n_layers` layers: in
+/// `[0, 1)`, and 0 with fewer than 2 layers.
+///
+/// # Errors
+/// What is wrong, as the end of a sentence naming the weight.
+pub fn check_inter_ctc_weight(weight: f64, n_layers: usize) -> Result<(), String> {
+    if (0.0..1.0).contains(&weight) && (weight == 0.0 || n_layers >= 2) {
+        Ok(())
+    } else {
+        Err(format!(
+            "must be in [0, 1), and 0 with fewer than 2 layers; got {weight} with {n_layers} layers"
+        ))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use asr_model::augment::{AugmentSet, Augmentation};
 use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
-use asr_model::model::{Activation, AsrModelConfig, FrontEnd};
+use asr_model::model::{Activation, AsrModelConfig, FrontEnd, check_inter_ctc_weight};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
     SavedModel, Strategy, TrainOptions, TrainingBackend, evaluate, feasible, train_on_devices,
@@ -262,14 +262,8 @@ impl TrainingTask for &TrainArgs {
         if let Some(w) = args.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
             anyhow::bail!("--weight {w}: a sampling weight must be finite and ≥ 0");
         }
-        if !(0.0..1.0).contains(&args.inter_ctc) || (args.inter_ctc > 0.0 && args.n_layers < 2) {
-            anyhow::bail!(
-                "--inter-ctc {}: the weight must be in [0, 1), and 0 with fewer than 2 layers \
-                 (--n-layers {})",
-                args.inter_ctc,
-                args.n_layers
-            );
-        }
+        check_inter_ctc_weight(args.inter_ctc, args.n_layers)
+            .map_err(|message| anyhow::anyhow!("--inter-ctc (with --n-layers) {message}"))?;
         let mut inventory: Option<PhoneInventory> = None;
         let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
         let mut dropped = 0;
