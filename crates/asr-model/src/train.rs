@@ -4,15 +4,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use anyhow::Context;
 use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::lr_scheduler::LrScheduler;
-use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
-use burn::record::{DefaultRecorder, Recorder};
+use burn::record::DefaultRecorder;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn::train::metric::state::{FormatOptions, NumericMetricState};
@@ -25,13 +23,18 @@ use burn::train::{
     SupervisedTraining, TrainOutput, TrainStep,
 };
 use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
-use serde::{Deserialize, Serialize};
 
 use crate::augment::AugmentSet;
 use crate::data::{AugmentingBatcher, BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
 use crate::decode::{BeamSearch, PhoneErrorRate, beam_search, greedy_ctc_decode};
-use crate::features::{LogMel, LogMelConfig};
-use crate::model::{AsrModel, AsrModelConfig};
+use crate::features::LogMel;
+use crate::model::AsrModel;
+
+mod log;
+mod saved;
+
+pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
+pub use saved::{SavedModel, load_model, save_model};
 
 /// What a training or evaluation step reports.
 #[derive(Debug)]
@@ -281,17 +284,6 @@ impl<B: ClusteredAttentionBackend> InferenceStep for AsrModel<B> {
         let per = self.phone_errors(log_probs, &batch);
         CtcOutput { loss, per }
     }
-}
-
-/// Everything needed to rebuild a trained model: stored as `model.json` next to the weights.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SavedModel {
-    /// The model's configuration (its attention is the one it was trained with).
-    pub model: AsrModelConfig,
-    /// The front end's configuration.
-    pub features: LogMelConfig,
-    /// The phone inventory, in output order (after the blank).
-    pub phones: Vec<String>,
 }
 
 /// Training settings.
@@ -688,189 +680,6 @@ fn step_threads<B: Backend>(devices: &[B::Device]) -> Option<usize> {
     })
 }
 
-/// File of a model directory that holds its [`TrainingLog`].
-pub const TRAINING_LOG: &str = "training.json";
-
-/// What a training run took, per epoch: written by [`train`] as `dir/training.json`, read by
-/// `asr compare` (the paper's Table 2).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainingLog {
-    /// The attention trained with.
-    pub attention: AttentionKind,
-    /// Wall-clock seconds of the whole run (training and validation of every epoch).
-    pub train_seconds: f64,
-    /// The run continued from a checkpoint (`--resume`). burn-train 0.21 does not keep the
-    /// per-epoch logs of the earlier run apart from the resumed one's, so a resumed run
-    /// records no epochs.
-    pub resumed: bool,
-    /// Every epoch with a validation log, in order (empty for a resumed run).
-    pub epochs: Vec<EpochLog>,
-}
-
-/// One epoch of a [`TrainingLog`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EpochLog {
-    /// Epoch number, from 1.
-    pub epoch: usize,
-    /// Seconds from the start of the run to the end of this epoch's validation (when burn-train
-    /// last wrote its validation log); `None` when the log predates the run.
-    pub end_seconds: Option<f64>,
-    /// Phone error rate on the validation split (dev), in percent.
-    pub dev_per: f64,
-}
-
-impl TrainingLog {
-    /// Loads the log that [`train`] wrote into the model directory `dir`
-    /// (`dir/training.json`).
-    ///
-    /// # Errors
-    /// When the file cannot be read (the model was not trained there) or is malformed.
-    pub fn load(dir: &Path) -> anyhow::Result<Self> {
-        let path = dir.join(TRAINING_LOG);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read (train the model first)", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{}: malformed", path.display()))
-    }
-
-    /// Reads the validation logs burn-train wrote under `dir/valid/epoch-N/PER.log`
-    /// (`value,phones` per batch) and their modification times.
-    ///
-    /// # Errors
-    /// When a log cannot be read or parsed.
-    pub fn read(
-        dir: &Path,
-        attention: AttentionKind,
-        started: SystemTime,
-        train_seconds: f64,
-        resumed: bool,
-    ) -> anyhow::Result<Self> {
-        let mut epochs = Vec::new();
-        for epoch in 1.. {
-            if resumed {
-                break;
-            }
-            let path = dir
-                .join("valid")
-                .join(format!("epoch-{epoch}"))
-                .join("PER.log");
-            if !path.exists() {
-                break;
-            }
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("{}: cannot read", path.display()))?;
-            let (mut weighted, mut phones) = (0.0, 0.0);
-            for (n, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                let parsed = line.split_once(',').and_then(|(v, c)| {
-                    Some((v.parse::<f64>().ok()?, c.trim().parse::<f64>().ok()?))
-                });
-                let Some((value, count)) = parsed else {
-                    anyhow::bail!(
-                        "{}:{}: expected `value,count`, got {line:?}",
-                        path.display(),
-                        n + 1
-                    );
-                };
-                weighted += value * count;
-                phones += count;
-            }
-            let modified = std::fs::metadata(&path)?.modified()?;
-            epochs.push(EpochLog {
-                epoch,
-                end_seconds: modified
-                    .duration_since(started)
-                    .ok()
-                    .map(|d| d.as_secs_f64()),
-                dev_per: if phones > 0.0 {
-                    weighted / phones
-                } else {
-                    f64::NAN
-                },
-            });
-        }
-        Ok(Self {
-            attention,
-            train_seconds,
-            resumed,
-            epochs,
-        })
-    }
-
-    /// The epoch with the lowest dev PER (the first of equals).
-    pub fn best_epoch(&self) -> Option<&EpochLog> {
-        self.epochs
-            .iter()
-            .filter(|e| e.dev_per.is_finite())
-            .min_by(|a, b| a.dev_per.total_cmp(&b.dev_per))
-    }
-
-    /// Seconds per epoch of this run: its wall time over the epochs it trained.
-    pub fn seconds_per_epoch(&self) -> Option<f64> {
-        let timed = self
-            .epochs
-            .iter()
-            .filter(|e| e.end_seconds.is_some())
-            .count();
-        (timed > 0).then(|| self.train_seconds / timed as f64)
-    }
-}
-
-/// Saves weights (`dir/model.mpk`) and configuration (`dir/model.json`).
-///
-/// # Errors
-/// When a file cannot be written.
-pub fn save_model<B: Backend>(
-    model: &AsrModel<B>,
-    saved: &SavedModel,
-    dir: &Path,
-) -> anyhow::Result<()> {
-    DefaultRecorder::new()
-        .record(model.clone().into_record(), dir.join("model"))
-        .with_context(|| format!("{}: cannot save the model", dir.display()))?;
-    std::fs::write(dir.join("model.json"), serde_json::to_string_pretty(saved)?)?;
-    Ok(())
-}
-
-/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`.
-///
-/// # Errors
-/// When a file is missing or does not match.
-pub fn load_model<B: ClusteredAttentionBackend>(
-    dir: &Path,
-    device: &B::Device,
-) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
-    let json = std::fs::read_to_string(dir.join("model.json"))
-        .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
-    let saved = parse_saved_model(&json)
-        .with_context(|| format!("{}: malformed model.json", dir.display()))?;
-    let record = DefaultRecorder::new()
-        .load(dir.join("model"), device)
-        .with_context(|| format!("{}: cannot load model.mpk", dir.display()))?;
-    Ok((saved.model.init::<B>(device).load_record(record), saved))
-}
-
-/// Reads a `model.json`. Models saved before the model had its `front_end`, `conv_kernel` and
-/// `activation` options stacked frames, had no convolution module and used GELU: those options
-/// are filled in as such.
-fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
-    let mut value: serde_json::Value = serde_json::from_str(json)?;
-    if let Some(model) = value.get_mut("model").and_then(|m| m.as_object_mut()) {
-        let defaults = AsrModelConfig::new(2);
-        for (key, default) in [
-            ("front_end", serde_json::to_value(defaults.front_end)?),
-            ("conv_kernel", defaults.conv_kernel.into()),
-            ("activation", serde_json::to_value(defaults.activation)?),
-            ("inter_ctc_weight", defaults.inter_ctc_weight.into()),
-        ] {
-            model.entry(key).or_insert(default);
-        }
-    }
-    serde_json::from_value(value)
-}
-
 /// Phone error rate of `model` (with `attention`, when given) over `examples`, decoded
 /// greedily.
 pub fn evaluate<B: ClusteredAttentionBackend>(
@@ -923,10 +732,9 @@ pub fn feasible(examples: Vec<Example>, subsampling: usize) -> (Vec<Example>, us
 
 #[cfg(all(test, feature = "ndarray"))]
 mod tests {
-    use super::{SavedModel, WarmupDecay, parse_saved_model};
+    use super::WarmupDecay;
     use crate::data::CtcBatch;
-    use crate::features::LogMelConfig;
-    use crate::model::{Activation, AsrModelConfig, FrontEnd};
+    use crate::model::AsrModelConfig;
     use burn::backend::NdArray;
     use burn::lr_scheduler::LrScheduler;
     use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
@@ -974,40 +782,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// A `model.json` without `front_end`, `conv_kernel`, `activation` and
-    /// `inter_ctc_weight` reads as frame stacking with GELU, without a convolution module or
-    /// an intermediate loss; one with them keeps them.
-    #[test]
-    fn model_json_without_front_end_options_reads_as_stacking() {
-        let saved = SavedModel {
-            model: AsrModelConfig::new(9)
-                .with_front_end(FrontEnd::Conv { channels: 8 })
-                .with_conv_kernel(5)
-                .with_activation(Activation::Relu)
-                .with_inter_ctc_weight(0.25),
-            features: LogMelConfig::new(),
-            phones: vec!["a".into()],
-        };
-        let json = serde_json::to_string(&saved).unwrap();
-        let read = parse_saved_model(&json).unwrap();
-        assert_eq!(read.model.front_end, FrontEnd::Conv { channels: 8 });
-        assert_eq!(read.model.conv_kernel, 5);
-        assert_eq!(read.model.activation, Activation::Relu);
-        assert_eq!(read.model.inter_ctc_weight, 0.25);
-        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
-        let model = value["model"].as_object_mut().unwrap();
-        model.remove("front_end").unwrap();
-        model.remove("conv_kernel").unwrap();
-        model.remove("activation").unwrap();
-        model.remove("inter_ctc_weight").unwrap();
-        let read = parse_saved_model(&value.to_string()).unwrap();
-        assert_eq!(read.model.front_end, FrontEnd::Stack);
-        assert_eq!(read.model.conv_kernel, 0);
-        assert_eq!(read.model.activation, Activation::Gelu);
-        assert_eq!(read.model.inter_ctc_weight, 0.0);
-        assert_eq!(read.model.n_outputs, 9);
     }
 
     /// With an intermediate CTC loss of weight w, a training step's loss is
