@@ -12,8 +12,9 @@ use burn::nn::loss::CTCLossConfig;
 use burn::nn::{
     Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig1d,
 };
-use burn::tensor::activation::{gelu, glu, log_softmax, relu, silu};
+use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, silu};
 use burn::tensor::backend::Backend;
+use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
@@ -183,10 +184,27 @@ pub struct ConvModule<B: Backend> {
 }
 
 impl<B: Backend> ConvModule<B> {
+    /// `glu(pointwise_in(x), 2)`, each half of the projection computed by itself from its half
+    /// of the weights: the same values, without the strided views of the halves of one
+    /// `[batch, steps, 2·d_model]` output, which the CPU backends read element by element.
+    fn pointwise_glu(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let weight = self.pointwise_in.weight.val();
+        let bias = self.pointwise_in.bias.as_ref().map(|b| b.val());
+        let d = weight.dims()[1] / 2;
+        let half = |columns: core::ops::Range<usize>| {
+            linear(
+                x.clone(),
+                weight.clone().slice_dim(1, columns.clone()),
+                bias.clone().map(|b| b.slice_dim(0, columns)),
+            )
+        };
+        half(0..d) * sigmoid(half(d..2 * d))
+    }
+
     /// `x`: `[batch, steps, d_model]`; `valid`: `[batch, steps, 1]`, 1 on valid steps and 0 on
     /// padding. Returns the module's branch, `[batch, steps, d_model]` (without the residual).
     fn forward(&self, x: Tensor<B, 3>, valid: Tensor<B, 3>) -> Tensor<B, 3> {
-        let h = glu(self.pointwise_in.forward(self.norm_input.forward(x)), 2) * valid;
+        let h = self.pointwise_glu(self.norm_input.forward(x)) * valid;
         let h = self.depthwise.forward(h.swap_dims(1, 2)).swap_dims(1, 2);
         self.pointwise_out
             .forward(silu(self.norm_depthwise.forward(h)))
