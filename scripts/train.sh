@@ -7,7 +7,8 @@
 # heard in training). Where they cannot be fetched, it prints why and trains on the bundled
 # corpus alone, as before. It ends with the phone error rate on each corpus's test split
 # (synthetic voices; the games' held-out speakers and scenes), on the bundled real recordings
-# (data/real, never trained on), and the model's directory (runs/improved).
+# (data/real, never trained on), and the model's directory (runs/improved); with the games,
+# then the same test sets decoded with a phone language model (`asr eval --lm-corpus`).
 #
 # EPOCHS sets the number of epochs (default: 14 with the games, 40 without). Extra arguments go
 # to `asr train` (see `cargo run --release -p asr-model -- train --help`).
@@ -17,7 +18,9 @@ cargo build --release --locked -p asr-model
 bin="${CARGO_TARGET_DIR:-target}/release/asr"
 cores=$(nproc 2>/dev/null || echo 1)
 
+games=0
 if ASR_BIN="$bin" bash scripts/get-real-speech.sh; then
+    games=1
     # Real speech: a convolutional front end and a Conformer convolution module in every
     # layer, ReLU in the feed-forward blocks (Flex's GELU computes erf one element at a time,
     # the slower the larger the inputs grow in training), an intermediate CTC loss on the
@@ -36,3 +39,20 @@ else
 fi
 "$bin" train "${args[@]}" --devices "cpu:$cores" --out runs/improved \
     --also-test data/real/test.jsonl "$@"
+
+if [ "$games" = 1 ]; then
+    # The same test sets decoded by CTC prefix beam search with a phone 5-gram LM counted on the
+    # three corpora's training transcripts (its weight, insertion bonus and beam were chosen on
+    # their dev splits), in the directory the model was written to.
+    out=runs/improved
+    prev=
+    for arg in "$@"; do
+        [ "$prev" = --out ] && out=$arg
+        case "$arg" in --out=*) out=${arg#--out=} ;; esac
+        prev=$arg
+    done
+    for corpus in data/corpus data/games/sky data/games/queen data/real; do
+        "$bin" eval --model "$out" --corpus "$corpus" --split test \
+            --lm-corpus data/corpus --lm-corpus data/games/sky --lm-corpus data/games/queen
+    done
+fi

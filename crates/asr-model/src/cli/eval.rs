@@ -156,10 +156,18 @@ impl BackendTask for &EvalArgs {
                 search.as_ref(),
             )
         };
+        let decoding = match &search {
+            Some(_) => format!(
+                "CTC prefix beam search with a phone {}-gram LM",
+                args.lm_order
+            ),
+            None => "greedy decoding".to_string(),
+        };
+        let split = args.corpus.join(format!("{}.jsonl", args.split));
         if !args.table {
             println!(
-                "PER (%) on {} ({} utterances, mean {:.0} encoder steps)",
-                args.split,
+                "PER (%) on {} ({} utterances, mean {:.0} encoder steps, {decoding})",
+                split.display(),
                 examples.len(),
                 steps
             );
@@ -177,8 +185,8 @@ impl BackendTask for &EvalArgs {
         }
         let topk = args.topk;
         println!(
-            "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}); columns: trained with, rows: evaluated with",
-            args.split,
+            "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}, {decoding}); columns: trained with, rows: evaluated with",
+            split.display(),
             examples.len(),
             steps
         );
