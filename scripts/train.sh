@@ -29,7 +29,8 @@ if ASR_BIN="$bin" bash scripts/get-real-speech.sh; then
     # are degraded already; SpecAugment slowed learning more than 14 epochs can make up), and
     # no dropout (within 20 minutes the model is far from overfitting, and steps without it
     # are faster).
-    args=(--corpus data/corpus --corpus data/games/sky --corpus data/games/queen
+    corpora=(data/corpus data/games/sky data/games/queen)
+    args=("${corpora[@]/#/--corpus=}"
         --front-end conv:128 --conv-kernel 15 --activation relu --inter-ctc 0.3
         --epochs "${EPOCHS:-14}" --batch-frames 4000 --learning-rate 3e-3 --warmup-steps 100
         --final-learning-rate 0 --augment speed --dropout 0)
@@ -51,8 +52,7 @@ if [ "$games" = 1 ]; then
         case "$arg" in --out=*) out=${arg#--out=} ;; esac
         prev=$arg
     done
-    for corpus in data/corpus data/games/sky data/games/queen data/real; do
-        "$bin" eval --model "$out" --corpus "$corpus" --split test \
-            --lm-corpus data/corpus --lm-corpus data/games/sky --lm-corpus data/games/queen
+    for corpus in "${corpora[@]}" data/real; do
+        "$bin" eval --model "$out" --corpus "$corpus" --split test "${corpora[@]/#/--lm-corpus=}"
     done
 fi

@@ -123,11 +123,8 @@ impl BackendTask for &EvalArgs {
         let log_mel = LogMel::new(loaded[0].1.features.clone());
         let inventory =
             PhoneInventory::load(&args.corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
-        let examples = load_split(
-            &args.corpus.join(format!("{}.jsonl", args.split)),
-            &inventory,
-            &log_mel,
-        )?;
+        let split = args.corpus.join(format!("{}.jsonl", args.split));
+        let examples = load_split(&split, &inventory, &log_mel)?;
         for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
             if saved.phones != inventory.phones() {
                 bail!(
@@ -163,7 +160,6 @@ impl BackendTask for &EvalArgs {
             ),
             None => "greedy decoding".to_string(),
         };
-        let split = args.corpus.join(format!("{}.jsonl", args.split));
         if !args.table {
             println!(
                 "PER (%) on {} ({} utterances, mean {:.0} encoder steps, {decoding})",
