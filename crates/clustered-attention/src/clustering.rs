@@ -1,6 +1,7 @@
 //! Grouping the queries: LSH hashing followed by K-means in Hamming space (paper §3.2.2),
 //! with the options of both and the hashing planes; the two ops themselves are
-//! [`lsh_hash`] and [`hamming_kmeans`].
+//! [`lsh_hash`] and [`hamming_kmeans`]. Also the positional baseline: contiguous blocks of
+//! queries ([`QueryGrouping::PositionBlocks`], [`position_blocks`]).
 
 use burn::config::Config;
 use burn::tensor::backend::Backend;
@@ -8,10 +9,25 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
 
 use crate::ClusteredAttentionBackend;
 use crate::ops::checks::check_bits;
 pub use crate::ops::{Clusters, hamming_kmeans, lsh_hash};
+
+/// What groups the queries into clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum QueryGrouping {
+    /// LSH hashing, then K-means in Hamming space (paper §3.2.2): queries are grouped by
+    /// content.
+    #[default]
+    HammingKmeans,
+    /// `C` contiguous blocks of positions ([`position_blocks`]): queries are grouped by
+    /// position alone, whatever their content. A baseline the paper does not have (its
+    /// reviewers asked whether clusters follow position or content); the hashing options
+    /// are then unused.
+    PositionBlocks,
+}
 
 /// How the queries are grouped into clusters.
 ///
@@ -36,6 +52,9 @@ pub struct ClusteringOptions {
     /// bit-identical clusters, run after run.
     #[config(default = 0)]
     pub seed: u64,
+    /// What groups the queries: their hashes (the paper's method) or their positions.
+    #[config(default = "QueryGrouping::HammingKmeans")]
+    pub grouping: QueryGrouping,
 }
 
 impl ClusteringOptions {
@@ -95,7 +114,15 @@ pub fn cluster_queries<B: ClusteredAttentionBackend>(
     options: &ClusteringOptions,
 ) -> Clusters<B> {
     options.check();
-    let [_, _, _, dim] = queries.dims();
+    let [batch, heads, len, dim] = queries.dims();
+    if options.grouping == QueryGrouping::PositionBlocks {
+        return position_blocks(
+            [batch, heads, len],
+            query_lengths,
+            options.clusters,
+            &queries.device(),
+        );
+    }
     let planes = lsh_planes::<B>(
         options.bits,
         dim,
@@ -111,4 +138,66 @@ pub fn cluster_queries<B: ClusteredAttentionBackend>(
         options.iterations,
         options.seed,
     )
+}
+
+/// Groups the valid queries of every `(batch, head)` into `clusters` contiguous blocks of
+/// positions ([`QueryGrouping::PositionBlocks`]): with `n` valid queries and `n > clusters`,
+/// query `i` joins block `⌊i · clusters / n⌋`, so the blocks are in order and their sizes
+/// differ by at most one; with `n ≤ clusters`, query `i` is alone in cluster `i` (the
+/// attention is then exact, as with [`hamming_kmeans`]). Padded queries get
+/// [`NO_CLUSTER`](crate::ops::NO_CLUSTER). Computed on the host (the lengths are read back).
+///
+/// # Shapes
+/// - `dims`: `[batch, heads, L]`
+/// - `query_lengths`: `[batch]`, each in `0..=L` (`None`: all `L`)
+/// - output: [`Clusters`] with assignments `[batch, heads, L]` and counts
+///   `[batch, heads, clusters]`
+///
+/// # Panics
+/// If `clusters` is 0, `query_lengths` is not `[batch]` or a length is outside `0..=L`.
+pub fn position_blocks<B: Backend>(
+    dims: [usize; 3],
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    clusters: usize,
+    device: &B::Device,
+) -> Clusters<B> {
+    let [batch, heads, len] = dims;
+    assert!(clusters > 0, "clusters must be at least 1, got 0");
+    let lengths: Vec<i64> = match query_lengths {
+        Some(lengths) => {
+            assert!(
+                lengths.dims() == [batch],
+                "query_lengths must have shape [batch = {batch}], got {:?}",
+                lengths.dims()
+            );
+            lengths
+                .into_data()
+                .convert::<i64>()
+                .to_vec()
+                .expect("i64 lengths")
+        }
+        None => vec![len as i64; batch],
+    };
+    let mut assignments = vec![crate::ops::NO_CLUSTER; batch * heads * len];
+    let mut counts = vec![0i64; batch * heads * clusters];
+    for (b, &n) in lengths.iter().enumerate() {
+        assert!(
+            (0..=len as i64).contains(&n),
+            "query_lengths[{b}] = {n} must be in 0..={len}"
+        );
+        let n = n as usize;
+        let block = |i: usize| if n <= clusters { i } else { i * clusters / n };
+        for h in 0..heads {
+            let row = (b * heads + h) * len;
+            for i in 0..n {
+                let j = block(i);
+                assignments[row + i] = j as i64;
+                counts[(b * heads + h) * clusters + j] += 1;
+            }
+        }
+    }
+    Clusters {
+        assignments: Tensor::from_data(TensorData::new(assignments, [batch, heads, len]), device),
+        counts: Tensor::from_data(TensorData::new(counts, [batch, heads, clusters]), device),
+    }
 }

@@ -12,8 +12,9 @@ use crate::MultiHeadClusteredAttention;
 ///
 /// The kind holds no weights, so a trained layer can switch kind for evaluation
 /// ([`MultiHeadClusteredAttention::with_attention`]), as the paper's Table 1 does.
-/// Parses from and prints as `full`, `clustered:C`, `improved:C:K`, `shared-full`,
-/// `lsh:X` (or `lsh:X:M` for chunks of `M`) and `oracle:K`.
+/// Parses from and prints as `full`, `clustered:C`, `improved:C:K`, `blocks:C`,
+/// `improved-blocks:C:K`, `shared-full`, `lsh:X` (or `lsh:X:M` for chunks of `M`) and
+/// `oracle:K`.
 ///
 /// `shared-full` and `lsh:X` are shared-QK attentions: a layer created with one of them
 /// computes its keys with the query projection ([`MultiHeadClusteredAttention::shared_qk`]).
@@ -31,6 +32,22 @@ pub enum AttentionKind {
         /// Number of clusters `C`.
         clusters: usize,
         /// Number of keys `k` recomputed exactly per cluster.
+        topk: usize,
+    },
+    /// Clustered attention whose clusters are `clusters` contiguous blocks of positions
+    /// ([`QueryGrouping::PositionBlocks`](crate::QueryGrouping::PositionBlocks)) instead of
+    /// groups of similar queries: a baseline of the paper's method, not in the paper.
+    Blocks {
+        /// Number of blocks `C`.
+        clusters: usize,
+    },
+    /// Improved clustered attention over `clusters` contiguous blocks of positions (as
+    /// [`Self::Blocks`]): each block's centroid picks its top-k keys, and its queries attend
+    /// to them exactly.
+    ImprovedBlocks {
+        /// Number of blocks `C`.
+        clusters: usize,
+        /// Number of keys `k` recomputed exactly per block.
         topk: usize,
     },
     /// Full attention with shared queries and keys, the paper's shared-full
@@ -74,10 +91,11 @@ impl AttentionKind {
             AttentionKind::OracleTop { topk } => {
                 assert!(topk > 0, "topk must be at least 1, got 0")
             }
-            AttentionKind::Clustered { clusters } => {
+            AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
                 assert!(clusters > 0, "clusters must be at least 1, got 0")
             }
-            AttentionKind::Improved { clusters, topk } => {
+            AttentionKind::Improved { clusters, topk }
+            | AttentionKind::ImprovedBlocks { clusters, topk } => {
                 assert!(clusters > 0, "clusters must be at least 1, got 0");
                 assert!(topk > 0, "topk must be at least 1, got 0");
             }
@@ -91,6 +109,10 @@ impl fmt::Display for AttentionKind {
             Self::Full => "full".to_string(),
             Self::Clustered { clusters } => format!("clustered:{clusters}"),
             Self::Improved { clusters, topk } => format!("improved:{clusters}:{topk}"),
+            Self::Blocks { clusters } => format!("blocks:{clusters}"),
+            Self::ImprovedBlocks { clusters, topk } => {
+                format!("improved-blocks:{clusters}:{topk}")
+            }
             Self::SharedFull => "shared-full".to_string(),
             Self::Lsh {
                 rounds,
@@ -111,7 +133,7 @@ impl fmt::Display for ParseAttentionKindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid attention kind {:?}: expected full, clustered:C, improved:C:K, shared-full, lsh:X, lsh:X:M or oracle:K with C, K, X, M ≥ 1",
+            "invalid attention kind {:?}: expected full, clustered:C, improved:C:K, blocks:C, improved-blocks:C:K, shared-full, lsh:X, lsh:X:M or oracle:K with C, K, X, M ≥ 1",
             self.0
         )
     }
@@ -135,6 +157,13 @@ impl FromStr for AttentionKind {
                 clusters: number(c)?,
             }),
             ["improved", c, k] => Ok(Self::Improved {
+                clusters: number(c)?,
+                topk: number(k)?,
+            }),
+            ["blocks", c] => Ok(Self::Blocks {
+                clusters: number(c)?,
+            }),
+            ["improved-blocks", c, k] => Ok(Self::ImprovedBlocks {
                 clusters: number(c)?,
                 topk: number(k)?,
             }),

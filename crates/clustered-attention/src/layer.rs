@@ -11,7 +11,7 @@ use crate::attention::{
     AttentionOptions, LshOptions, clustered_attention, full_attention,
     improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
 };
-use crate::clustering::ClusteringOptions;
+use crate::clustering::{ClusteringOptions, QueryGrouping};
 use crate::kind::AttentionKind;
 use crate::ops::checks::check_bits;
 
@@ -347,6 +347,25 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
                 topk,
                 &options,
             ),
+            AttentionKind::Blocks { clusters } => clustered_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
+                &clustering(clusters).with_grouping(QueryGrouping::PositionBlocks),
+                &options,
+            ),
+            AttentionKind::ImprovedBlocks { clusters, topk } => improved_clustered_attention(
+                queries,
+                keys,
+                values,
+                query_lengths,
+                key_lengths,
+                &clustering(clusters).with_grouping(QueryGrouping::PositionBlocks),
+                topk,
+                &options,
+            ),
             AttentionKind::SharedFull => {
                 shared_full_attention(queries, keys, values, query_lengths, key_lengths, &options)
             }
@@ -376,6 +395,53 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
             .swap_dims(1, 2)
             .reshape([batch, queries_len, self.d_model]);
         self.output.forward(context)
+    }
+
+    /// The clusters of the queries of `x` that the layer's attention groups them into: those
+    /// of [`cluster_queries`](crate::cluster_queries) (hashing and K-means, or position blocks
+    /// for the `blocks` kinds) on the queries `x · W_q`, with the layer's options. `None` for
+    /// the kinds that do not cluster the queries (full, shared-full, lsh-X, oracle-top).
+    /// For analysis: which positions share a cluster, per head.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, L, d_model]`
+    /// - `query_lengths`: `[batch]`
+    /// - output: [`Clusters`](crate::Clusters), assignments `[batch, heads, L]`, counts
+    ///   `[batch, heads, C]`
+    ///
+    /// # Panics
+    /// If the last dimension of `x` is not `d_model`, or a length is outside `0..=L`.
+    pub fn query_clusters(
+        &self,
+        x: Tensor<B, 3>,
+        query_lengths: Option<Tensor<B, 1, Int>>,
+    ) -> Option<crate::Clusters<B>> {
+        let (clusters, grouping) = match self.attention {
+            AttentionKind::Clustered { clusters } | AttentionKind::Improved { clusters, .. } => {
+                (clusters, QueryGrouping::HammingKmeans)
+            }
+            AttentionKind::Blocks { clusters } | AttentionKind::ImprovedBlocks { clusters, .. } => {
+                (clusters, QueryGrouping::PositionBlocks)
+            }
+            _ => return None,
+        };
+        assert!(
+            x.dims()[2] == self.d_model,
+            "x must have shape [batch, seq, d_model = {}], got {:?}",
+            self.d_model,
+            x.dims()
+        );
+        let options = ClusteringOptions::new(clusters)
+            .with_bits(self.bits)
+            .with_iterations(self.iterations)
+            .with_hash_bias(self.hash_bias)
+            .with_seed(self.seed)
+            .with_grouping(grouping);
+        Some(crate::cluster_queries(
+            self.heads(x, &self.query),
+            query_lengths,
+            &options,
+        ))
     }
 
     /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]` through `linear`.

@@ -55,7 +55,8 @@ pub use attention::{
     improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
 };
 pub use clustering::{
-    ClusteringOptions, Clusters, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
+    ClusteringOptions, Clusters, QueryGrouping, cluster_queries, hamming_kmeans, lsh_hash,
+    lsh_planes, position_blocks,
 };
 pub use dropout::with_dropout_seed;
 pub use kind::{AttentionKind, ParseAttentionKindError};

@@ -2,7 +2,7 @@
 
 use burn::tensor::Tensor;
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, cluster_queries,
+    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, QueryGrouping, cluster_queries,
     clustered_attention, full_attention, improved_clustered_attention,
 };
 
@@ -205,6 +205,75 @@ pub fn approximate_regime_matches_reference<B: ClusteredAttentionBackend>() {
     }
 }
 
+/// Position blocks: the assignments are `C` contiguous, ordered blocks of the valid queries
+/// whose sizes differ by at most one (each query alone when a sequence has no more valid
+/// queries than `C`), the same in every head, padded queries in none, the counts their sizes;
+/// clustered and improved attention over them match the f64 references fed the same
+/// assignments, to the tolerance above.
+pub fn position_blocks_match_reference<B: ClusteredAttentionBackend>() {
+    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+    let case = Case::padded(48, 37, 8, 6, 5);
+    for clusters in [5, 24, 48] {
+        let clustering =
+            ClusteringOptions::new(clusters).with_grouping(QueryGrouping::PositionBlocks);
+        let (q, _, _, ql, _) = case.tensors::<B>();
+        let groups = cluster_queries(q, ql, &clustering);
+        let assignments = host_ints(groups.assignments);
+        let counts = host_ints(groups.counts);
+        let [batch, heads, len, _] = case.q.dims;
+        for b in 0..batch {
+            let n = case.query_lengths[b];
+            for h in 0..heads {
+                let row = &assignments[(b * heads + h) * len..(b * heads + h + 1) * len];
+                assert!(
+                    row[n..].iter().all(|&a| a == -1),
+                    "C {clusters}: padded queries in a cluster"
+                );
+                let valid = &row[..n];
+                // Ordered and contiguous: every step is 0 or +1, starting at 0.
+                assert_eq!(valid[0], 0, "C {clusters}, batch {b}: first block");
+                assert!(
+                    valid.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+                    "C {clusters}, batch {b}, head {h}: blocks not contiguous: {valid:?}"
+                );
+                let blocks = clusters.min(n);
+                assert_eq!(
+                    valid[n - 1] as usize,
+                    blocks - 1,
+                    "C {clusters}, batch {b}: blocks used"
+                );
+                let sizes: Vec<i64> = (0..clusters)
+                    .map(|j| valid.iter().filter(|&&a| a == j as i64).count() as i64)
+                    .collect();
+                assert_eq!(
+                    &counts[(b * heads + h) * clusters..(b * heads + h + 1) * clusters],
+                    &sizes[..],
+                    "C {clusters}, batch {b}: counts"
+                );
+                let used = &sizes[..blocks];
+                let (lo, hi) = (used.iter().min().unwrap(), used.iter().max().unwrap());
+                assert!(
+                    hi - lo <= 1,
+                    "C {clusters}, batch {b}: block sizes {used:?}"
+                );
+            }
+        }
+        let setup = case.setup();
+        let reference = clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup);
+        let diff = max_abs_diff(&clustered::<B>(&case, &clustering), &reference);
+        assert!(
+            diff <= tolerance,
+            "C {clusters}: clustered over blocks vs reference: {diff}"
+        );
+        let reference = improved_reference(&case.q, &case.k, &case.v, &assignments, 4, &setup);
+        let diff = max_abs_diff(&improved::<B>(&case, &clustering, 4), &reference);
+        assert!(
+            diff <= tolerance,
+            "C {clusters}: improved over blocks vs reference: {diff}"
+        );
+    }
+}
+
 /// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query (+ 5e-3 on CUDA,
 /// whose f32 matmul rounds to TF32: [`matmul_tolerance`]). With identity values
 /// (D = S) the outputs are the attention matrices themselves.
@@ -313,6 +382,10 @@ macro_rules! attention_tests {
             #[test]
             fn proposition_2() {
                 super::proposition_2::<$backend>();
+            }
+            #[test]
+            fn position_blocks_match_reference() {
+                super::position_blocks_match_reference::<$backend>();
             }
             #[test]
             fn same_seed_bit_identical() {

@@ -145,6 +145,8 @@ fn attention_kind_parses_and_prints() {
         "full",
         "clustered:100",
         "improved:100:32",
+        "blocks:50",
+        "improved-blocks:50:16",
         "shared-full",
         "lsh:4",
         "lsh:1:64",
@@ -172,6 +174,9 @@ fn attention_kind_parses_and_prints() {
         "lsh:2:0",
         "oracle:0",
         "shared-full:3",
+        "blocks:0",
+        "improved-blocks:4",
+        "improved-blocks:0:3",
     ] {
         assert!(
             bad.parse::<AttentionKind>().is_err(),
@@ -294,4 +299,93 @@ fn shared_qk_layer_uses_query_projection() {
     assert!(diff <= 1e-5, "shared-full: {diff}");
     let diff = max_abs(full, expected_full);
     assert!(diff <= 1e-5, "full: {diff}");
+}
+
+/// `query_clusters` gives the assignments of `cluster_queries` on the layer's own queries
+/// (`x · W_q + b_q`, computed here on the host, split into heads) with the layer's options:
+/// Hamming K-means for clustered and improved attention, position blocks for the `blocks`
+/// kinds; nothing for full attention.
+#[test]
+fn query_clusters_are_those_of_the_layers_queries() {
+    use clustered_attention::{ClusteringOptions, QueryGrouping, cluster_queries};
+    let device = Default::default();
+    let (batch, len, d_model, heads) = (2, 30, 8, 2);
+    let x = Tensor::<B, 3>::random([batch, len, d_model], Distribution::Default, &device);
+    let lengths = || {
+        Some(Tensor::from_data(
+            TensorData::new(vec![30i64, 21], [2]),
+            &device,
+        ))
+    };
+    for (kind, grouping) in [
+        (
+            AttentionKind::Clustered { clusters: 4 },
+            QueryGrouping::HammingKmeans,
+        ),
+        (
+            AttentionKind::Improved {
+                clusters: 5,
+                topk: 3,
+            },
+            QueryGrouping::HammingKmeans,
+        ),
+        (
+            AttentionKind::Blocks { clusters: 6 },
+            QueryGrouping::PositionBlocks,
+        ),
+    ] {
+        let layer = ClusteredAttentionConfig::new(d_model, heads, kind)
+            .with_seed(9)
+            .init::<B>(&device);
+        // Queries on the host: [batch, heads, len, d_k].
+        let w: Vec<f32> = layer.query.weight.val().into_data().to_vec().unwrap();
+        let bias: Vec<f32> = layer
+            .query
+            .bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        let d_k = d_model / heads;
+        let mut q = vec![0f32; batch * heads * len * d_k];
+        for b in 0..batch {
+            for t in 0..len {
+                for o in 0..d_model {
+                    let value = bias[o]
+                        + (0..d_model)
+                            .map(|i| xs[(b * len + t) * d_model + i] * w[i * d_model + o])
+                            .sum::<f32>();
+                    let (h, e) = (o / d_k, o % d_k);
+                    q[((b * heads + h) * len + t) * d_k + e] = value;
+                }
+            }
+        }
+        let queries =
+            Tensor::<B, 4>::from_data(TensorData::new(q, [batch, heads, len, d_k]), &device);
+        let clusters = match kind {
+            AttentionKind::Clustered { clusters }
+            | AttentionKind::Improved { clusters, .. }
+            | AttentionKind::Blocks { clusters } => clusters,
+            _ => unreachable!(),
+        };
+        let options = ClusteringOptions::new(clusters)
+            .with_seed(9)
+            .with_grouping(grouping);
+        let expected = cluster_queries(queries, lengths(), &options).assignments;
+        let ours = layer
+            .query_clusters(x.clone(), lengths())
+            .unwrap()
+            .assignments;
+        assert_eq!(
+            ours.into_data().to_vec::<i64>().unwrap(),
+            expected.into_data().to_vec::<i64>().unwrap(),
+            "{kind}"
+        );
+    }
+    let full =
+        ClusteredAttentionConfig::new(d_model, heads, AttentionKind::Full).init::<B>(&device);
+    assert!(full.query_clusters(x, lengths()).is_none());
 }
