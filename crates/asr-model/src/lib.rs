@@ -9,22 +9,28 @@
 //!   8-bit quantization, SpecAugment);
 //! - [`manifest::import`](mod@manifest::import): `asr manifest`, a corpus split from one's own
 //!   recordings (LibriSpeech, Kaldi or TSV layout);
+//! - [`join`]: long-form utterances, consecutive clips of one speaker joined (`asr join`);
 //! - [`games`]: `asr import`, real recorded speech from two freeware games' voice tracks
 //!   (Debian packages `beneath-a-steel-sky`, `flight-of-the-amazon-queen`);
-//! - [`model`]: the encoder ([`model::AsrModelConfig`]) and burn-nn's CTC loss;
+//! - [`model`]: the encoder ([`model::AsrModelConfig`]) and its CTC loss;
+//! - [`ctc`]: the CTC loss by the alpha–beta recursions, with its gradient in closed form;
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
 //! - [`train`]: training with burn-train, evaluation, saving and loading;
-//! - [`compare`]: the paper's Table 2 and Figure 1 for trained models.
+//! - [`compare`]: the paper's Table 2 and Figure 1 for trained models;
+//! - [`clusters`]: which encoder steps share a cluster, per layer and head (`asr clusters`).
 #![warn(missing_docs)]
 
 pub mod audio;
 pub mod augment;
+pub mod clusters;
 pub mod compare;
 pub mod corpus;
+pub mod ctc;
 pub mod data;
 pub mod decode;
 pub mod features;
 pub mod games;
+pub mod join;
 pub mod manifest;
 pub mod model;
 pub mod phones;

@@ -19,9 +19,11 @@ use burn::tensor::{Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
     AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
-    MultiHeadClusteredAttention,
+    Clusters, MultiHeadClusteredAttention,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::ctc::CtcLossImpl;
 
 /// How the model turns feature frames into encoder steps, `subsampling` frames per step.
 ///
@@ -166,6 +168,10 @@ pub struct AsrModelConfig {
     /// Seed of the attention's hashing planes.
     #[config(default = 0)]
     pub seed: u64,
+    /// Which implementation computes the CTC loss ([`AsrModel::ctc_loss`]); the same loss
+    /// either way. Training only.
+    #[config(default = "CtcLossImpl::Burn")]
+    pub ctc_loss: CtcLossImpl,
 }
 
 /// The convolution module of a Conformer layer (Gulati et al., 2020, "Conformer:
@@ -265,6 +271,7 @@ pub struct AsrModel<B: Backend> {
     subsampling: usize,
     n_outputs: usize,
     inter_ctc_weight: f64,
+    ctc_loss: CtcLossImpl,
 }
 
 impl AsrModelConfig {
@@ -355,6 +362,7 @@ impl AsrModelConfig {
             subsampling: self.subsampling,
             n_outputs: self.n_outputs,
             inter_ctc_weight: self.inter_ctc_weight,
+            ctc_loss: self.ctc_loss,
         }
     }
 }
@@ -447,7 +455,28 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// When `features` does not have `n_mels` bands or `frame_lengths` disagrees with the
     /// batch.
     pub fn forward(&self, features: Tensor<B, 3>, frame_lengths: &[usize]) -> Tensor<B, 3> {
-        self.encode(features, frame_lengths, None).0
+        self.encode(features, frame_lengths, None, None).0
+    }
+
+    /// The clusters that each layer's attention groups its queries into, for one forward pass
+    /// over `features` (see `MultiHeadClusteredAttention::query_clusters`): one entry per layer,
+    /// `None` for a layer whose attention does not cluster its queries. For analysis: which
+    /// encoder steps share a cluster, per layer and head.
+    ///
+    /// # Shapes
+    /// - features, frame_lengths: as [`Self::forward`]
+    /// - output: per layer, assignments `[batch, heads, steps]` and counts `[batch, heads, C]`
+    ///
+    /// # Panics
+    /// As [`Self::forward`].
+    pub fn query_clusters(
+        &self,
+        features: Tensor<B, 3>,
+        frame_lengths: &[usize],
+    ) -> Vec<Option<Clusters<B>>> {
+        let mut clusters = Vec::new();
+        self.encode(features, frame_lengths, None, Some(&mut clusters));
+        clusters
     }
 
     /// [`Self::forward`], and when the model has an intermediate CTC loss
@@ -463,16 +492,17 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         frame_lengths: &[usize],
     ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
         let tap = (self.inter_ctc_weight > 0.0).then(|| self.middle_layer());
-        self.encode(features, frame_lengths, tap)
+        self.encode(features, frame_lengths, tap, None)
     }
 
     /// The encoder: the last layer's log-probabilities, and those of the output of the first
-    /// `tap` layers when asked.
+    /// `tap` layers when asked; with `clusters`, each layer's query clusters pushed onto it.
     fn encode(
         &self,
         features: Tensor<B, 3>,
         frame_lengths: &[usize],
         tap: Option<usize>,
+        mut clusters: Option<&mut Vec<Option<Clusters<B>>>>,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
         let [batch, frames, n_mels] = features.dims();
         let s = self.subsampling;
@@ -515,6 +545,13 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                 middle = Some(head(x.clone()));
             }
             let h = layer.norm_attention.forward(x.clone());
+            if let Some(clusters) = clusters.as_mut() {
+                clusters.push(
+                    layer
+                        .attention
+                        .query_clusters(h.clone(), Some(lengths.clone())),
+                );
+            }
             let h = layer.attention.forward(
                 ClusteredAttentionInput::self_attn(h)
                     .key_lengths(lengths.clone())
@@ -569,11 +606,13 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         }
     }
 
-    /// Mean CTC loss per utterance (burn-nn's `CTCLoss`, blank 0) of a batch.
+    /// The CTC loss (blank 0) of each utterance of a batch, by the model's
+    /// [`AsrModelConfig::ctc_loss`]: burn-nn's `CTCLoss` or [`crate::ctc::ctc_loss`].
     ///
     /// # Shapes
     /// - log_probs: `[batch, steps, n_outputs]` from [`Self::forward`]
     /// - targets: `[batch, max_target_len]` (padded with 0)
+    /// - output: `[batch]`
     pub fn ctc_loss(
         &self,
         log_probs: Tensor<B, 3>,
@@ -581,6 +620,14 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         targets: Tensor<B, 2, Int>,
         target_lengths: &[usize],
     ) -> Tensor<B, 1> {
+        let steps = log_probs.dims()[1];
+        if self.ctc_loss == CtcLossImpl::AlphaBeta {
+            let input_lengths: Vec<usize> = frame_lengths
+                .iter()
+                .map(|&f| self.output_length(f).min(steps))
+                .collect();
+            return crate::ctc::ctc_loss(log_probs, targets, &input_lengths, target_lengths, 0);
+        }
         let device = log_probs.device();
         let batch = frame_lengths.len();
         let input_lengths: Vec<i64> = frame_lengths

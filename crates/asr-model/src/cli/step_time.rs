@@ -1,8 +1,10 @@
 //! `asr step-time`: the time of a training step (forward + backward + Adam) of the default
-//! model on random features, per attention.
+//! model on random features, per attention, with the model's forward pass and the CTC loss
+//! (its forward) timed apart.
 
 use std::time::Instant;
 
+use asr_model::ctc::CtcLossImpl;
 use asr_model::model::{Activation, AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::TrainingBackend;
@@ -49,6 +51,22 @@ pub struct StepTimeArgs {
     /// Timed steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Implementation of the CTC loss: burn (burn-nn's `CTCLoss`) or alpha-beta (as `asr
+    /// train --ctc-loss`).
+    #[arg(long, default_value = "burn")]
+    ctc_loss: CtcLossImpl,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    n_heads: usize,
+    /// Encoder layers.
+    #[arg(long, default_value_t = 4)]
+    n_layers: usize,
+    /// Feed-forward hidden size.
+    #[arg(long, default_value_t = 512)]
+    d_ff: usize,
 }
 
 impl TrainingTask for &StepTimeArgs {
@@ -62,7 +80,7 @@ impl TrainingTask for &StepTimeArgs {
         let inventory = PhoneInventory::standard();
         let targets_len = args.frames / args.subsampling / 4;
         println!(
-            "| attention | frames | batch | subsampling | median step (s) | min (s) | max (s) |\n|---|---:|---:|---:|---:|---:|---:|"
+            "| attention | frames | batch | subsampling | CTC loss | median step (s) | min (s) | max (s) | forward (s) | loss (s) |\n|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"
         );
         for &attention in &args.attention {
             A::seed(&device, 0);
@@ -72,6 +90,11 @@ impl TrainingTask for &StepTimeArgs {
                 .with_front_end(args.front_end)
                 .with_conv_kernel(args.conv_kernel)
                 .with_activation(args.activation)
+                .with_ctc_loss(args.ctc_loss)
+                .with_d_model(args.d_model)
+                .with_n_heads(args.n_heads)
+                .with_n_layers(args.n_layers)
+                .with_d_ff(args.d_ff)
                 .init::<A>(&device);
             let mut optim = burn::optim::AdamConfig::new().init();
             let features = Tensor::<A, 3>::random(
@@ -86,30 +109,42 @@ impl TrainingTask for &StepTimeArgs {
             );
             let frame_lengths = vec![args.frames; args.batch];
             let target_lengths = vec![targets_len; args.batch];
-            let mut times = Vec::new();
+            let (mut times, mut forwards, mut losses) = (Vec::new(), Vec::new(), Vec::new());
             for step in 0..=args.steps {
                 let start = Instant::now();
                 let log_probs = model.forward(features.clone(), &frame_lengths);
+                let _ = A::sync(&device);
+                let forward = start.elapsed().as_secs_f64();
                 let loss = model
                     .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
                     .mean();
+                let _ = A::sync(&device);
+                let loss_done = start.elapsed().as_secs_f64();
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 model = optim.step(1e-4, model, grads);
                 // Wait for the device: read one value back.
                 let _ = A::sync(&device);
                 if step > 0 {
                     times.push(start.elapsed().as_secs_f64());
+                    forwards.push(forward);
+                    losses.push(loss_done - forward);
                 }
             }
-            times.sort_by(f64::total_cmp);
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let step = median(&mut times);
             println!(
-                "| {attention} | {} | {} | {} | {:.3} | {:.3} | {:.3} |",
+                "| {attention} | {} | {} | {} | {} | {step:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
                 args.frames,
                 args.batch,
                 args.subsampling,
-                times[times.len() / 2],
+                args.ctc_loss,
                 times[0],
-                times[times.len() - 1]
+                times[times.len() - 1],
+                median(&mut forwards),
+                median(&mut losses),
             );
         }
         Ok(())

@@ -1,0 +1,667 @@
+//! The CTC loss (Graves et al., 2006, "Connectionist temporal classification", §4.1–4.2) by
+//! the forward–backward (alpha–beta) recursions on the host, with its gradient in closed form.
+//!
+//! Why not burn-nn's `CTCLoss` everywhere: Burn 0.21 builds it from one tensor op per time
+//! step, which autodiff then differentiates op by op; the backward of each step's slice
+//! writes a zeroed gradient the size of all the log-probabilities, so a step costs memory
+//! traffic quadratic in the utterance's length. At the 800–2500 encoder steps of the paper's
+//! speech experiment that is a fifth of the forward pass and most of the backward. Here the
+//! recursions run once per utterance in `O(T·U)` (T steps, U labels), and the gradient with
+//! respect to the log-probabilities, `∂(−log p)/∂ log y_t(c) = −Σ_{s: l'_s = c} γ_t(s)` with
+//! `γ_t(s)` the posterior of extended label `s` at step `t` (Graves et al., eq. 16), is
+//! computed with the loss. It enters the autodiff graph through one linear term, so the
+//! backward pass costs one product over `[batch, steps, outputs]`.
+//!
+//! burn-nn's loss stays the reference of the tests and the default of `asr train`
+//! ([`CtcLossImpl`]).
+
+use core::fmt;
+use core::str::FromStr;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Which implementation of the CTC loss trains a model. Both compute the same loss; they
+/// differ in cost.
+///
+/// Parses from and prints as `burn` or `alpha-beta`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CtcLossImpl {
+    /// burn-nn's `CTCLoss`: device tensor ops, differentiated op by op.
+    #[default]
+    Burn,
+    /// [`ctc_loss`]: the recursions on the host, the gradient in closed form.
+    AlphaBeta,
+}
+
+impl fmt::Display for CtcLossImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Self::Burn => "burn",
+            Self::AlphaBeta => "alpha-beta",
+        })
+    }
+}
+
+impl FromStr for CtcLossImpl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "burn" => Ok(Self::Burn),
+            "alpha-beta" => Ok(Self::AlphaBeta),
+            _ => Err(format!(
+                "invalid CTC loss {s:?}: expected burn or alpha-beta"
+            )),
+        }
+    }
+}
+
+/// The negative log-likelihood `−log p(targets | log_probs)` of one utterance and its
+/// gradient with respect to `log_probs`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CtcGradient {
+    /// `−log p`; `+∞` when no alignment fits (fewer steps than labels plus repeated
+    /// neighbours).
+    pub loss: f64,
+    /// `∂ loss / ∂ log_probs`, `[steps, n_outputs]` row-major; all zero when `loss` is `+∞`.
+    pub gradient: Vec<f32>,
+}
+
+/// Whether `steps` encoder steps can emit `targets` under CTC: at least one step per label
+/// and one blank between each pair of equal neighbours.
+pub fn ctc_reachable(steps: usize, targets: &[usize]) -> bool {
+    let repeats = targets.windows(2).filter(|w| w[0] == w[1]).count();
+    steps >= targets.len() + repeats
+}
+
+/// The CTC loss of one utterance and its gradient, by the alpha–beta recursions.
+///
+/// `log_probs` holds `steps` rows of `n_outputs` log-probabilities (row-major); `targets` the
+/// labels, none of them `blank`. The recursions run on probabilities rescaled at every step
+/// (Rabiner's scaling) in `f64`, over the band of extended labels that can still reach the end;
+/// when a step's scaled mass underflows (log-probabilities below about −700), the utterance is
+/// computed again in the log domain.
+///
+/// # Panics
+/// If `log_probs` is not `steps × n_outputs`, `blank` or a label is not below `n_outputs`, or a
+/// label equals `blank`.
+pub fn ctc_alpha_beta(
+    log_probs: &[f32],
+    steps: usize,
+    n_outputs: usize,
+    targets: &[usize],
+    blank: usize,
+) -> CtcGradient {
+    assert_eq!(
+        log_probs.len(),
+        steps * n_outputs,
+        "log_probs has {} values for {steps} steps × {n_outputs} outputs",
+        log_probs.len()
+    );
+    assert!(
+        blank < n_outputs,
+        "blank {blank} must be below n_outputs {n_outputs}"
+    );
+    if let Some(bad) = targets.iter().find(|&&c| c >= n_outputs || c == blank) {
+        panic!(
+            "target label {bad} must be below n_outputs {n_outputs} and differ from blank {blank}"
+        );
+    }
+    let mut gradient = vec![0f32; steps * n_outputs];
+    if steps == 0 || !ctc_reachable(steps, targets) {
+        return CtcGradient {
+            loss: f64::INFINITY,
+            gradient,
+        };
+    }
+    let lattice = Lattice::new(targets, blank, steps);
+    let loss = match scaled(log_probs, n_outputs, &lattice, &mut gradient) {
+        Some(loss) => loss,
+        None => {
+            gradient.fill(0.0);
+            log_domain(log_probs, n_outputs, &lattice, &mut gradient)
+        }
+    };
+    CtcGradient { loss, gradient }
+}
+
+/// The extended label sequence `l'` (blanks around and between the labels) and its band.
+struct Lattice {
+    /// `l'_s`, `S = 2U + 1` entries.
+    labels: Vec<usize>,
+    /// Whether a path may jump from `s − 2` to `s` (a label differing from the one before).
+    skip: Vec<bool>,
+    steps: usize,
+}
+
+impl Lattice {
+    fn new(targets: &[usize], blank: usize, steps: usize) -> Self {
+        let states = 2 * targets.len() + 1;
+        let labels: Vec<usize> = (0..states)
+            .map(|s| if s % 2 == 0 { blank } else { targets[s / 2] })
+            .collect();
+        let skip = (0..states)
+            .map(|s| s % 2 == 1 && s >= 3 && labels[s] != labels[s - 2])
+            .collect();
+        Self {
+            labels,
+            skip,
+            steps,
+        }
+    }
+
+    fn states(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// The extended labels that are reachable from the start at step `t` and can still
+    /// reach the end, `lo..hi`.
+    fn band(&self, t: usize) -> (usize, usize) {
+        let s = self.states();
+        let lo = s.saturating_sub(2 * (self.steps - t));
+        let hi = s.min(2 * t + 2);
+        (lo, hi)
+    }
+}
+
+/// The recursions on probabilities rescaled at every step: the loss, the gradient added
+/// into `gradient`; `None` when a step's mass underflows.
+fn scaled(
+    log_probs: &[f32],
+    n_outputs: usize,
+    lattice: &Lattice,
+    gradient: &mut [f32],
+) -> Option<f64> {
+    let (steps, states) = (lattice.steps, lattice.states());
+    let probs: Vec<f64> = log_probs.iter().map(|&v| f64::from(v).exp()).collect();
+    let emit = |t: usize, s: usize| probs[t * n_outputs + lattice.labels[s]];
+    // beta'_t(s): the probability of finishing from state s at step t, excluding step t's
+    // emission, scaled per step; stored for every step.
+    let mut beta = vec![0f64; steps * states];
+    {
+        let last = &mut beta[(steps - 1) * states..];
+        last[states - 1] = 1.0;
+        if states >= 2 {
+            last[states - 2] = 1.0;
+        }
+    }
+    let mut next = vec![0f64; states + 2];
+    for t in (0..steps - 1).rev() {
+        let (lo, hi) = lattice.band(t);
+        let (lo1, hi1) = lattice.band(t + 1);
+        // next[s] = beta'_{t+1}(s)·y_{t+1}(l'_s), zero outside step t + 1's band and past the
+        // last state (two guard entries).
+        next.fill(0.0);
+        for s in lo1..hi1 {
+            next[s] = beta[(t + 1) * states + s] * emit(t + 1, s);
+        }
+        let row = &mut beta[t * states..(t + 1) * states];
+        let mut mass = 0.0;
+        for s in lo..hi {
+            let mut v = next[s] + next[s + 1];
+            if s + 2 < states && lattice.skip[s + 2] {
+                v += next[s + 2];
+            }
+            row[s] = v;
+            mass += v;
+        }
+        if !(mass > 0.0 && mass.is_finite()) {
+            return None;
+        }
+        for v in &mut row[lo..hi] {
+            *v /= mass;
+        }
+    }
+    // alpha_t(s), scaled per step; its scales give log p. The posteriors gamma_t(s) are
+    // alpha_t(s)·beta'_t(s) normalised over s at every step.
+    let mut alpha = vec![0f64; states];
+    let mut previous = vec![0f64; states];
+    let mut log_p = 0.0;
+    for t in 0..steps {
+        let (lo, hi) = lattice.band(t);
+        let mut mass = 0.0;
+        for s in lo..hi {
+            let v = if t == 0 {
+                if s <= 1 { 1.0 } else { 0.0 }
+            } else {
+                let mut v = previous[s];
+                if s >= 1 {
+                    v += previous[s - 1];
+                }
+                if lattice.skip[s] {
+                    v += previous[s - 2];
+                }
+                v
+            } * emit(t, s);
+            alpha[s] = v;
+            mass += v;
+        }
+        if !(mass > 0.0 && mass.is_finite()) {
+            return None;
+        }
+        log_p += mass.ln();
+        let beta_row = &beta[t * states..(t + 1) * states];
+        let mut total = 0.0;
+        for s in lo..hi {
+            alpha[s] /= mass;
+            total += alpha[s] * beta_row[s];
+        }
+        if !(total > 0.0 && total.is_finite()) {
+            return None;
+        }
+        let row = &mut gradient[t * n_outputs..(t + 1) * n_outputs];
+        for s in lo..hi {
+            row[lattice.labels[s]] -= (alpha[s] * beta_row[s] / total) as f32;
+        }
+        // Out-of-band states are zero at the next step.
+        previous.fill(0.0);
+        previous[lo..hi].copy_from_slice(&alpha[lo..hi]);
+        alpha[lo..hi].fill(0.0);
+    }
+    Some(-log_p)
+}
+
+/// `log(e^a + e^b)`, with `−∞` as the zero.
+fn log_add(a: f64, b: f64) -> f64 {
+    if a == f64::NEG_INFINITY {
+        return b;
+    }
+    if b == f64::NEG_INFINITY {
+        return a;
+    }
+    let (hi, lo) = if a > b { (a, b) } else { (b, a) };
+    hi + (lo - hi).exp().ln_1p()
+}
+
+/// The recursions in the log domain (slower; for log-probabilities too small for
+/// [`scaled`]): the loss, the gradient added into `gradient`.
+fn log_domain(log_probs: &[f32], n_outputs: usize, lattice: &Lattice, gradient: &mut [f32]) -> f64 {
+    let (steps, states) = (lattice.steps, lattice.states());
+    let emit = |t: usize, s: usize| f64::from(log_probs[t * n_outputs + lattice.labels[s]]);
+    let zero = f64::NEG_INFINITY;
+    let mut alpha = vec![zero; steps * states];
+    for t in 0..steps {
+        for s in 0..states {
+            let v = if t == 0 {
+                if s <= 1 { 0.0 } else { zero }
+            } else {
+                let prev = &alpha[(t - 1) * states..t * states];
+                let mut v = prev[s];
+                if s >= 1 {
+                    v = log_add(v, prev[s - 1]);
+                }
+                if lattice.skip[s] {
+                    v = log_add(v, prev[s - 2]);
+                }
+                v
+            };
+            alpha[t * states + s] = if v == zero { zero } else { v + emit(t, s) };
+        }
+    }
+    let last = &alpha[(steps - 1) * states..];
+    let log_p = if states >= 2 {
+        log_add(last[states - 1], last[states - 2])
+    } else {
+        last[0]
+    };
+    if log_p == zero {
+        return f64::INFINITY;
+    }
+    // beta'_t(s), excluding step t's emission.
+    let mut beta = vec![zero; states];
+    beta[states - 1] = 0.0;
+    if states >= 2 {
+        beta[states - 2] = 0.0;
+    }
+    let mut next = vec![zero; states];
+    for t in (0..steps).rev() {
+        let row = &mut gradient[t * n_outputs..(t + 1) * n_outputs];
+        for s in 0..states {
+            let a = alpha[t * states + s];
+            if a != zero && beta[s] != zero {
+                row[lattice.labels[s]] -= (a + beta[s] - log_p).exp() as f32;
+            }
+        }
+        if t == 0 {
+            break;
+        }
+        for s in 0..states {
+            next[s] = if beta[s] == zero {
+                zero
+            } else {
+                beta[s] + emit(t, s)
+            };
+        }
+        for s in 0..states {
+            let mut v = next[s];
+            if s + 1 < states {
+                v = log_add(v, next[s + 1]);
+            }
+            if s + 2 < states && lattice.skip[s + 2] {
+                v = log_add(v, next[s + 2]);
+            }
+            beta[s] = v;
+        }
+    }
+    -log_p
+}
+
+/// The CTC loss of each utterance of a batch, `−log p(targets | log_probs)`, by
+/// [`ctc_alpha_beta`]; differentiable with respect to `log_probs` on autodiff backends.
+///
+/// The recursions run on the host (the log-probabilities are read back once), one utterance
+/// per rayon task. On an autodiff backend the result is `ℓ + Σ log_probs ⊙ G − (Σ log_probs ⊙
+/// G)` with the last term detached, `ℓ` the losses and `G` their gradient computed with them:
+/// its value is `ℓ` and its gradient `G`, and autodiff records one product and one sum.
+///
+/// The same loss as burn-nn's `CTCLoss` (blank `blank`, no reduction), whose inputs are
+/// time-major; an utterance no alignment fits gets `+∞` and a zero gradient (burn-nn:
+/// `zero_infinity` off).
+///
+/// # Shapes
+/// - `log_probs`: `[batch, steps, n_outputs]` (log-softmax outputs)
+/// - `targets`: `[batch, max_target_len]`, each row's first `target_lengths[b]` entries the
+///   labels (the rest ignored)
+/// - `input_lengths`, `target_lengths`: `batch` entries
+/// - output: `[batch]`
+///
+/// # Panics
+/// If the lengths disagree with the batch, an input length exceeds `steps`, a target length
+/// exceeds `max_target_len`, or a label is `blank` or not below `n_outputs`.
+pub fn ctc_loss<B: Backend>(
+    log_probs: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    input_lengths: &[usize],
+    target_lengths: &[usize],
+    blank: usize,
+) -> Tensor<B, 1> {
+    let [batch, steps, n_outputs] = log_probs.dims();
+    let [target_batch, width] = targets.dims();
+    assert!(
+        input_lengths.len() == batch && target_lengths.len() == batch && target_batch == batch,
+        "ctc_loss: log_probs {:?}, targets {:?}, {} input lengths and {} target lengths disagree on the batch",
+        log_probs.dims(),
+        targets.dims(),
+        input_lengths.len(),
+        target_lengths.len()
+    );
+    if let Some(b) = (0..batch).find(|&b| input_lengths[b] > steps || target_lengths[b] > width) {
+        panic!(
+            "ctc_loss: utterance {b} has input length {} and target length {}, beyond log_probs {:?} or targets {:?}",
+            input_lengths[b],
+            target_lengths[b],
+            log_probs.dims(),
+            targets.dims()
+        );
+    }
+    let device = log_probs.device();
+    let values: Vec<f32> = log_probs
+        .clone()
+        .detach()
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .expect("f32 log-probabilities");
+    let labels: Vec<i64> = targets
+        .into_data()
+        .convert::<i64>()
+        .to_vec()
+        .expect("i64 targets");
+    let per_utterance: Vec<CtcGradient> = (0..batch)
+        .into_par_iter()
+        .map(|b| {
+            let t = input_lengths[b];
+            let row = &values[b * steps * n_outputs..(b * steps + t) * n_outputs];
+            let targets: Vec<usize> = labels[b * width..b * width + target_lengths[b]]
+                .iter()
+                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
+                .collect();
+            ctc_alpha_beta(row, t, n_outputs, &targets, blank)
+        })
+        .collect();
+    let losses: Vec<f32> = per_utterance.iter().map(|g| g.loss as f32).collect();
+    let losses = Tensor::<B, 1>::from_data(TensorData::new(losses, [batch]), &device)
+        .cast(log_probs.dtype());
+    if !B::ad_enabled(&device) {
+        return losses;
+    }
+    let mut gradient = vec![0f32; batch * steps * n_outputs];
+    for (b, g) in per_utterance.iter().enumerate() {
+        let start = b * steps * n_outputs;
+        gradient[start..start + g.gradient.len()].copy_from_slice(&g.gradient);
+    }
+    let gradient = Tensor::<B, 3>::from_data(
+        TensorData::new(gradient, [batch, steps, n_outputs]),
+        &device,
+    )
+    .cast(log_probs.dtype());
+    let linear = (log_probs * gradient)
+        .sum_dim(2)
+        .sum_dim(1)
+        .reshape([batch]);
+    // (x − x) is exactly 0 for finite x, so the value is the losses' to the last bit.
+    losses + (linear.clone() - linear.detach())
+}
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, NdArray};
+    use burn::nn::loss::CTCLossConfig;
+    use burn::tensor::Distribution;
+    use burn::tensor::activation::log_softmax;
+
+    type A = Autodiff<NdArray>;
+
+    fn close(ours: f64, reference: f64, tolerance: f64) -> bool {
+        (ours.is_infinite() && ours == reference)
+            || (ours - reference).abs() <= tolerance * reference.abs().max(1.0)
+    }
+
+    /// Losses and gradients of one batch by [`ctc_loss`] and by burn-nn's `CTCLoss`, both
+    /// differentiated by autodiff: `[batch]` losses, `[batch, steps, n_outputs]` gradients of
+    /// their sum.
+    #[allow(clippy::type_complexity)]
+    fn both(
+        logits: Tensor<NdArray, 3>,
+        targets: &[Vec<usize>],
+        input_lengths: &[usize],
+    ) -> ((Vec<f32>, Vec<f32>), (Vec<f32>, Vec<f32>)) {
+        let device = Default::default();
+        let batch = targets.len();
+        let width = targets.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut padded = vec![0i64; batch * width];
+        for (b, t) in targets.iter().enumerate() {
+            for (i, &c) in t.iter().enumerate() {
+                padded[b * width + i] = c as i64;
+            }
+        }
+        let target_lengths: Vec<usize> = targets.iter().map(Vec::len).collect();
+        let run = |ours: bool| {
+            let logits = Tensor::<A, 3>::from_inner(logits.clone()).require_grad();
+            let log_probs = log_softmax(logits.clone(), 2);
+            let labels = Tensor::<A, 2, Int>::from_data(
+                TensorData::new(padded.clone(), [batch, width]),
+                &device,
+            );
+            let loss = if ours {
+                ctc_loss(log_probs, labels, input_lengths, &target_lengths, 0)
+            } else {
+                let lengths = |v: &[usize]| {
+                    Tensor::<A, 1, Int>::from_data(
+                        TensorData::new(v.iter().map(|&x| x as i64).collect::<Vec<_>>(), [batch]),
+                        &device,
+                    )
+                };
+                CTCLossConfig::new().init().forward(
+                    log_probs.swap_dims(0, 1),
+                    labels,
+                    lengths(input_lengths),
+                    lengths(&target_lengths),
+                )
+            };
+            let values = loss.clone().into_data().to_vec::<f32>().unwrap();
+            // Gradients of the finite losses only: an infinite one would make every sum NaN.
+            let finite: Vec<f32> = values
+                .iter()
+                .map(|v| if v.is_finite() { 1.0 } else { 0.0 })
+                .collect();
+            let mask = Tensor::<A, 1>::from_data(TensorData::new(finite, [batch]), &device);
+            let loss = loss.mask_fill(mask.clone().equal_elem(0.0), 0.0) * mask;
+            let grads = loss.sum().backward();
+            let gradient = logits
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            (values, gradient)
+        };
+        (run(true), run(false))
+    }
+
+    fn assert_agree(label: &str, ours: &(Vec<f32>, Vec<f32>), burn: &(Vec<f32>, Vec<f32>)) {
+        for (b, (o, r)) in ours.0.iter().zip(&burn.0).enumerate() {
+            assert!(
+                close(*o as f64, *r as f64, 1e-4),
+                "{label}: loss of utterance {b}: ours {o}, burn-nn {r}"
+            );
+        }
+        let worst = ours
+            .1
+            .iter()
+            .zip(&burn.1)
+            .map(|(o, r)| (o - r).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{label}: largest gradient difference {worst}");
+    }
+
+    /// Loss and gradient (through log-softmax, with respect to the logits) equal burn-nn's
+    /// `CTCLoss`, to 1e-4 (relative for the loss, absolute for the gradient), on a padded
+    /// batch: varied input lengths, labels with repeated neighbours, an utterance with no
+    /// labels (blanks only), one whose steps are exactly enough for its labels and repeats,
+    /// and one no alignment fits (+∞, zero gradient in both).
+    #[test]
+    fn ctc_loss_matches_burn_nn() {
+        let logits = Tensor::<NdArray, 3>::random(
+            [6, 30, 7],
+            Distribution::Normal(0.0, 2.0),
+            &Default::default(),
+        );
+        let targets = vec![
+            vec![1, 2, 3, 4, 5, 6],
+            vec![3, 3, 3, 2, 2],
+            vec![],
+            vec![1, 1, 2, 2],
+            vec![4, 4],
+            vec![5, 1, 5, 1, 6, 2, 3, 3],
+        ];
+        let input_lengths = [30, 17, 9, 6, 2, 30];
+        let (ours, burn) = both(logits, &targets, &input_lengths);
+        assert!(ours.0[4].is_infinite() && burn.0[4].is_infinite());
+        assert!(
+            ours.0
+                .iter()
+                .enumerate()
+                .all(|(b, l)| b == 4 || l.is_finite())
+        );
+        assert_agree("random batch", &ours, &burn);
+    }
+
+    /// Log-probabilities far below what `exp` can represent (logits scaled so that most are
+    /// below −1000) send [`ctc_alpha_beta`] to its log-domain path; it still equals burn-nn's
+    /// loss and gradient, to 1e-4.
+    #[test]
+    fn ctc_loss_of_extreme_log_probabilities_matches_burn_nn() {
+        let logits = Tensor::<NdArray, 3>::random(
+            [2, 20, 5],
+            Distribution::Normal(0.0, 600.0),
+            &Default::default(),
+        );
+        let targets = vec![vec![1, 2, 3], vec![4, 4, 1, 2]];
+        let (ours, burn) = both(logits, &targets, &[20, 14]);
+        assert_agree("extreme log-probabilities", &ours, &burn);
+    }
+
+    /// The loss of a short utterance equals `−log Σ` over every alignment (every sequence of
+    /// outputs that collapses to the labels once repeats are merged and blanks removed) of
+    /// the product of its probabilities, enumerated by brute force, to 1e-9; both paths
+    /// ([`scaled`] and [`log_domain`]) give it, with the same gradient to 1e-6.
+    #[test]
+    fn ctc_loss_is_the_sum_over_alignments() {
+        let (steps, n_outputs): (usize, usize) = (6, 4);
+        let logits = Tensor::<NdArray, 2>::random(
+            [steps, n_outputs],
+            Distribution::Normal(0.0, 1.5),
+            &Default::default(),
+        );
+        let log_probs: Vec<f32> = log_softmax(logits, 1).into_data().to_vec().unwrap();
+        for targets in [
+            vec![1, 2],
+            vec![2, 2],
+            vec![3],
+            vec![],
+            vec![1, 3, 1],
+            vec![2, 2, 2],
+        ] {
+            let mut total = 0f64;
+            for code in 0..n_outputs.pow(steps as u32) {
+                let path: Vec<usize> = (0..steps)
+                    .map(|t| code / n_outputs.pow(t as u32) % n_outputs)
+                    .collect();
+                let mut collapsed: Vec<usize> = Vec::new();
+                for (t, &c) in path.iter().enumerate() {
+                    if c != 0 && (t == 0 || path[t - 1] != c) {
+                        collapsed.push(c);
+                    }
+                }
+                if collapsed == targets {
+                    total += path
+                        .iter()
+                        .enumerate()
+                        .map(|(t, &c)| f64::from(log_probs[t * n_outputs + c]))
+                        .sum::<f64>()
+                        .exp();
+                }
+            }
+            let result = ctc_alpha_beta(&log_probs, steps, n_outputs, &targets, 0);
+            assert!(
+                (result.loss + total.ln()).abs() < 1e-9,
+                "{targets:?}: loss {}, by enumeration {}",
+                result.loss,
+                -total.ln()
+            );
+            let lattice = Lattice::new(&targets, 0, steps);
+            let mut gradient = vec![0f32; steps * n_outputs];
+            let loss = log_domain(&log_probs, n_outputs, &lattice, &mut gradient);
+            assert!(
+                (loss - result.loss).abs() < 1e-9,
+                "{targets:?}: log domain {loss}"
+            );
+            let worst = gradient
+                .iter()
+                .zip(&result.gradient)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-6, "{targets:?}: gradients differ by {worst}");
+        }
+    }
+
+    #[test]
+    fn ctc_loss_impl_parses_and_prints() {
+        for text in ["burn", "alpha-beta"] {
+            assert_eq!(text.parse::<CtcLossImpl>().unwrap().to_string(), text);
+        }
+        let error = "alphabeta".parse::<CtcLossImpl>().unwrap_err();
+        assert!(error.contains("alphabeta"), "{error}");
+    }
+
+    #[test]
+    #[should_panic(expected = "target label 0 must be below n_outputs 4 and differ from blank 0")]
+    fn blank_as_a_label_is_refused() {
+        ctc_alpha_beta(&[0.0; 8], 2, 4, &[1, 0], 0);
+    }
+}
