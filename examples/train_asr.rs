@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         shuffle: true,
         resume: false,
         stop_after_steps: None,
+        time_budget_s: None,
         application_log: false,
         augment: AugmentSet::default(),
         strategy: Strategy::Multi,

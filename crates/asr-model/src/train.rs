@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
@@ -13,6 +12,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::record::DefaultRecorder;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
+use burn::train::logger::FileMetricLogger;
 use burn::train::metric::state::{FormatOptions, NumericMetricState};
 use burn::train::metric::{
     Adaptor, LossInput, LossMetric, Metric, MetricAttributes, MetricMetadata, MetricName, Numeric,
@@ -30,9 +30,14 @@ use crate::decode::{BeamSearch, PhoneErrorRate, beam_search, greedy_ctc_decode};
 use crate::features::LogMel;
 use crate::model::AsrModel;
 
+mod clock;
 mod log;
 mod saved;
 
+pub use clock::{
+    EPOCH_RECORDS, EpochClock, EpochRecord, FORWARD_METRIC, RunTime, TimeBudget, peak_memory_mib,
+    read_records,
+};
 pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
 pub use saved::{SavedModel, load_model, save_model};
 
@@ -43,6 +48,8 @@ pub struct CtcOutput<B: Backend> {
     pub loss: Tensor<B, 1>,
     /// Edit distance and reference phones of the batch (zero in training steps).
     pub per: PhoneErrorRate,
+    /// Wall-clock time of the batch's forward pass, in milliseconds.
+    pub forward_ms: f64,
 }
 
 /// [`CtcOutput`] moved off the training device, for the metrics.
@@ -50,7 +57,12 @@ pub struct CtcOutput<B: Backend> {
 pub struct CtcStats {
     loss: Tensor<Flex, 1>,
     per: PhoneErrorRate,
+    forward_ms: ForwardTime,
 }
+
+/// The forward time of a batch in milliseconds, the input of [`ForwardTimeMetric`].
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardTime(pub f64);
 
 impl<B: Backend> ItemLazy for CtcOutput<B> {
     type ItemSync = CtcStats;
@@ -59,6 +71,7 @@ impl<B: Backend> ItemLazy for CtcOutput<B> {
         CtcStats {
             loss: Tensor::from_data(self.loss.into_data(), &Default::default()),
             per: self.per,
+            forward_ms: ForwardTime(self.forward_ms),
         }
     }
 }
@@ -72,6 +85,67 @@ impl Adaptor<LossInput<Flex>> for CtcStats {
 impl Adaptor<PhoneErrorRate> for CtcStats {
     fn adapt(&self) -> PhoneErrorRate {
         self.per
+    }
+}
+
+impl Adaptor<ForwardTime> for CtcStats {
+    fn adapt(&self) -> ForwardTime {
+        self.forward_ms
+    }
+}
+
+/// The wall-clock time of a training batch's forward pass (waited for), in milliseconds, as
+/// a burn-train metric ([`FORWARD_METRIC`]); [`EpochClock`] keeps its mean per epoch.
+#[derive(Clone)]
+pub struct ForwardTimeMetric {
+    name: MetricName,
+    state: NumericMetricState,
+}
+
+impl Default for ForwardTimeMetric {
+    fn default() -> Self {
+        Self {
+            name: Arc::new(FORWARD_METRIC.to_string()),
+            state: NumericMetricState::new(),
+        }
+    }
+}
+
+impl Metric for ForwardTimeMetric {
+    type Input = ForwardTime;
+
+    fn name(&self) -> MetricName {
+        self.name.clone()
+    }
+
+    fn attributes(&self) -> MetricAttributes {
+        NumericAttributes {
+            unit: Some("ms".into()),
+            higher_is_better: false,
+        }
+        .into()
+    }
+
+    fn update(&mut self, item: &ForwardTime, _metadata: &MetricMetadata) -> SerializedEntry {
+        self.state.update(
+            item.0,
+            1,
+            FormatOptions::new(self.name()).unit("ms").precision(0),
+        )
+    }
+
+    fn clear(&mut self) {
+        self.state.reset()
+    }
+}
+
+impl Numeric for ForwardTimeMetric {
+    fn value(&self) -> NumericEntry {
+        self.state.current_value()
+    }
+
+    fn running_value(&self) -> NumericEntry {
+        self.state.running_value()
     }
 }
 
@@ -253,8 +327,11 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
     /// `(1 − w)·loss(last layer) + w·loss(middle layer)`
     /// ([`crate::model::AsrModelConfig::inter_ctc_weight`]).
     fn train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+        let start = std::time::Instant::now();
         let (log_probs, middle) =
             self.forward_with_intermediate(batch.features.clone(), &batch.frame_lengths);
+        let _ = B::sync(&log_probs.device());
+        let forward_ms = start.elapsed().as_secs_f64() * 1000.0;
         let loss = match middle {
             Some(middle) => {
                 let w = self.inter_ctc_weight();
@@ -269,6 +346,7 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
             CtcOutput {
                 loss,
                 per: PhoneErrorRate::default(),
+                forward_ms,
             },
         )
     }
@@ -282,7 +360,11 @@ impl<B: ClusteredAttentionBackend> InferenceStep for AsrModel<B> {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs.clone());
         let per = self.phone_errors(log_probs, &batch);
-        CtcOutput { loss, per }
+        CtcOutput {
+            loss,
+            per,
+            forward_ms: 0.0,
+        }
     }
 }
 
@@ -313,6 +395,9 @@ pub struct TrainOptions {
     pub resume: bool,
     /// Stop (as an interruption would) after this many training steps of this run.
     pub stop_after_steps: Option<usize>,
+    /// Stop once the run has trained this many seconds (over every sitting of a resumed
+    /// run; [`RunTime`]), at the next batch, then measure the dev phone error rate.
+    pub time_budget_s: Option<f64>,
     /// Install burn-train's application logger (`dir/experiment.log`; a process-wide
     /// logger, so at most once per process).
     pub application_log: bool,
@@ -372,14 +457,14 @@ pub fn last_checkpoint(dir: &Path) -> Option<usize> {
 }
 
 /// A dataset that interrupts training after its `limit`-th item.
-struct StopAfter {
-    inner: BucketDataset,
+struct StopAfter<D> {
+    inner: D,
     limit: usize,
     served: std::sync::atomic::AtomicUsize,
     interrupter: Interrupter,
 }
 
-impl Dataset<Vec<Example>> for StopAfter {
+impl<D: Dataset<Vec<Example>>> Dataset<Vec<Example>> for StopAfter<D> {
     fn get(&self, index: usize) -> Option<Vec<Example>> {
         let served = self
             .served
@@ -485,6 +570,8 @@ where
         total: options.epochs.max(1) * steps_per_epoch * scheduler_steps_per_step,
         step: 0,
     };
+    // Kept to measure the dev PER of a run that the time budget stops mid-epoch.
+    let valid_for_budget = options.time_budget_s.map(|_| valid.clone());
     let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(CtcBatcher)
         .batch_size(1)
         .build(BucketDataset::new(bucket(valid, options.batch_frames)));
@@ -510,6 +597,27 @@ where
             builder
         }
     };
+    let resume_from = if options.resume {
+        last_checkpoint(&options.dir)
+    } else {
+        None
+    };
+    let clock = match resume_from {
+        Some(epoch) => EpochClock::resume(&options.dir, epoch)?,
+        None => EpochClock::fresh(&options.dir)?,
+    };
+    let run_time = clock.run_time();
+    if let Some(budget) = options.time_budget_s
+        && !(budget.is_finite() && budget > 0.0)
+    {
+        anyhow::bail!("the time budget must be a positive number of seconds, got {budget}");
+    }
+    let dataset = TimeBudget {
+        inner: dataset,
+        seconds: options.time_budget_s.unwrap_or(f64::INFINITY),
+        run: run_time.clone(),
+        interrupter: interrupter.clone(),
+    };
     let train_loader = match options.stop_after_steps {
         Some(limit) => builder().build(StopAfter {
             inner: dataset,
@@ -521,7 +629,10 @@ where
     };
     let mut training = SupervisedTraining::new(&options.dir, train_loader, valid_loader)
         .with_interrupter(interrupter)
+        .with_metric_logger(FileMetricLogger::new(&options.dir))
+        .with_metric_logger(clock)
         .metrics((LossMetric::<Flex>::new(),))
+        .metric_train_numeric(ForwardTimeMetric::default())
         .metric_valid_numeric(PhoneErrorRateMetric::default())
         .with_file_checkpointer(DefaultRecorder::new())
         .num_epochs(options.epochs)
@@ -554,7 +665,7 @@ where
         Strategy::Ddp => unreachable!("rejected above"),
     }
     if options.resume {
-        if let Some(epoch) = last_checkpoint(&options.dir) {
+        if let Some(epoch) = resume_from {
             eprintln!(
                 "resuming after epoch {epoch} (checkpoint in {})",
                 options.dir.display()
@@ -567,18 +678,25 @@ where
             );
         }
     }
-    let started = SystemTime::now();
     let result = training.launch(Learner::new(model, optim, scheduler));
-    let train_seconds = started.elapsed().unwrap_or_default().as_secs_f64();
+    let stopped_seconds = run_time.seconds();
     let model = result.model;
     save_model(&model, saved, &options.dir)?;
-    let log = TrainingLog::read(
-        &options.dir,
+    let mut log = TrainingLog::new(
         saved.model.attention,
-        started,
-        train_seconds,
+        &read_records(&options.dir)?,
         options.resume,
-    )?;
+    );
+    if let (Some(budget), Some(valid)) = (options.time_budget_s, &valid_for_budget) {
+        log.time_budget_s = Some(budget);
+        // The epochs' records end at the last completed epoch; the budget may have stopped a
+        // later one part-way.
+        if stopped_seconds >= budget {
+            log.train_seconds = stopped_seconds;
+            log.final_dev_per =
+                Some(evaluate(&model, valid, None, options.batch_frames, device).percent());
+        }
+    }
     std::fs::write(
         options.dir.join(TRAINING_LOG),
         serde_json::to_string_pretty(&log)?,

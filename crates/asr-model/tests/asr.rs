@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use asr_model::audio::{load_audio, write_flac};
 use asr_model::augment::{self, AugmentSet, Augmentation};
-use asr_model::compare::{ModelSummary, markdown_table, plot};
+use asr_model::compare::{ModelSummary, common_dev_per, markdown_table, plot};
 use asr_model::corpus::phonemize;
 use asr_model::corpus::{CorpusOptions, generate, phrases};
 use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
@@ -615,46 +615,156 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
     );
     let ends: Vec<f64> = log.epochs.iter().map(|e| e.end_seconds.unwrap()).collect();
     assert!(ends[0] <= ends[1] && ends[1] <= log.train_seconds + 1.0);
+    for e in &log.epochs {
+        let (train, valid) = (e.train_seconds.unwrap(), e.valid_seconds.unwrap());
+        assert!(train > 0.0 && valid > 0.0, "{e:?}");
+        assert!(e.forward_ms.unwrap() > 0.0, "{e:?}");
+    }
+    // The resumed run keeps the first sitting's epoch (its checkpoint's) and counts its time:
+    // the interrupted sitting's partial epoch is not in it.
     let log = read(&dir);
-    assert!(log.resumed && log.epochs.is_empty(), "{log:?}");
+    assert!(log.resumed, "{log:?}");
+    assert_eq!(
+        log.epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(),
+        [1, 2],
+        "{log:?}"
+    );
+    let (first, second) = (&log.epochs[0], &log.epochs[1]);
+    let expected =
+        first.end_seconds.unwrap() + second.train_seconds.unwrap() + second.valid_seconds.unwrap();
+    assert!(
+        (second.end_seconds.unwrap() - expected).abs() < 0.5,
+        "epoch 2 ends at {:?}, expected about {expected}",
+        second.end_seconds
+    );
+}
+
+/// `--time-budget`: a budget below one step stops the run at its first batches, without a
+/// completed epoch; the log records the budget and the final model's dev PER, which is
+/// `evaluate`'s on the validation examples. A resumed run counts its earlier sitting's time:
+/// with a budget just past the first sitting's seconds it stops in the next epoch, keeping
+/// the first epoch. A budget that is never reached changes nothing (no final PER of its own).
+#[test]
+fn time_budget_stops_training_and_measures_the_dev_per() {
+    let _rng = process_rng();
+    let (examples, saved) = toy_run(6, AttentionKind::Full);
+    let device = Default::default();
+    let run = |o: TrainOptions| {
+        train::<Train>(&saved, examples.clone(), examples.clone(), &o, &device).unwrap()
+    };
+    let read = |dir: &Path| -> TrainingLog {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(TRAINING_LOG)).unwrap()).unwrap()
+    };
+
+    let dir = tempdir("budget");
+    let model = run(TrainOptions {
+        epochs: 20,
+        time_budget_s: Some(1e-3),
+        ..toy_options(dir.clone())
+    });
+    let log = read(&dir);
+    assert!(log.epochs.is_empty(), "{log:?}");
+    assert_eq!(log.time_budget_s, Some(1e-3));
+    assert!(log.train_seconds >= 1e-3, "{log:?}");
+    let expected = evaluate(&model, &examples, None, 48, &device).percent();
+    assert_eq!(log.final_dev_per, Some(expected));
+    assert_eq!(log.last_dev_per(), Some(expected));
+    assert!(dir.join("model.mpk").exists());
+
+    // One epoch, then a resumed run whose budget ends just after it.
+    let dir = tempdir("budget-resume");
+    run(toy_options(dir.clone()));
+    let first = read(&dir).epochs[0].end_seconds.unwrap();
+    let model = run(TrainOptions {
+        epochs: 20,
+        resume: true,
+        time_budget_s: Some(first + 1e-3),
+        ..toy_options(dir.clone())
+    });
+    let log = read(&dir);
+    assert_eq!(log.epochs.len(), 1, "{log:?}");
+    assert!(log.train_seconds >= first + 1e-3, "{log:?}");
+    let expected = evaluate(&model, &examples, None, 48, &device).percent();
+    assert_eq!(log.final_dev_per, Some(expected));
+
+    let dir = tempdir("budget-unreached");
+    run(TrainOptions {
+        epochs: 2,
+        time_budget_s: Some(1e6),
+        ..toy_options(dir.clone())
+    });
+    let log = read(&dir);
+    assert_eq!((log.epochs.len(), log.final_dev_per), (2, None), "{log:?}");
+    assert_eq!(log.last_dev_per(), Some(log.epochs[1].dev_per));
 }
 
 /// Table 2 and Figure 1 from training logs: the best epoch is the lowest dev PER (first of
-/// equals), its time is its end; the SVG names every model.
+/// equals), its time is its end; a run stopped by its time budget ends with its final PER;
+/// the common dev PER is the worst model's best, and each model's time to it the end of its
+/// first epoch at or below it; the SVG names every model.
 #[test]
 fn compare_picks_the_best_epoch_and_plots_every_model() {
     let epoch = |epoch, end, dev_per| EpochLog {
         epoch,
         end_seconds: Some(end),
         dev_per,
+        train_seconds: Some(90.0),
+        valid_seconds: Some(10.0),
+        forward_ms: Some(20.0),
+        peak_memory_mib: Some(100.0 * epoch as f64),
     };
-    let log = |attention: &str, pers: [f64; 3]| TrainingLog {
+    let log = |attention: &str, pers: [f64; 3], stopped: Option<f64>| TrainingLog {
         attention: attention.parse().unwrap(),
-        train_seconds: 300.0,
+        train_seconds: if stopped.is_some() { 350.0 } else { 300.0 },
         resumed: false,
         epochs: vec![
             epoch(1, 100.0, pers[0]),
             epoch(2, 200.0, pers[1]),
             epoch(3, 300.0, pers[2]),
         ],
+        time_budget_s: stopped.map(|_| 350.0),
+        final_dev_per: stopped,
     };
     let dir = tempdir("compare");
     let rows = vec![
-        ModelSummary::new(&dir, &log("full", [50.0, 30.0, 30.0]), 31.5, 12.25).unwrap(),
-        ModelSummary::new(&dir, &log("lsh:4", [60.0, 55.0, 40.0]), 41.0, 20.0).unwrap(),
+        ModelSummary::new(&dir, &log("full", [50.0, 30.0, 30.0], None), 4, 31.5, 12.25).unwrap(),
+        ModelSummary::new(
+            &dir,
+            &log("lsh:4", [60.0, 55.0, 40.0], Some(38.0)),
+            2,
+            41.0,
+            20.0,
+        )
+        .unwrap(),
     ];
     assert_eq!(
-        (rows[0].best_epoch, rows[0].seconds_to_best),
-        (2, Some(200.0))
+        (
+            rows[0].best_epoch,
+            rows[0].seconds_to_best,
+            rows[0].final_dev_per
+        ),
+        (2, Some(200.0), 30.0)
     );
     assert_eq!(
-        (rows[1].best_epoch, rows[1].seconds_to_best),
-        (3, Some(300.0))
+        (
+            rows[1].best_epoch,
+            rows[1].seconds_to_best,
+            rows[1].final_dev_per
+        ),
+        (0, Some(350.0), 38.0)
     );
     assert_eq!(rows[0].seconds_per_epoch, Some(100.0));
+    assert_eq!(common_dev_per(&rows), Some(38.0));
+    assert_eq!(
+        (rows[0].seconds_to(38.0), rows[1].seconds_to(38.0)),
+        (Some(200.0), Some(350.0))
+    );
     let table = markdown_table(&rows);
+    assert!(table.contains("| s to 38.00 % dev PER |"), "{table}");
     assert!(
-        table.contains("| full | 100 | 3 | 30.00 | 2 | 200 | 31.50 | 12.2 |"),
+        table.contains(
+            "| full | 4 | 3 | 100 | 90 | 20 | 300 | 30.00 | 30.00 | 200 | 31.50 | 12.2 |"
+        ),
         "{table}"
     );
     let svg = dir.join("figure.svg");
@@ -667,7 +777,7 @@ fn compare_picks_the_best_epoch_and_plots_every_model() {
         .map(|t| t.split('<').next().unwrap_or("").trim())
         .collect();
     assert!(
-        labels.contains(&"full") && labels.contains(&"lsh:4"),
+        labels.contains(&"full ×4") && labels.contains(&"lsh:4 ×2"),
         "{labels:?}"
     );
 }
@@ -743,6 +853,182 @@ fn corpus_joins_consecutive_phrases_into_long_utterances() {
         }
     }
     assert!(joined > 0, "no utterance joined two phrases");
+}
+
+/// `asr join` on a corpus written here: in each split, each speaker's clips (in manifest
+/// order, interleaved with another speaker's in the source) become utterances of consecutive
+/// clips of that speaker alone, covering its clips in order; each utterance's audio is its
+/// clips' samples (each clip a constant level of its own) with exactly 0.5 s of silence
+/// between them, and its text and phones are theirs joined in order; every utterance lasts
+/// between the minimum and the maximum; dev and test hold their own speakers only; a clip
+/// longer than the maximum, and a speaker whose clips cannot reach the minimum, are left out
+/// and counted.
+#[test]
+fn join_makes_long_utterances_of_one_speakers_consecutive_clips() {
+    use asr_model::join::{JoinOptions, join_corpus};
+    let dir = tempdir("join");
+    let source = dir.join("source");
+    std::fs::create_dir_all(source.join("audio")).unwrap();
+    PhoneInventory::standard()
+        .save(&source.join("phones.txt"))
+        .unwrap();
+    let phones = ["p", "t", "k", "s", "m", "n", "l", "f"];
+    // (split, voice, seconds) in manifest order; each clip's level is 0.01 × (its index + 1).
+    let clips: Vec<(&str, &str, f64)> = [
+        ("train", "anna", 1.0),
+        ("train", "bert", 1.5),
+        ("train", "anna", 1.2),
+        ("train", "anna", 0.8),
+        ("train", "bert", 1.0),
+        ("train", "anna", 1.5),
+        ("train", "anna", 9.0),
+        ("train", "bert", 1.1),
+        ("train", "anna", 1.0),
+        ("train", "anna", 0.9),
+        ("train", "carl", 0.5),
+        ("dev", "dora", 1.3),
+        ("dev", "dora", 1.4),
+        ("dev", "dora", 1.0),
+        ("test", "emil", 2.0),
+        ("test", "emil", 1.0),
+    ]
+    .to_vec();
+    let mut manifests: std::collections::BTreeMap<&str, Vec<ManifestEntry>> = Default::default();
+    for (i, &(split, voice, seconds)) in clips.iter().enumerate() {
+        let samples = vec![0.01 * (i + 1) as f32; (seconds * 16_000.0) as usize];
+        let audio = format!("audio/c{i:02}.flac");
+        write_flac(&source.join(&audio), &samples, 16_000, 16).unwrap();
+        manifests.entry(split).or_default().push(ManifestEntry {
+            id: format!("c{i:02}"),
+            audio,
+            duration_s: seconds,
+            text: format!("clip {i}"),
+            phones: format!("{} {}", phones[i % 8], phones[(i + 3) % 8]),
+            voice: voice.to_string(),
+        });
+    }
+    for (split, entries) in &manifests {
+        write_manifest(&source.join(format!("{split}.jsonl")), entries).unwrap();
+    }
+    let out = dir.join("long");
+    let options = JoinOptions {
+        corpus: source.clone(),
+        out: out.clone(),
+        min_seconds: 2.5,
+        mean_seconds: 3.0,
+        max_seconds: 5.0,
+        pause_s: 0.5,
+        seed: 4,
+        splits: vec!["train".into(), "dev".into(), "test".into()],
+    };
+    let report = join_corpus(&options).unwrap();
+
+    let inventory = PhoneInventory::load(&out.join("phones.txt")).unwrap();
+    let sources: std::collections::HashMap<String, Vec<usize>> =
+        std::fs::read_to_string(out.join("joined-from.tsv"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let mut fields = line.split('\t');
+                let id = fields.next().unwrap().to_string();
+                (id, fields.map(|c| c[1..].parse().unwrap()).collect())
+            })
+            .collect();
+    let pause = 8_000;
+    for (split, voices) in [
+        ("train", vec!["anna", "bert"]),
+        ("dev", vec!["dora"]),
+        ("test", vec!["emil"]),
+    ] {
+        let utterances =
+            read_manifest(&out.join(format!("{split}.jsonl")), &inventory, true).unwrap();
+        let mut covered: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+        for u in &utterances {
+            let parts = &sources[&u.entry.id];
+            assert!(
+                voices.contains(&u.entry.voice.as_str()),
+                "{split}: {:?}",
+                u.entry
+            );
+            assert!(
+                parts
+                    .iter()
+                    .all(|&i| clips[i].0 == split && clips[i].1 == u.entry.voice)
+            );
+            covered
+                .entry(u.entry.voice.clone())
+                .or_default()
+                .extend(parts);
+            // The audio: each clip's level for its length, 0.5 s of zeros between.
+            let samples = load_audio(&u.audio_path).unwrap();
+            let mut at = 0;
+            for (n, &i) in parts.iter().enumerate() {
+                if n > 0 {
+                    assert!(
+                        samples[at..at + pause].iter().all(|&x| x == 0.0),
+                        "{}: pause",
+                        u.entry.id
+                    );
+                    at += pause;
+                }
+                let len = (clips[i].2 * 16_000.0) as usize;
+                let level = 0.01 * (i + 1) as f32;
+                assert!(
+                    samples[at..at + len]
+                        .iter()
+                        .all(|x| (x - level).abs() < 1e-3),
+                    "{}: clip {i} not where expected",
+                    u.entry.id
+                );
+                at += len;
+            }
+            assert_eq!(at, samples.len(), "{}", u.entry.id);
+            let seconds = samples.len() as f64 / 16_000.0;
+            assert!(
+                (2.5..=5.0).contains(&seconds),
+                "{}: {seconds} s",
+                u.entry.id
+            );
+            assert!((u.entry.duration_s - seconds).abs() < 1e-3);
+            let text: Vec<String> = parts.iter().map(|i| format!("clip {i}")).collect();
+            assert_eq!(u.entry.text, text.join(" "));
+            let expected: Vec<String> = parts
+                .iter()
+                .map(|&i| format!("{} {}", phones[i % 8], phones[(i + 3) % 8]))
+                .collect();
+            assert_eq!(u.entry.phones, expected.join(" "));
+        }
+        // Each utterance is a run of consecutive clips of its speaker (the clips longer than
+        // the maximum aside), the utterances in order; dev and test lose no clip.
+        for voice in voices {
+            let all: Vec<usize> = (0..clips.len())
+                .filter(|&i| clips[i].0 == split && clips[i].1 == voice && clips[i].2 <= 5.0)
+                .collect();
+            let got = covered.get(voice).cloned().unwrap_or_default();
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "{voice}: {got:?}");
+            for u in utterances.iter().filter(|u| u.entry.voice == voice) {
+                let parts = &sources[&u.entry.id];
+                let first = all.iter().position(|&i| i == parts[0]).unwrap();
+                assert_eq!(
+                    &all[first..first + parts.len()],
+                    &parts[..],
+                    "{voice}: not consecutive"
+                );
+            }
+            if split != "train" {
+                assert_eq!(got, all, "{voice}: every clip joined");
+            }
+        }
+    }
+    // Left out in train: at least the 9 s clip and carl's only clip; every clip is either
+    // joined or counted as left out.
+    let (dropped, dropped_s) = report.left_out["train"];
+    let used = report.clips_used["train"];
+    assert_eq!(used + dropped, 11, "{report:?}");
+    assert!(dropped >= 2 && dropped_s >= 9.5, "{report:?}");
+    assert_eq!(report.left_out["dev"], (0, 0.0));
+    let histogram = report.histogram(4, 250);
+    assert!(histogram.contains("dev: 1 utterances"), "{histogram}");
 }
 
 // ---------------------------------------------------------------------------------------------

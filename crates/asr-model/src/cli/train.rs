@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use asr_model::augment::{AugmentSet, Augmentation};
+use asr_model::ctc::CtcLossImpl;
 use asr_model::data::{load_corpus, load_split, mix};
 use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::{Activation, AsrModelConfig, FrontEnd, check_inter_ctc_weight};
@@ -107,6 +108,11 @@ pub struct TrainArgs {
     /// 2021); 0 for none.
     #[arg(long, default_value_t = 0.0)]
     inter_ctc: f64,
+    /// Implementation of the CTC loss: `burn` (burn-nn's `CTCLoss`) or `alpha-beta` (the
+    /// recursions on the host with the gradient in closed form, `asr_model::ctc`; the same
+    /// loss, far cheaper on long utterances).
+    #[arg(long, default_value = "burn")]
+    ctc_loss: CtcLossImpl,
     /// Mel bands.
     #[arg(long, default_value_t = 40)]
     n_mels: usize,
@@ -119,6 +125,12 @@ pub struct TrainArgs {
     /// Interrupt after this many training steps (to try --resume).
     #[arg(long)]
     stop_after_steps: Option<usize>,
+    /// Stop once the run has trained this many minutes of wall-clock time (training and
+    /// validation; over every sitting of a resumed run), at the next batch, and measure the
+    /// final model's dev phone error rate, so that models compare at equal compute (the
+    /// paper's Figure 1). --epochs still bounds the run.
+    #[arg(long, value_parser = parse_minutes)]
+    time_budget: Option<f64>,
     /// Training-time augmentation: `all`, `none`, or a comma-separated list of speed, reverb,
     /// band, noise, quantize, specaugment.
     #[arg(long, default_value = "all", value_parser = parse_augment)]
@@ -213,6 +225,13 @@ impl DeviceSpec {
                 backend.name()
             ),
         }
+    }
+}
+
+fn parse_minutes(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(m) if m.is_finite() && m > 0.0 => Ok(m),
+        _ => Err(format!("{s:?}: expected a positive number of minutes")),
     }
 }
 
@@ -332,6 +351,7 @@ impl TrainingTask for &TrainArgs {
                 .with_conv_kernel(args.conv_kernel)
                 .with_activation(args.activation)
                 .with_inter_ctc_weight(args.inter_ctc)
+                .with_ctc_loss(args.ctc_loss)
                 .with_seed(args.seed),
             features,
             phones: inventory.phones().to_vec(),
@@ -348,6 +368,7 @@ impl TrainingTask for &TrainArgs {
             shuffle: true,
             resume: args.resume,
             stop_after_steps: args.stop_after_steps,
+            time_budget_s: args.time_budget.map(|minutes| minutes * 60.0),
             application_log: true,
             augment: args.augment.clone(),
             strategy: args.strategy,

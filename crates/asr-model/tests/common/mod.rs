@@ -88,6 +88,7 @@ pub fn toy_options(dir: std::path::PathBuf) -> TrainOptions {
         shuffle: false,
         resume: false,
         stop_after_steps: None,
+        time_budget_s: None,
         application_log: false,
         augment: AugmentSet::default(),
         strategy: Strategy::Multi,

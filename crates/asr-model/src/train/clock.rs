@@ -1,0 +1,316 @@
+//! What each epoch of a run cost, kept across sittings (`epochs.jsonl` in the model
+//! directory), and the wall-clock budget of `asr train --time-budget`.
+//!
+//! [`EpochClock`] is a burn-train metric logger: it hears the end of every training and
+//! validation epoch and the metrics of every batch, and appends one [`EpochRecord`] per epoch
+//! once its validation ends: training and validation seconds, seconds of training since the
+//! run began (over every sitting of a resumed run), the mean forward time per batch, the
+//! process's peak resident memory and the dev phone error rate. A resumed run keeps the
+//! records of the epochs up to its checkpoint ([`EpochClock::resume`]).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::data::dataset::Dataset;
+use burn::train::Interrupter;
+use burn::train::logger::MetricLogger;
+use burn::train::metric::store::{EpochSummary, MetricsUpdate, Split};
+use burn::train::metric::{MetricDefinition, MetricId, NumericEntry};
+use serde::{Deserialize, Serialize};
+
+/// File of a model directory that holds its [`EpochRecord`]s, one JSON object per line.
+pub const EPOCH_RECORDS: &str = "epochs.jsonl";
+
+/// One epoch of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Wall-clock seconds of the epoch's training steps (data loading included).
+    pub train_seconds: f64,
+    /// Wall-clock seconds of its validation.
+    pub valid_seconds: f64,
+    /// Seconds from the start of the run to the end of this epoch's validation, counting
+    /// only the time spent in training and validation of the epochs kept (a sitting's
+    /// partial epoch before an interruption is not counted).
+    pub total_seconds: f64,
+    /// Mean wall-clock time of the forward pass of one training batch, in milliseconds.
+    pub forward_ms: f64,
+    /// The process's peak resident memory during the epoch, in MiB (Linux: `VmHWM`, reset
+    /// at every epoch's start); `None` where it cannot be read.
+    pub peak_memory_mib: Option<f64>,
+    /// Phone error rate on the validation split, in percent.
+    pub dev_per: f64,
+}
+
+/// Reads the records of `dir` (none when the file is absent).
+///
+/// # Errors
+/// When the file cannot be read or a line is malformed.
+pub fn read_records(dir: &Path) -> anyhow::Result<Vec<EpochRecord>> {
+    let path = dir.join(EPOCH_RECORDS);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot read", path.display())),
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: malformed epoch record", path.display(), n + 1))
+        })
+        .collect()
+}
+
+/// The process's peak resident memory in MiB since the last [`reset_peak_memory`] (Linux
+/// `/proc/self/status`, `VmHWM`).
+pub fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Resets the peak of [`peak_memory_mib`] to the current resident memory (Linux: writes 5 to
+/// `/proc/self/clear_refs`); does nothing where that is not possible.
+pub fn reset_peak_memory() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+#[derive(Debug)]
+struct ClockState {
+    definitions: Vec<(MetricId, String)>,
+    epoch_start: Instant,
+    train_end: Option<Instant>,
+    forward_ms_sum: f64,
+    forward_batches: usize,
+    dev_per: f64,
+}
+
+/// Seconds of training kept before this sitting, and this sitting's start: what
+/// [`TimeBudget`] and [`EpochClock`] count from.
+#[derive(Debug, Clone)]
+pub struct RunTime {
+    before: Arc<AtomicU64>,
+    sitting: Instant,
+    /// Seconds at the end of the last completed epoch (f64 bits).
+    last_epoch_end: Arc<AtomicU64>,
+}
+
+impl RunTime {
+    /// A clock that counts `before` seconds of earlier sittings.
+    pub fn new(before: f64) -> Self {
+        Self {
+            before: Arc::new(AtomicU64::new(before.to_bits())),
+            sitting: Instant::now(),
+            last_epoch_end: Arc::new(AtomicU64::new(before.to_bits())),
+        }
+    }
+
+    /// Seconds of the run so far: earlier sittings' and this one's.
+    pub fn seconds(&self) -> f64 {
+        f64::from_bits(self.before.load(Ordering::Relaxed)) + self.sitting.elapsed().as_secs_f64()
+    }
+
+    /// Seconds of the run at the end of the last completed epoch (or of earlier sittings).
+    pub fn at_last_epoch(&self) -> f64 {
+        f64::from_bits(self.last_epoch_end.load(Ordering::Relaxed))
+    }
+}
+
+/// The metric logger that writes [`EpochRecord`]s (see the module's documentation).
+pub struct EpochClock {
+    path: PathBuf,
+    run: RunTime,
+    state: ClockState,
+}
+
+impl EpochClock {
+    /// A clock for a fresh run in `dir`: earlier records are removed.
+    ///
+    /// # Errors
+    /// When the records cannot be removed.
+    pub fn fresh(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join(EPOCH_RECORDS);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
+        }
+        Ok(Self::new(path, 0.0))
+    }
+
+    /// A clock for a run resumed after epoch `checkpoint` in `dir`: the records of later
+    /// epochs (written before an interruption, without a checkpoint) are dropped, and the
+    /// run's seconds go on from the last one kept.
+    ///
+    /// # Errors
+    /// When the records cannot be read or rewritten, or an epoch up to `checkpoint` has no
+    /// record.
+    pub fn resume(dir: &Path, checkpoint: usize) -> anyhow::Result<Self> {
+        let records: Vec<EpochRecord> = read_records(dir)?
+            .into_iter()
+            .filter(|r| r.epoch <= checkpoint)
+            .collect();
+        let epochs: Vec<usize> = records.iter().map(|r| r.epoch).collect();
+        if epochs != (1..=checkpoint).collect::<Vec<_>>() {
+            anyhow::bail!(
+                "{}: records of epochs {epochs:?}, expected 1 to {checkpoint} (the checkpoint resumed from)",
+                dir.join(EPOCH_RECORDS).display()
+            );
+        }
+        let path = dir.join(EPOCH_RECORDS);
+        let mut text = String::new();
+        for r in &records {
+            text.push_str(&serde_json::to_string(r).expect("a record serialises"));
+            text.push('\n');
+        }
+        std::fs::write(&path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+        let before = records.last().map_or(0.0, |r| r.total_seconds);
+        Ok(Self::new(path, before))
+    }
+
+    fn new(path: PathBuf, before: f64) -> Self {
+        reset_peak_memory();
+        Self {
+            path,
+            run: RunTime::new(before),
+            state: ClockState {
+                definitions: Vec::new(),
+                epoch_start: Instant::now(),
+                train_end: None,
+                forward_ms_sum: 0.0,
+                forward_batches: 0,
+                dev_per: f64::NAN,
+            },
+        }
+    }
+
+    /// The run's clock, shared with [`TimeBudget`].
+    pub fn run_time(&self) -> RunTime {
+        self.run.clone()
+    }
+}
+
+/// Name of the training metric [`ForwardTimeMetric`](super::ForwardTimeMetric).
+pub const FORWARD_METRIC: &str = "forward ms";
+
+impl MetricLogger for EpochClock {
+    fn log(&mut self, update: MetricsUpdate, _epoch: usize, split: &Split) {
+        let state = &mut self.state;
+        for numeric in &update.entries_numeric {
+            let Some((_, name)) = state
+                .definitions
+                .iter()
+                .find(|(id, _)| *id == numeric.entry.metric_id)
+            else {
+                continue;
+            };
+            let name = name.clone();
+            match (split, name.as_str()) {
+                (Split::Train, FORWARD_METRIC) => {
+                    state.forward_ms_sum += numeric.numeric_entry.current();
+                    state.forward_batches += 1;
+                }
+                (Split::Valid, "PER") => state.dev_per = numeric.running_entry.current(),
+                _ => {}
+            }
+        }
+    }
+
+    fn read_numeric(
+        &mut self,
+        _name: &str,
+        _epoch: usize,
+        _split: &Split,
+    ) -> Result<Vec<NumericEntry>, String> {
+        Err("the epoch clock keeps no metric values".to_string())
+    }
+
+    fn log_metric_definition(&mut self, definition: MetricDefinition) {
+        self.state
+            .definitions
+            .push((definition.metric_id, definition.name));
+    }
+
+    fn log_epoch_summary(&mut self, summary: EpochSummary) {
+        let now = Instant::now();
+        let state = &mut self.state;
+        match summary.split {
+            Split::Train => state.train_end = Some(now),
+            Split::Valid => {
+                let train_end = state.train_end.unwrap_or(now);
+                let record = EpochRecord {
+                    epoch: summary.epoch_number,
+                    train_seconds: (train_end - state.epoch_start).as_secs_f64(),
+                    valid_seconds: (now - train_end).as_secs_f64(),
+                    total_seconds: self.run.seconds(),
+                    forward_ms: state.forward_ms_sum / state.forward_batches.max(1) as f64,
+                    peak_memory_mib: peak_memory_mib(),
+                    dev_per: state.dev_per,
+                };
+                if let Err(e) = append(&self.path, &record) {
+                    eprintln!(
+                        "{}: cannot append the epoch record: {e}",
+                        self.path.display()
+                    );
+                }
+                self.run
+                    .last_epoch_end
+                    .store(record.total_seconds.to_bits(), Ordering::Relaxed);
+                state.epoch_start = Instant::now();
+                state.train_end = None;
+                state.forward_ms_sum = 0.0;
+                state.forward_batches = 0;
+                state.dev_per = f64::NAN;
+                reset_peak_memory();
+            }
+            Split::Test(_) => {}
+        }
+    }
+}
+
+fn append(path: &Path, record: &EpochRecord) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(
+        file,
+        "{}",
+        serde_json::to_string(record).expect("a record serialises")
+    )?;
+    file.sync_data()
+}
+
+/// A dataset that interrupts training once the run's seconds ([`RunTime::seconds`]) reach a
+/// budget, when the next batch is asked for.
+pub struct TimeBudget<D> {
+    /// The batches.
+    pub inner: D,
+    /// The budget in seconds.
+    pub seconds: f64,
+    /// The run's clock.
+    pub run: RunTime,
+    /// What stops the training.
+    pub interrupter: Interrupter,
+}
+
+impl<I, D: Dataset<I>> Dataset<I> for TimeBudget<D> {
+    fn get(&self, index: usize) -> Option<I> {
+        if self.run.seconds() >= self.seconds {
+            self.interrupter.stop(Some("--time-budget reached"));
+        }
+        self.inner.get(index)
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+}
