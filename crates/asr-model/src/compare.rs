@@ -1,6 +1,6 @@
 //! The paper's tables for trained models: the attentions of Table 1's rows, and Table 2 and
-//! Figure 1 (time per epoch, time to the best dev PER and test PER per attention, and dev PER
-//! against forward time per utterance).
+//! Figure 1 (time per epoch, time to a common dev PER and test PER per model; dev PER against
+//! forward time per utterance and against training time).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,15 +15,16 @@ use crate::train::TrainingLog;
 
 /// The attentions of the paper's Table 1 rows, with which every trained model is evaluated:
 /// full, shared-full, lsh-1, lsh-4, clustered with `clusters` and `2 · clusters` clusters,
-/// improved clustered with the same and `topk` keys, and oracle-top with `topk` keys.
-pub fn table1_attentions(clusters: usize, topk: usize) -> [AttentionKind; 9] {
+/// clustered over `clusters` position blocks, improved clustered with the same and `topk`
+/// keys, improved over position blocks, and oracle-top with `topk` keys.
+pub fn table1_attentions(clusters: usize, topk: usize) -> Vec<AttentionKind> {
     // Reformer's chunks of the parser's default size.
     let lsh = |rounds: usize| -> AttentionKind {
         format!("lsh:{rounds}")
             .parse()
             .expect("lsh:X parses for X ≥ 1")
     };
-    [
+    vec![
         AttentionKind::Full,
         AttentionKind::SharedFull,
         lsh(1),
@@ -32,11 +33,13 @@ pub fn table1_attentions(clusters: usize, topk: usize) -> [AttentionKind; 9] {
         AttentionKind::Clustered {
             clusters: 2 * clusters,
         },
+        AttentionKind::Blocks { clusters },
         AttentionKind::Improved { clusters, topk },
         AttentionKind::Improved {
             clusters: 2 * clusters,
             topk,
         },
+        AttentionKind::ImprovedBlocks { clusters, topk },
         AttentionKind::OracleTop { topk },
     ]
 }
@@ -48,16 +51,32 @@ pub struct ModelSummary {
     pub dir: PathBuf,
     /// Attention trained (and evaluated) with.
     pub attention: AttentionKind,
-    /// Epochs trained.
+    /// Encoder layers.
+    pub layers: usize,
+    /// Epochs completed.
     pub epochs: usize,
     /// Wall-clock seconds per epoch (training and validation).
     pub seconds_per_epoch: Option<f64>,
-    /// Epoch with the lowest dev PER.
+    /// Wall-clock seconds per epoch of training alone.
+    pub train_seconds_per_epoch: Option<f64>,
+    /// Mean forward time of a training batch, in milliseconds.
+    pub train_forward_ms: Option<f64>,
+    /// Largest peak resident memory of an epoch, in MiB.
+    pub peak_memory_mib: Option<f64>,
+    /// Seconds of training of the whole run.
+    pub train_seconds: f64,
+    /// Epoch with the lowest dev PER (0: the final model, measured after a time budget
+    /// stopped the run part-way through an epoch).
     pub best_epoch: usize,
     /// The lowest dev PER, in percent.
     pub best_dev_per: f64,
     /// Seconds from the start of training to the end of the best epoch.
     pub seconds_to_best: Option<f64>,
+    /// Dev PER of the final model, in percent.
+    pub final_dev_per: f64,
+    /// Dev PER (percent) against seconds of training: every epoch's, then the final
+    /// model's when a time budget stopped the run part-way.
+    pub curve: Vec<(f64, f64)>,
     /// Test PER of the final model, in percent.
     pub test_per: f64,
     /// Forward time per utterance over the dev split, in milliseconds.
@@ -65,35 +84,74 @@ pub struct ModelSummary {
 }
 
 impl ModelSummary {
-    /// Summarizes a model from its training log and a test PER and forward time measured by
-    /// the caller.
+    /// Summarizes a model of `layers` layers from its training log and a test PER and
+    /// forward time measured by the caller.
     ///
     /// # Errors
-    /// When the log has no epoch with a dev PER.
+    /// When the log has no dev PER (no epoch, and no final measurement).
     pub fn new(
         dir: &Path,
         log: &TrainingLog,
+        layers: usize,
         test_per: f64,
         forward_ms: f64,
     ) -> anyhow::Result<Self> {
-        let best = log.best_epoch().with_context(|| {
-            format!(
-                "{}: no epoch with a dev PER in its training log",
-                dir.display()
-            )
-        })?;
+        let mut curve: Vec<(f64, f64)> = log
+            .epochs
+            .iter()
+            .filter_map(|e| Some((e.end_seconds?, e.dev_per)))
+            .collect();
+        if let Some(per) = log.final_dev_per {
+            curve.push((log.train_seconds, per));
+        }
+        let final_dev_per = log
+            .last_dev_per()
+            .with_context(|| format!("{}: no dev PER in its training log", dir.display()))?;
+        let (best_epoch, best_dev_per, seconds_to_best) = match log.best_epoch() {
+            Some(best) if log.final_dev_per.is_none_or(|f| best.dev_per <= f) => {
+                (best.epoch, best.dev_per, best.end_seconds)
+            }
+            _ => (0, final_dev_per, Some(log.train_seconds)),
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             attention: log.attention,
+            layers,
             epochs: log.epochs.len(),
             seconds_per_epoch: log.seconds_per_epoch(),
-            best_epoch: best.epoch,
-            best_dev_per: best.dev_per,
-            seconds_to_best: best.end_seconds,
+            train_seconds_per_epoch: log.train_seconds_per_epoch(),
+            train_forward_ms: log.forward_ms(),
+            peak_memory_mib: log.peak_memory_mib(),
+            train_seconds: log.train_seconds,
+            best_epoch,
+            best_dev_per,
+            seconds_to_best,
+            final_dev_per,
+            curve,
             test_per,
             forward_ms,
         })
     }
+
+    /// The model's name in tables and plots: its attention and depth.
+    pub fn label(&self) -> String {
+        format!("{} ×{}", self.attention, self.layers)
+    }
+
+    /// Seconds of training until the dev PER was first at most `per` (`None`: never).
+    pub fn seconds_to(&self, per: f64) -> Option<f64> {
+        self.curve.iter().find(|(_, p)| *p <= per).map(|(s, _)| *s)
+    }
+}
+
+/// The dev PER every model reached: the highest of their best dev PERs (the paper's Table 2
+/// reports the time to convergence; with runs of equal budget the common target is the
+/// worst model's best).
+pub fn common_dev_per(rows: &[ModelSummary]) -> Option<f64> {
+    rows.iter()
+        .map(|r| r.best_dev_per)
+        .filter(|p| p.is_finite())
+        .reduce(f64::max)
 }
 
 /// Mean wall-clock time of the forward pass per utterance over `examples`, in milliseconds: batches
@@ -118,26 +176,34 @@ pub fn forward_ms_per_utterance<B: ClusteredAttentionBackend>(
     start.elapsed().as_secs_f64() * 1000.0 / examples.len().max(1) as f64
 }
 
-fn seconds(s: Option<f64>) -> String {
-    s.map_or("–".to_string(), |s| format!("{s:.0}"))
+fn number(value: Option<f64>, decimals: usize) -> String {
+    value.map_or("–".to_string(), |v| format!("{v:.decimals$}"))
 }
 
-/// Table 2 as markdown: per model, time per epoch, best dev epoch, time to it, test PER and
-/// forward time.
+/// Table 2 as markdown: per model, its depth, epochs, time per epoch (with validation, and
+/// training alone), forward time per training batch, peak memory, final and best dev PER,
+/// the time to the dev PER every model reached ([`common_dev_per`]), test PER and forward
+/// time per dev utterance.
 pub fn markdown_table(rows: &[ModelSummary]) -> String {
-    let mut out = String::from(
-        "| trained with | s / epoch | epochs | best dev PER (%) | at epoch | s to best | test PER (%) | forward ms / utt |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    let common = common_dev_per(rows);
+    let mut out = format!(
+        "| trained with | layers | epochs | s / epoch | train s / epoch | forward ms / batch | peak memory (MiB) | final dev PER (%) | best dev PER (%) | s to {} % dev PER | test PER (%) | forward ms / utt |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        number(common, 2)
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.1} |\n",
             r.attention,
-            seconds(r.seconds_per_epoch),
+            r.layers,
             r.epochs,
+            number(r.seconds_per_epoch, 0),
+            number(r.train_seconds_per_epoch, 0),
+            number(r.train_forward_ms, 0),
+            number(r.peak_memory_mib, 0),
+            r.final_dev_per,
             r.best_dev_per,
-            r.best_epoch,
-            seconds(r.seconds_to_best),
+            number(common.and_then(|c| r.seconds_to(c)), 0),
             r.test_per,
             r.forward_ms
         ));
@@ -145,39 +211,103 @@ pub fn markdown_table(rows: &[ModelSummary]) -> String {
     out
 }
 
-/// Figure 1 (a) as SVG: best dev PER against forward time per utterance, one labelled point
-/// per model.
+/// Figure 1 as SVG, two panels: (a) the final dev PER against the forward time per
+/// utterance, one labelled point per model (the paper's Figure 1a); (b) the dev PER against
+/// minutes of training, one line per model.
 ///
 /// # Errors
 /// When the file cannot be written.
 pub fn plot(path: &Path, rows: &[ModelSummary], caption: &str) -> anyhow::Result<()> {
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
-        let max_x = rows.iter().map(|r| r.forward_ms).fold(1.0, f64::max) * 1.2;
-        let max_y = rows.iter().map(|r| r.best_dev_per).fold(1.0, f64::max) * 1.15;
-        let min_y = rows.iter().map(|r| r.best_dev_per).fold(max_y, f64::min) * 0.85;
-        let root = SVGBackend::new(path, (800, 550)).into_drawing_area();
+        let root = SVGBackend::new(path, (1300, 560)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 20))
+        let root = root.titled(caption, ("sans-serif", 20))?;
+        let (left, right) = root.split_horizontally(620);
+        let pers = rows
+            .iter()
+            .flat_map(|r| r.curve.iter().map(|(_, p)| *p).chain([r.final_dev_per]))
+            .filter(|p| p.is_finite());
+        let (lo, hi) = pers.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p), hi.max(p))
+        });
+        let (lo, hi) = if lo.is_finite() {
+            (lo, hi)
+        } else {
+            (0.0, 100.0)
+        };
+        let span = (hi - lo).max(1.0);
+        let finals = rows
+            .iter()
+            .map(|r| r.final_dev_per)
+            .filter(|p| p.is_finite());
+        let (flo, fhi) = finals.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p), hi.max(p))
+        });
+        let (flo, fhi) = if flo.is_finite() {
+            (flo, fhi)
+        } else {
+            (lo, hi)
+        };
+        let fspan = (fhi - flo).max(1.0);
+        let max_x = rows.iter().map(|r| r.forward_ms).fold(1.0, f64::max) * 1.25;
+        let mut chart = ChartBuilder::on(&left)
+            .caption("(a) final dev PER against forward time", ("sans-serif", 16))
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..max_x, min_y..max_y)?;
+            .build_cartesian_2d(0.0..max_x, (flo - 0.1 * fspan)..(fhi + 0.15 * fspan))?;
         chart
             .configure_mesh()
-            .x_desc("forward time per utterance (ms)")
-            .y_desc("best dev PER (%)")
+            .x_desc("forward time per dev utterance (ms)")
+            .y_desc("final dev PER (%)")
             .draw()?;
         for (i, r) in rows.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let point = (r.forward_ms, r.best_dev_per);
+            let point = (r.forward_ms, r.final_dev_per);
             chart.draw_series(std::iter::once(Circle::new(point, 5, color.filled())))?;
             chart.draw_series(std::iter::once(Text::new(
-                r.attention.to_string(),
+                r.label(),
                 point,
-                ("sans-serif", 15).into_font(),
+                ("sans-serif", 13).into_font(),
             )))?;
         }
+        let max_minutes = rows
+            .iter()
+            .flat_map(|r| r.curve.iter().map(|(s, _)| s / 60.0))
+            .fold(1.0, f64::max)
+            * 1.05;
+        let mut chart = ChartBuilder::on(&right)
+            .caption("(b) dev PER against training time", ("sans-serif", 16))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..max_minutes, (lo - 0.05 * span)..(hi + 0.05 * span))?;
+        chart
+            .configure_mesh()
+            .x_desc("training time (minutes)")
+            .y_desc("dev PER (%)")
+            .draw()?;
+        for (i, r) in rows.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let points: Vec<(f64, f64)> = r.curve.iter().map(|(s, p)| (s / 60.0, *p)).collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(r.label())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()?;
         root.present()?;
         Ok(())
     };

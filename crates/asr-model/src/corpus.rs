@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
 
 use crate::audio::{SAMPLE_RATE_HZ, load_audio, write_flac};
+use crate::join::Joined;
 use crate::manifest::{ManifestEntry, write_manifest};
 use crate::phones::{PhoneInventory, fold_ipa};
 
@@ -309,13 +310,14 @@ pub fn generate(options: &CorpusOptions) -> anyhow::Result<()> {
             let voice = pool[rng.random_range(0..pool.len())];
             let wpm = rng.random_range(120..=230);
             let pitch = rng.random_range(25..=75);
-            let mut samples = synthesize(text, voice, wpm, pitch, &scratch)?;
-            let mut phones = phonemize(text, voice.accent())?;
+            let samples = synthesize(text, voice, wpm, pitch, &scratch)?;
+            let phones = phonemize(text, voice.accent())?;
             if samples.len() < SAMPLE_RATE_HZ / 4 || phones.is_empty() {
                 continue;
             }
-            let mut text = text.clone();
-            while (samples.len() as f64) < options.min_seconds * SAMPLE_RATE_HZ as f64 {
+            let mut joined = Joined::new(JOIN_PAUSE_S);
+            joined.push(&samples, text, phones.iter().map(|p| p.to_string()));
+            while joined.seconds() < options.min_seconds {
                 let next = &phrases[next_phrase % phrases.len()];
                 next_phrase += 1;
                 let more = synthesize(next, voice, wpm, pitch, &scratch)?;
@@ -323,12 +325,14 @@ pub fn generate(options: &CorpusOptions) -> anyhow::Result<()> {
                 if more.is_empty() || more_phones.is_empty() {
                     continue;
                 }
-                let pause = (JOIN_PAUSE_S * SAMPLE_RATE_HZ as f64) as usize;
-                samples.extend(std::iter::repeat_n(0.0, pause));
-                samples.extend(more);
-                phones.extend(more_phones);
-                text = format!("{text} {next}");
+                joined.push(&more, next, more_phones.iter().map(|p| p.to_string()));
             }
+            let Joined {
+                samples,
+                text,
+                phones,
+                ..
+            } = joined;
             let id = format!("{name}-{:05}", entries.len());
             let audio = format!("audio/{name}/{id}.flac");
             write_flac(

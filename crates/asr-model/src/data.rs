@@ -2,7 +2,7 @@
 //! batches, the batcher.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::data::dataloader::batcher::Batcher;
@@ -43,6 +43,40 @@ pub fn load_split(
 ) -> Result<Vec<Example>, ManifestError> {
     let utterances = read_manifest(manifest, inventory, true)?;
     Ok(featurize(&utterances, log_mel, false))
+}
+
+/// Reads split `split` (`<split>.jsonl`) of each corpus of `corpora` and joins them, in
+/// order: the union of, e.g., several corpora's dev splits. Returns the phone inventory, the
+/// manifests read and the examples.
+///
+/// # Errors
+/// When `corpora` is empty, a corpus's `phones.txt` cannot be read or differs from the first
+/// one's, or a manifest is invalid ([`load_split`]).
+pub fn load_split_of(
+    corpora: &[PathBuf],
+    split: &str,
+    log_mel: &LogMel,
+) -> anyhow::Result<(PhoneInventory, Vec<PathBuf>, Vec<Example>)> {
+    let Some(first) = corpora.first() else {
+        anyhow::bail!("no corpus given");
+    };
+    let inventory = PhoneInventory::load(&first.join("phones.txt")).map_err(anyhow::Error::msg)?;
+    let (mut manifests, mut examples) = (Vec::new(), Vec::new());
+    for corpus in corpora {
+        let phones =
+            PhoneInventory::load(&corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
+        if phones != inventory {
+            anyhow::bail!(
+                "{}: its phones.txt differs from that of {}; a union needs one inventory",
+                corpus.display(),
+                first.display()
+            );
+        }
+        let manifest = corpus.join(format!("{split}.jsonl"));
+        examples.extend(load_split(&manifest, &inventory, log_mel)?);
+        manifests.push(manifest);
+    }
+    Ok((inventory, manifests, examples))
 }
 
 /// Reads a corpus directory: its phone inventory (`phones.txt`) and the splits `splits`

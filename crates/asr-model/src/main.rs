@@ -26,6 +26,9 @@ enum Command {
     /// Build a corpus (train/dev/test split by speaker) from an installed game's voice track
     /// and texts: Beneath a Steel Sky or Flight of the Amazon Queen (Debian packages).
     Import(cli::import::ImportArgs),
+    /// Build a corpus of long-form utterances (15–90 s) from a corpus: each speaker's
+    /// consecutive clips joined with short pauses, splits kept apart.
+    Join(cli::join::JoinArgs),
     /// Train a model on a corpus; prints the test phone error rate.
     Train(Box<cli::train::TrainArgs>),
     /// Evaluate trained models, with their own or another attention (paper Table 1).
@@ -33,6 +36,9 @@ enum Command {
     /// Compare trained models (paper Table 2 and Figure 1): time per epoch, time to the best
     /// dev PER, test PER, forward time per utterance; an SVG of dev PER against forward time.
     Compare(cli::compare::CompareArgs),
+    /// Which encoder steps share a cluster, per layer and head of a trained model, over one
+    /// utterance: a table (runs per cluster, span) and an SVG over its spectrogram.
+    Clusters(cli::clusters::ClustersArgs),
     /// Print the phones recognized in one audio file (WAV or FLAC, any sample rate).
     Transcribe(cli::transcribe::TranscribeArgs),
     /// Time training steps (forward + backward + Adam) of the default model on random
@@ -45,9 +51,11 @@ fn main() -> anyhow::Result<()> {
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Manifest(args) => cli::manifest::run(args),
         Command::Import(args) => cli::import::run(args),
+        Command::Join(args) => cli::join::run(args),
         Command::Train(args) => cli::on_training_backend(args.backend, &*args),
         Command::Eval(args) => cli::on_backend(args.backend, &args),
         Command::Compare(args) => cli::on_backend(args.backend, &args),
+        Command::Clusters(args) => cli::on_backend(args.backend, &args),
         Command::Transcribe(args) => cli::on_backend(args.backend, &args),
         Command::StepTime(args) => cli::on_training_backend(args.backend, &args),
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use asr_model::compare::{ModelSummary, forward_ms_per_utterance, markdown_table, plot};
-use asr_model::data::load_corpus;
+use asr_model::data::load_split_of;
 use asr_model::features::LogMel;
 use asr_model::train::{TrainingLog, evaluate, load_model};
 use backend_select::{BackendName, BackendTask};
@@ -17,20 +17,22 @@ pub struct CompareArgs {
     /// Trained model directories (each with model.json, model.mpk and training.json).
     #[arg(long = "model", required = true)]
     models: Vec<PathBuf>,
-    /// Corpus directory (its dev split is timed, its test split scored).
+    /// Corpus directory (its dev split is timed, its test split scored); repeat it for the
+    /// union of several corpora's splits.
     #[arg(long, default_value = "data/corpus")]
-    corpus: PathBuf,
+    corpus: Vec<PathBuf>,
     /// Backend of the forward-time measurement and the test PER.
     #[arg(long, value_enum, default_value = "flex")]
     pub backend: BackendName,
     /// Padded frames per batch.
     #[arg(long, default_value_t = 6000)]
     batch_frames: usize,
-    /// Write the plot of best dev PER against forward time here (SVG).
+    /// Write Figure 1 here (SVG): final dev PER against forward time, and dev PER against
+    /// training time.
     #[arg(long)]
     svg: Option<PathBuf>,
     /// Title of the plot.
-    #[arg(long, default_value = "dev PER against forward time")]
+    #[arg(long, default_value = "dev PER against forward time and training time")]
     caption: String,
 }
 
@@ -47,19 +49,16 @@ impl BackendTask for &CompareArgs {
             let log = TrainingLog::load(dir)?;
             if loaded_splits.is_none() {
                 let log_mel = LogMel::new(saved.features.clone());
-                loaded_splits = Some(load_corpus(
-                    &args.corpus,
-                    &log_mel,
-                    &["dev", "test"],
-                    false,
-                )?);
+                let (inventory, _, dev) = load_split_of(&args.corpus, "dev", &log_mel)?;
+                let (_, _, test) = load_split_of(&args.corpus, "test", &log_mel)?;
+                loaded_splits = Some((inventory, [dev, test]));
             }
             let (inventory, splits) = loaded_splits.as_ref().expect("loaded above");
             if saved.phones != inventory.phones() {
                 bail!(
                     "{}: the model's phone inventory differs from {}",
                     dir.display(),
-                    args.corpus.display()
+                    args.corpus[0].display()
                 );
             }
             let (dev, test) = (&splits[0], &splits[1]);
@@ -68,7 +67,13 @@ impl BackendTask for &CompareArgs {
             forward_ms_per_utterance(&model, warm_up, args.batch_frames, &device);
             let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, &device);
             let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
-            rows.push(ModelSummary::new(dir, &log, test_per, forward_ms)?);
+            rows.push(ModelSummary::new(
+                dir,
+                &log,
+                saved.model.n_layers,
+                test_per,
+                forward_ms,
+            )?);
         }
         print!("{}", markdown_table(&rows));
         if let Some(path) = &args.svg {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use asr_model::compare::table1_attentions;
-use asr_model::data::load_split;
+use asr_model::data::load_split_of;
 use asr_model::decode::{BeamSearch, PhoneLm};
 use asr_model::features::LogMel;
 use asr_model::manifest::read_manifest;
@@ -21,9 +21,10 @@ pub struct EvalArgs {
     /// Trained model directories (each with model.json and model.mpk).
     #[arg(long = "model", required = true)]
     models: Vec<PathBuf>,
-    /// Corpus directory.
+    /// Corpus directory; repeat it to evaluate on the union of the corpora's splits (their
+    /// phone inventories must agree).
     #[arg(long, default_value = "data/corpus")]
-    corpus: PathBuf,
+    corpus: Vec<PathBuf>,
     /// Split to evaluate.
     #[arg(long, default_value = "test")]
     split: String,
@@ -121,16 +122,18 @@ impl BackendTask for &EvalArgs {
             loaded.push(load_model::<B>(dir, &device)?);
         }
         let log_mel = LogMel::new(loaded[0].1.features.clone());
-        let inventory =
-            PhoneInventory::load(&args.corpus.join("phones.txt")).map_err(anyhow::Error::msg)?;
-        let split = args.corpus.join(format!("{}.jsonl", args.split));
-        let examples = load_split(&split, &inventory, &log_mel)?;
+        let (inventory, manifests, examples) = load_split_of(&args.corpus, &args.split, &log_mel)?;
+        let split = manifests
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" + ");
         for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
             if saved.phones != inventory.phones() {
                 bail!(
                     "{}: the model's phone inventory differs from {}",
                     dir.display(),
-                    args.corpus.display()
+                    args.corpus[0].display()
                 );
             }
         }
@@ -163,7 +166,7 @@ impl BackendTask for &EvalArgs {
         if !args.table {
             println!(
                 "PER (%) on {} ({} utterances, mean {:.0} encoder steps, {decoding})",
-                split.display(),
+                split,
                 examples.len(),
                 steps
             );
@@ -182,7 +185,7 @@ impl BackendTask for &EvalArgs {
         let topk = args.topk;
         println!(
             "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}, {decoding}); columns: trained with, rows: evaluated with",
-            split.display(),
+            split,
             examples.len(),
             steps
         );
