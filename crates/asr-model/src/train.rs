@@ -35,8 +35,7 @@ mod log;
 mod saved;
 
 pub use clock::{
-    EPOCH_RECORDS, EpochClock, EpochRecord, FORWARD_METRIC, RunTime, TimeBudget, peak_memory_mib,
-    read_records,
+    EPOCH_RECORDS, EpochClock, EpochRecord, FORWARD_METRIC, RunTime, peak_memory_mib, read_records,
 };
 pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
 pub use saved::{SavedModel, load_model, save_model};
@@ -457,14 +456,14 @@ pub fn last_checkpoint(dir: &Path) -> Option<usize> {
 }
 
 /// A dataset that interrupts training after its `limit`-th item.
-struct StopAfter<D> {
-    inner: D,
+struct StopAfter {
+    inner: BucketDataset,
     limit: usize,
     served: std::sync::atomic::AtomicUsize,
     interrupter: Interrupter,
 }
 
-impl<D: Dataset<Vec<Example>>> Dataset<Vec<Example>> for StopAfter<D> {
+impl Dataset<Vec<Example>> for StopAfter {
     fn get(&self, index: usize) -> Option<Vec<Example>> {
         let served = self
             .served
@@ -602,22 +601,17 @@ where
     } else {
         None
     };
-    let clock = match resume_from {
+    let mut clock = match resume_from {
         Some(epoch) => EpochClock::resume(&options.dir, epoch)?,
         None => EpochClock::fresh(&options.dir)?,
     };
     let run_time = clock.run_time();
-    if let Some(budget) = options.time_budget_s
-        && !(budget.is_finite() && budget > 0.0)
-    {
-        anyhow::bail!("the time budget must be a positive number of seconds, got {budget}");
+    if let Some(budget) = options.time_budget_s {
+        if !(budget.is_finite() && budget > 0.0) {
+            anyhow::bail!("the time budget must be a positive number of seconds, got {budget}");
+        }
+        clock = clock.with_budget(budget, interrupter.clone());
     }
-    let dataset = TimeBudget {
-        inner: dataset,
-        seconds: options.time_budget_s.unwrap_or(f64::INFINITY),
-        run: run_time.clone(),
-        interrupter: interrupter.clone(),
-    };
     let train_loader = match options.stop_after_steps {
         Some(limit) => builder().build(StopAfter {
             inner: dataset,
@@ -685,7 +679,7 @@ where
     let mut log = TrainingLog::new(
         saved.model.attention,
         &read_records(&options.dir)?,
-        options.resume,
+        resume_from.is_some(),
     );
     if let (Some(budget), Some(valid)) = (options.time_budget_s, &valid_for_budget) {
         log.time_budget_s = Some(budget);

@@ -6,7 +6,9 @@
 //! once its validation ends: training and validation seconds, seconds of training since the
 //! run began (over every sitting of a resumed run), the mean forward time per batch, the
 //! process's peak resident memory and the dev phone error rate. A resumed run keeps the
-//! records of the epochs up to its checkpoint ([`EpochClock::resume`]).
+//! records of the epochs up to its checkpoint ([`EpochClock::resume`]). With a budget
+//! ([`EpochClock::with_budget`]) it stops the training once the run's seconds reach it, when
+//! it hears of the next training batch.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
-use burn::data::dataset::Dataset;
 use burn::train::Interrupter;
 use burn::train::logger::MetricLogger;
 use burn::train::metric::store::{EpochSummary, MetricsUpdate, Split};
@@ -94,7 +95,7 @@ struct ClockState {
 }
 
 /// Seconds of training kept before this sitting, and this sitting's start: what
-/// [`TimeBudget`] and [`EpochClock`] count from.
+/// [`EpochClock`] counts from.
 #[derive(Debug, Clone)]
 pub struct RunTime {
     before: Arc<AtomicU64>,
@@ -129,6 +130,7 @@ pub struct EpochClock {
     path: PathBuf,
     run: RunTime,
     state: ClockState,
+    budget: Option<(f64, Interrupter)>,
 }
 
 impl EpochClock {
@@ -189,10 +191,19 @@ impl EpochClock {
                 forward_batches: 0,
                 dev_per: f64::NAN,
             },
+            budget: None,
         }
     }
 
-    /// The run's clock, shared with [`TimeBudget`].
+    /// Stops the training through `interrupter` once the run's seconds
+    /// ([`RunTime::seconds`]) reach `seconds`: checked whenever a training batch's metrics
+    /// arrive, so the step under way finishes and burn-train stops before the next one.
+    pub fn with_budget(mut self, seconds: f64, interrupter: Interrupter) -> Self {
+        self.budget = Some((seconds, interrupter));
+        self
+    }
+
+    /// The run's clock: seconds of training so far, over every sitting.
     pub fn run_time(&self) -> RunTime {
         self.run.clone()
     }
@@ -203,6 +214,11 @@ pub const FORWARD_METRIC: &str = "forward ms";
 
 impl MetricLogger for EpochClock {
     fn log(&mut self, update: MetricsUpdate, _epoch: usize, split: &Split) {
+        if let (Split::Train, Some((seconds, interrupter))) = (split, &self.budget)
+            && self.run.seconds() >= *seconds
+        {
+            interrupter.stop(Some("--time-budget reached"));
+        }
         let state = &mut self.state;
         for numeric in &update.entries_numeric {
             let Some((_, name)) = state
@@ -287,30 +303,4 @@ fn append(path: &Path, record: &EpochRecord) -> std::io::Result<()> {
         serde_json::to_string(record).expect("a record serialises")
     )?;
     file.sync_data()
-}
-
-/// A dataset that interrupts training once the run's seconds ([`RunTime::seconds`]) reach a
-/// budget, when the next batch is asked for.
-pub struct TimeBudget<D> {
-    /// The batches.
-    pub inner: D,
-    /// The budget in seconds.
-    pub seconds: f64,
-    /// The run's clock.
-    pub run: RunTime,
-    /// What stops the training.
-    pub interrupter: Interrupter,
-}
-
-impl<I, D: Dataset<I>> Dataset<I> for TimeBudget<D> {
-    fn get(&self, index: usize) -> Option<I> {
-        if self.run.seconds() >= self.seconds {
-            self.interrupter.stop(Some("--time-budget reached"));
-        }
-        self.inner.get(index)
-    }
-
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
 }

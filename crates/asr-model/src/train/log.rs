@@ -21,7 +21,7 @@ pub struct TrainingLog {
     /// Seconds of the whole run: training and validation of every epoch, over every sitting
     /// of a resumed run; for a run stopped by its time budget, up to the stop.
     pub train_seconds: f64,
-    /// The last sitting continued from a checkpoint (`--resume`).
+    /// The last sitting continued from a checkpoint (`--resume` with a checkpoint there).
     pub resumed: bool,
     /// Every epoch with a validation, in order.
     pub epochs: Vec<EpochLog>,
