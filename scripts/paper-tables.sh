@@ -39,7 +39,7 @@ corpora=()
 for source in data/games/sky data/games/queen data/corpus; do
     long="data/long/$(basename "$source")"
     if [ ! -f "$long/README.md" ]; then
-        rm -rf "$long"
+        rm -rf "$long" "$long.partial"
         "$asr" join --corpus "$source" --out "$long.partial" --mean-seconds 33 --seed 0 \
             | tee "$out/join-$(basename "$source").txt"
         mv "$long.partial" "$long"
@@ -84,9 +84,12 @@ for entry in "${grid[@]}"; do
     fi
     echo "paper-tables: training $name ($kind, $layers layers, $budget min)"
     mkdir -p "$dir"
-    "$asr" train "${corpora[@]}" --out "$dir" --attention "$kind" --n-layers "$layers" \
-        "${model[@]}" "${training[@]}" --resume >>"$dir.log" 2>&1
-    tail -n 4 "$dir.log"
+    if "$asr" train "${corpora[@]}" --out "$dir" --attention "$kind" --n-layers "$layers" \
+        "${model[@]}" "${training[@]}" --resume >>"$dir.log" 2>&1; then
+        tail -n 4 "$dir.log"
+    else
+        echo "paper-tables: training $name failed (see $dir.log); the tables leave it out" >&2
+    fi
 done
 if [ -n "${ONLY:-}" ]; then
     exit 0
@@ -97,14 +100,16 @@ fi
 models=()
 for entry in "${grid[@]}"; do
     read -r name _ <<<"$entry"
-    models+=(--model "$out/models/$name")
+    if [ -f "$out/models/$name/training.json" ]; then
+        models+=(--model "$out/models/$name")
+    fi
 done
 "$asr" eval "${corpora[@]}" --split dev --backend "$backend" --table --clusters 100 \
     --topk 32 --model "$out/models/full-4" --model "$out/models/shared-full-4" \
     | tee "$out/table1.md"
 "$asr" compare "${corpora[@]}" --backend "$backend" --batch-frames 12000 "${models[@]}" \
     --svg "$out/figure1.svg" \
-    --caption "long-form real speech, Flex, ${budget} min per model: dev PER against forward time and training time" \
+    --caption "long-form real speech, $backend, ${budget} min per model: dev PER against forward time and training time" \
     | tee "$out/table2.md"
 
 # 4. Which steps share a cluster, on the first dev utterance of the Queen corpus.

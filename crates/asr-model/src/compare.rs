@@ -146,7 +146,8 @@ impl ModelSummary {
 
 /// The dev PER every model reached: the highest of their best dev PERs (the paper's Table 2
 /// reports the time to convergence; with runs of equal budget the common target is the
-/// worst model's best).
+/// worst model's best). One model that learned little makes it an easy target for the rest:
+/// give `asr compare` the models to compare.
 pub fn common_dev_per(rows: &[ModelSummary]) -> Option<f64> {
     rows.iter()
         .map(|r| r.best_dev_per)

@@ -64,7 +64,7 @@ impl FromStr for CtcLossImpl {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CtcGradient {
     /// `−log p`; `+∞` when no alignment fits (fewer steps than labels plus repeated
-    /// neighbours).
+    /// neighbours; with no step, any label at all).
     pub loss: f64,
     /// `∂ loss / ∂ log_probs`, `[steps, n_outputs]` row-major; all zero when `loss` is `+∞`.
     pub gradient: Vec<f32>,
@@ -82,8 +82,8 @@ pub fn ctc_reachable(steps: usize, targets: &[usize]) -> bool {
 /// `log_probs` holds `steps` rows of `n_outputs` log-probabilities (row-major); `targets` the
 /// labels, none of them `blank`. The recursions run on probabilities rescaled at every step
 /// (Rabiner's scaling) in `f64`, over the band of extended labels that can still reach the end;
-/// when a step's scaled mass underflows (log-probabilities below about −700), the utterance is
-/// computed again in the log domain.
+/// when a step's scaled mass leaves the normal range of `f64` (log-probabilities below about
+/// −700), the utterance is computed again in the log domain.
 ///
 /// # Panics
 /// If `log_probs` is not `steps × n_outputs`, `blank` or a label is not below `n_outputs`, or a
@@ -112,10 +112,13 @@ pub fn ctc_alpha_beta(
     }
     let mut gradient = vec![0f32; steps * n_outputs];
     if steps == 0 || !ctc_reachable(steps, targets) {
-        return CtcGradient {
-            loss: f64::INFINITY,
-            gradient,
+        // No step: the empty labelling is certain, any other impossible.
+        let loss = if targets.is_empty() {
+            0.0
+        } else {
+            f64::INFINITY
         };
+        return CtcGradient { loss, gradient };
     }
     let lattice = Lattice::new(targets, blank, steps);
     let loss = match scaled(log_probs, n_outputs, &lattice, &mut gradient) {
@@ -208,7 +211,7 @@ fn scaled(
             row[s] = v;
             mass += v;
         }
-        if !(mass > 0.0 && mass.is_finite()) {
+        if !(mass >= f64::MIN_POSITIVE && mass.is_finite()) {
             return None;
         }
         for v in &mut row[lo..hi] {
@@ -239,7 +242,7 @@ fn scaled(
             alpha[s] = v;
             mass += v;
         }
-        if !(mass > 0.0 && mass.is_finite()) {
+        if !(mass >= f64::MIN_POSITIVE && mass.is_finite()) {
             return None;
         }
         log_p += mass.ln();
@@ -249,7 +252,7 @@ fn scaled(
             alpha[s] /= mass;
             total += alpha[s] * beta_row[s];
         }
-        if !(total > 0.0 && total.is_finite()) {
+        if !(total >= f64::MIN_POSITIVE && total.is_finite()) {
             return None;
         }
         let row = &mut gradient[t * n_outputs..(t + 1) * n_outputs];
@@ -355,7 +358,8 @@ fn log_domain(log_probs: &[f32], n_outputs: usize, lattice: &Lattice, gradient: 
 /// The recursions run on the host (the log-probabilities are read back once), one utterance
 /// per rayon task. On an autodiff backend the result is `ℓ + Σ log_probs ⊙ G − (Σ log_probs ⊙
 /// G)` with the last term detached, `ℓ` the losses and `G` their gradient computed with them:
-/// its value is `ℓ` and its gradient `G`, and autodiff records one product and one sum.
+/// its value is `ℓ` to the last bit (while the sum is finite, which it is unless it overflows
+/// the float type) and its gradient `G`, and autodiff records one product and one sum.
 ///
 /// The same loss as burn-nn's `CTCLoss` (blank `blank`, no reduction), whose inputs are
 /// time-major; an utterance no alignment fits gets `+∞` and a zero gradient (burn-nn:
@@ -438,7 +442,9 @@ pub fn ctc_loss<B: Backend>(
         &device,
     )
     .cast(log_probs.dtype());
-    let linear = (log_probs * gradient)
+    // A −∞ log-probability has a zero gradient; zeroed here, its product stays 0, not NaN.
+    let infinite = log_probs.clone().is_inf();
+    let linear = (log_probs.mask_fill(infinite, 0.0) * gradient)
         .sum_dim(2)
         .sum_dim(1)
         .reshape([batch]);
@@ -648,6 +654,42 @@ mod tests {
                 .fold(0f32, f32::max);
             assert!(worst < 1e-6, "{targets:?}: gradients differ by {worst}");
         }
+    }
+
+    /// On an autodiff backend and off it, the losses [`ctc_loss`] returns are those of
+    /// [`ctc_alpha_beta`], rounded to `f32`, bit for bit (the linear term adds exactly 0);
+    /// with no step, an empty labelling costs 0 and any other +∞.
+    #[test]
+    fn ctc_loss_value_is_the_recursions_loss_bit_for_bit() {
+        let device = Default::default();
+        let logits =
+            Tensor::<NdArray, 3>::random([3, 12, 5], Distribution::Normal(0.0, 2.0), &device);
+        let log_probs = log_softmax(logits, 2);
+        let host: Vec<f32> = log_probs.clone().into_data().to_vec().unwrap();
+        let targets = [vec![1, 2, 2], vec![4], vec![3, 1, 3, 1]];
+        let lengths = [12, 7, 10];
+        let expected: Vec<f32> = (0..3)
+            .map(|b| {
+                let row = &host[b * 12 * 5..(b * 12 + lengths[b]) * 5];
+                ctc_alpha_beta(row, lengths[b], 5, &targets[b], 0).loss as f32
+            })
+            .collect();
+        let labels = Tensor::<NdArray, 2, Int>::from_data(
+            TensorData::new(vec![1i64, 2, 2, 0, 4, 0, 0, 0, 3, 1, 3, 1], [3, 4]),
+            &device,
+        );
+        let plain = ctc_loss(log_probs.clone(), labels.clone(), &lengths, &[3, 1, 4], 0);
+        assert_eq!(plain.into_data().to_vec::<f32>().unwrap(), expected);
+        let tracked = ctc_loss(
+            Tensor::<A, 3>::from_inner(log_probs).require_grad(),
+            Tensor::<A, 2, Int>::from_inner(labels),
+            &lengths,
+            &[3, 1, 4],
+            0,
+        );
+        assert_eq!(tracked.into_data().to_vec::<f32>().unwrap(), expected);
+        assert_eq!(ctc_alpha_beta(&[], 0, 5, &[], 0).loss, 0.0);
+        assert_eq!(ctc_alpha_beta(&[], 0, 5, &[2], 0).loss, f64::INFINITY);
     }
 
     #[test]

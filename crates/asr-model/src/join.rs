@@ -152,6 +152,7 @@ impl JoinReport {
     /// A text histogram of the utterances' encoder steps (100 feature frames per second,
     /// `subsampling` frames per step), in bins of `bin` steps, with the mean and the maximum.
     pub fn histogram(&self, subsampling: usize, bin: usize) -> String {
+        let bin = bin.max(1);
         let steps = |s: f64| (s * 100.0).ceil() as usize / subsampling.max(1);
         let mut out = String::new();
         for (split, seconds) in &self.seconds {
@@ -167,9 +168,9 @@ impl JoinReport {
                 all.len(),
                 seconds.iter().sum::<f64>() / 3600.0
             ));
-            let mut bins = vec![0usize; max / bin.max(1) + 1];
+            let mut bins = vec![0usize; max / bin + 1];
             for s in &all {
-                bins[s / bin.max(1)] += 1;
+                bins[s / bin] += 1;
             }
             let widest = bins.iter().copied().max().unwrap_or(1).max(1);
             for (i, n) in bins.iter().enumerate() {
@@ -261,7 +262,8 @@ pub fn join_corpus(options: &JoinOptions) -> anyhow::Result<JoinReport> {
                 groups.push(current);
             }
             // A short last group joins the one before when both fit, else is left out; so is
-            // any other group below the minimum (possible only after a too-long clip).
+            // any other group below the minimum (one closed short because the next clip would
+            // have taken it past the maximum).
             if groups.len() >= 2 {
                 let (last, before) = (&groups[groups.len() - 1], &groups[groups.len() - 2]);
                 if last.1 < options.min_seconds

@@ -36,6 +36,7 @@ mod saved;
 
 pub use clock::{
     EPOCH_RECORDS, EpochClock, EpochRecord, FORWARD_METRIC, RunTime, peak_memory_mib, read_records,
+    resume_point,
 };
 pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
 pub use saved::{SavedModel, load_model, save_model};
@@ -93,8 +94,10 @@ impl Adaptor<ForwardTime> for CtcStats {
     }
 }
 
-/// The wall-clock time of a training batch's forward pass (waited for), in milliseconds, as
-/// a burn-train metric ([`FORWARD_METRIC`]); [`EpochClock`] keeps its mean per epoch.
+/// The wall-clock time of a training batch's forward pass, in milliseconds, as a burn-train
+/// metric ([`FORWARD_METRIC`]); [`EpochClock`] keeps its mean per epoch. The step waits for
+/// the device after the forward pass to time it (`Backend::sync`): nothing on the CPU
+/// backends, one synchronisation per step on the GPU ones.
 #[derive(Clone)]
 pub struct ForwardTimeMetric {
     name: MetricName,
@@ -443,8 +446,15 @@ impl<B: burn::tensor::backend::distributed::DistributedBackend> TrainingBackend 
 
 /// The last epoch with a model checkpoint in `dir/checkpoint`.
 pub fn last_checkpoint(dir: &Path) -> Option<usize> {
-    std::fs::read_dir(dir.join("checkpoint"))
-        .ok()?
+    checkpoints(dir).into_iter().max()
+}
+
+/// The epochs with a model checkpoint in `dir/checkpoint`, in no particular order.
+pub fn checkpoints(dir: &Path) -> Vec<usize> {
+    let Ok(entries) = std::fs::read_dir(dir.join("checkpoint")) else {
+        return Vec::new();
+    };
+    entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
             name.strip_prefix("model-")?
@@ -452,7 +462,7 @@ pub fn last_checkpoint(dir: &Path) -> Option<usize> {
                 .parse()
                 .ok()
         })
-        .max()
+        .collect()
 }
 
 /// A dataset that interrupts training after its `limit`-th item.
@@ -536,6 +546,9 @@ where
             );
         }
     }
+    if valid.is_empty() {
+        anyhow::bail!("the validation split is empty: training needs at least one dev utterance");
+    }
     std::fs::create_dir_all(&options.dir)?;
     B::seed(device, options.seed);
     let model: AsrModel<B> = saved.model.init(device);
@@ -597,7 +610,7 @@ where
         }
     };
     let resume_from = if options.resume {
-        last_checkpoint(&options.dir)
+        resume_point(&options.dir, &checkpoints(&options.dir))?
     } else {
         None
     };
@@ -674,6 +687,7 @@ where
     }
     let result = training.launch(Learner::new(model, optim, scheduler));
     let stopped_seconds = run_time.seconds();
+    let stopped_by_budget = run_time.budget_reached();
     let model = result.model;
     save_model(&model, saved, &options.dir)?;
     let mut log = TrainingLog::new(
@@ -685,7 +699,7 @@ where
         log.time_budget_s = Some(budget);
         // The epochs' records end at the last completed epoch; the budget may have stopped a
         // later one part-way.
-        if stopped_seconds >= budget {
+        if stopped_by_budget {
             log.train_seconds = stopped_seconds;
             log.final_dev_per =
                 Some(evaluate(&model, valid, None, options.batch_frames, device).percent());

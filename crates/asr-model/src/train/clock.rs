@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -98,30 +98,31 @@ struct ClockState {
 /// [`EpochClock`] counts from.
 #[derive(Debug, Clone)]
 pub struct RunTime {
-    before: Arc<AtomicU64>,
+    before: f64,
     sitting: Instant,
-    /// Seconds at the end of the last completed epoch (f64 bits).
-    last_epoch_end: Arc<AtomicU64>,
+    budget_reached: Arc<AtomicBool>,
 }
 
 impl RunTime {
     /// A clock that counts `before` seconds of earlier sittings.
     pub fn new(before: f64) -> Self {
         Self {
-            before: Arc::new(AtomicU64::new(before.to_bits())),
+            before,
             sitting: Instant::now(),
-            last_epoch_end: Arc::new(AtomicU64::new(before.to_bits())),
+            budget_reached: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// Seconds of the run so far: earlier sittings' and this one's.
+    /// Seconds of the run so far: earlier sittings' and this one's (from the clock's creation,
+    /// just before the training starts: loading a checkpoint and starting the data loaders
+    /// count, in the first epoch of the sitting).
     pub fn seconds(&self) -> f64 {
-        f64::from_bits(self.before.load(Ordering::Relaxed)) + self.sitting.elapsed().as_secs_f64()
+        self.before + self.sitting.elapsed().as_secs_f64()
     }
 
-    /// Seconds of the run at the end of the last completed epoch (or of earlier sittings).
-    pub fn at_last_epoch(&self) -> f64 {
-        f64::from_bits(self.last_epoch_end.load(Ordering::Relaxed))
+    /// Whether the clock's budget stopped the training ([`EpochClock::with_budget`]).
+    pub fn budget_reached(&self) -> bool {
+        self.budget_reached.load(Ordering::SeqCst)
     }
 }
 
@@ -150,21 +151,29 @@ impl EpochClock {
 
     /// A clock for a run resumed after epoch `checkpoint` in `dir`: the records of later
     /// epochs (written before an interruption, without a checkpoint) are dropped, and the
-    /// run's seconds go on from the last one kept.
+    /// run's seconds go on from the last one kept ([`resume_point`] picks a checkpoint whose
+    /// epochs all have records). A run with no records at all (from before they were kept)
+    /// resumes with its earlier seconds unknown, counted as 0.
     ///
     /// # Errors
-    /// When the records cannot be read or rewritten, or an epoch up to `checkpoint` has no
-    /// record.
+    /// When the records cannot be read or rewritten, or some but not all epochs up to
+    /// `checkpoint` have one.
     pub fn resume(dir: &Path, checkpoint: usize) -> anyhow::Result<Self> {
         let records: Vec<EpochRecord> = read_records(dir)?
             .into_iter()
             .filter(|r| r.epoch <= checkpoint)
             .collect();
         let epochs: Vec<usize> = records.iter().map(|r| r.epoch).collect();
-        if epochs != (1..=checkpoint).collect::<Vec<_>>() {
+        if !epochs.is_empty() && epochs != (1..=checkpoint).collect::<Vec<_>>() {
             anyhow::bail!(
                 "{}: records of epochs {epochs:?}, expected 1 to {checkpoint} (the checkpoint resumed from)",
                 dir.join(EPOCH_RECORDS).display()
+            );
+        }
+        if epochs.is_empty() && checkpoint > 0 {
+            eprintln!(
+                "{}: no epoch records; the {checkpoint} epoch(s) before this sitting count 0 s",
+                dir.display()
             );
         }
         let path = dir.join(EPOCH_RECORDS);
@@ -197,7 +206,9 @@ impl EpochClock {
 
     /// Stops the training through `interrupter` once the run's seconds
     /// ([`RunTime::seconds`]) reach `seconds`: checked whenever a training batch's metrics
-    /// arrive, so the step under way finishes and burn-train stops before the next one.
+    /// arrive (burn-train hands them over on a thread of its own, so one or two more steps
+    /// may run before it stops). An epoch whose validation ends after the stop (cut short)
+    /// gets no record.
     pub fn with_budget(mut self, seconds: f64, interrupter: Interrupter) -> Self {
         self.budget = Some((seconds, interrupter));
         self
@@ -217,6 +228,7 @@ impl MetricLogger for EpochClock {
         if let (Split::Train, Some((seconds, interrupter))) = (split, &self.budget)
             && self.run.seconds() >= *seconds
         {
+            self.run.budget_reached.store(true, Ordering::SeqCst);
             interrupter.stop(Some("--time-budget reached"));
         }
         let state = &mut self.state;
@@ -260,6 +272,7 @@ impl MetricLogger for EpochClock {
         let state = &mut self.state;
         match summary.split {
             Split::Train => state.train_end = Some(now),
+            Split::Valid if self.run.budget_reached() => {}
             Split::Valid => {
                 let train_end = state.train_end.unwrap_or(now);
                 let record = EpochRecord {
@@ -277,9 +290,6 @@ impl MetricLogger for EpochClock {
                         self.path.display()
                     );
                 }
-                self.run
-                    .last_epoch_end
-                    .store(record.total_seconds.to_bits(), Ordering::Relaxed);
                 state.epoch_start = Instant::now();
                 state.train_end = None;
                 state.forward_ms_sum = 0.0;
@@ -303,4 +313,66 @@ fn append(path: &Path, record: &EpochRecord) -> std::io::Result<()> {
         serde_json::to_string(record).expect("a record serialises")
     )?;
     file.sync_data()
+}
+
+/// The epoch a run in `dir` resumes after: the last one with a checkpoint (`checkpoints`)
+/// whose epochs all have records (burn-train may write a checkpoint before the record of
+/// its epoch arrives, so a run killed in between resumes from the checkpoint before); the
+/// last checkpoint when the run has no records at all. `None`: start from scratch.
+///
+/// # Errors
+/// When the records cannot be read.
+pub fn resume_point(dir: &Path, checkpoints: &[usize]) -> anyhow::Result<Option<usize>> {
+    let recorded: Vec<usize> = read_records(dir)?.iter().map(|r| r.epoch).collect();
+    if recorded.is_empty() {
+        return Ok(checkpoints.iter().copied().max());
+    }
+    let mut candidates = checkpoints.to_vec();
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(candidates
+        .into_iter()
+        .find(|&epoch| (1..=epoch).all(|e| recorded.contains(&e))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(epoch: usize) -> EpochRecord {
+        EpochRecord {
+            epoch,
+            train_seconds: 10.0,
+            valid_seconds: 1.0,
+            total_seconds: 11.0 * epoch as f64,
+            forward_ms: 5.0,
+            peak_memory_mib: None,
+            dev_per: 50.0,
+        }
+    }
+
+    /// The resume point is the last checkpoint whose epochs all have records; without
+    /// records, the last checkpoint; resuming drops the records past it and goes on from its
+    /// seconds.
+    #[test]
+    fn resume_point_needs_a_record_for_every_epoch_up_to_the_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("asr-clock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(resume_point(&dir, &[1, 3, 2]).unwrap(), Some(3));
+        assert_eq!(resume_point(&dir, &[]).unwrap(), None);
+        for epoch in [1, 2, 3] {
+            append(&dir.join(EPOCH_RECORDS), &record(epoch)).unwrap();
+        }
+        // Checkpoint 4 was written before its record arrived.
+        assert_eq!(resume_point(&dir, &[3, 4]).unwrap(), Some(3));
+        assert_eq!(resume_point(&dir, &[4, 5]).unwrap(), None);
+        let clock = EpochClock::resume(&dir, 2).unwrap();
+        assert_eq!(read_records(&dir).unwrap(), vec![record(1), record(2)]);
+        assert!(clock.run_time().seconds() >= 22.0);
+        assert!(
+            EpochClock::resume(&dir, 3).is_err(),
+            "epoch 3's record was dropped"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
