@@ -120,7 +120,7 @@ impl JoinOptions {
                 self.max_seconds
             );
         }
-        if !(self.pause_s >= 0.0) {
+        if self.pause_s < 0.0 {
             bail!("the pause must be ≥ 0 s, got {}", self.pause_s);
         }
         Ok(())
