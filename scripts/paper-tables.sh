@@ -12,7 +12,8 @@
 #    full at 3 depths; improved clustered (i-clustered) at 2 depths × 100 and 200 clusters;
 #    clustered at 100, 200 and 300 clusters; position blocks (blocks:100, the reviewers'
 #    baseline); Reformer's lsh-1 and lsh-4; shared-full. Models in OUT_DIR/models/<name>.
-# 3. Table 1 (`asr eval --table`, dev): the full and shared-full models evaluated with every
+# 3. Table 1 (`asr eval --table`, dev): the models of the paper's columns (full, shared-full,
+#    lsh-1, lsh-4, clustered-100, i-clustered-100) evaluated with every
 #    attention; Table 2 and Figure 1 (`asr compare`): time per epoch, time to a common dev
 #    PER, test PER, forward time; SVG of dev PER against forward time and training time.
 # 4. The clusters of one dev utterance per layer and head (`asr clusters`), for
@@ -20,7 +21,8 @@
 #
 # Usage: scripts/paper-tables.sh [OUT_DIR] (default runs/paper-long). Environment: BUDGET
 # (minutes per model, 30), ONLY (train only the models whose names match this regex, then
-# stop; for running the grid in chunks), BACKEND (flex), DEVICES (cpu:2).
+# stop; for running the grid in chunks), TRAIN (0: no training, the tables and figures of the
+# models trained so far), BACKEND (flex), DEVICES (cpu:2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,6 +76,9 @@ training=(--ctc-loss alpha-beta --augment none --batch-frames 6000 --learning-ra
     --backend "$backend" --seed 0)
 for entry in "${grid[@]}"; do
     read -r name kind layers <<<"$entry"
+    if [ "${TRAIN:-1}" = 0 ]; then
+        break
+    fi
     if [ -n "${ONLY:-}" ] && ! [[ "$name" =~ $ONLY ]]; then
         continue
     fi
@@ -97,16 +102,19 @@ fi
 
 # 3. The tables, on the union of the three corpora's dev splits (Table 1, Table 2's dev
 # columns) and test splits (Table 2's test PER).
+trained() { [ -f "$out/models/$1/training.json" ]; }
 models=()
 for entry in "${grid[@]}"; do
     read -r name _ <<<"$entry"
-    if [ -f "$out/models/$name/training.json" ]; then
-        models+=(--model "$out/models/$name")
-    fi
+    if trained "$name"; then models+=(--model "$out/models/$name"); fi
+done
+# Table 1: the models of the paper's columns that are trained, evaluated with every attention.
+table1=()
+for name in full-4 shared-full-4 lsh-1-4 lsh-4-4 clustered-100-4 improved-100-4; do
+    if trained "$name"; then table1+=(--model "$out/models/$name"); fi
 done
 "$asr" eval "${corpora[@]}" --split dev --backend "$backend" --table --clusters 100 \
-    --topk 32 --model "$out/models/full-4" --model "$out/models/shared-full-4" \
-    | tee "$out/table1.md"
+    --topk 32 "${table1[@]}" | tee "$out/table1.md"
 "$asr" compare "${corpora[@]}" --backend "$backend" --batch-frames 12000 "${models[@]}" \
     --svg "$out/figure1.svg" \
     --caption "long-form real speech, $backend, ${budget} min per model: dev PER against forward time and training time" \
@@ -114,6 +122,7 @@ done
 
 # 4. Which steps share a cluster, on the first dev utterance of the Queen corpus.
 for name in improved-100-4 blocks-100-4; do
+    trained "$name" || continue
     "$asr" clusters --model "$out/models/$name" --corpus data/long/queen --split dev \
         --svg "$out/clusters-$name.svg" | tee "$out/clusters-$name.md"
 done
