@@ -26,6 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ "${TRAIN:-1}" = 0 ] && [ -n "${ONLY:-}" ]; then
+    echo "paper-tables: ONLY chooses models to train and TRAIN=0 trains none; give one of them" >&2
+    exit 2
+fi
 out="${1:-runs/paper-long}"
 budget="${BUDGET:-30}"
 backend="${BACKEND:-flex}"
@@ -74,11 +78,13 @@ model=(--front-end stack --subsampling 4 --conv-kernel 0 --d-model 128 --n-heads
 training=(--ctc-loss alpha-beta --augment none --batch-frames 6000 --learning-rate 1e-3
     --warmup-steps 200 --epochs 1000 --time-budget "$budget" --devices "$devices"
     --backend "$backend" --seed 0)
-for entry in "${grid[@]}"; do
+if [ "${TRAIN:-1}" = 0 ]; then
+    grid_to_train=()
+else
+    grid_to_train=("${grid[@]}")
+fi
+for entry in ${grid_to_train[@]+"${grid_to_train[@]}"}; do
     read -r name kind layers <<<"$entry"
-    if [ "${TRAIN:-1}" = 0 ]; then
-        break
-    fi
     if [ -n "${ONLY:-}" ] && ! [[ "$name" =~ $ONLY ]]; then
         continue
     fi
