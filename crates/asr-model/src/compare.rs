@@ -1,13 +1,19 @@
 //! The paper's tables for trained models: the attentions of Table 1's rows, and Table 2 and
 //! Figure 1 (time per epoch, time to a common dev PER and test PER per model; dev PER against
 //! forward time per utterance and against training time).
+//!
+//! Rows of Table 2 ([`ModelSummary`]) and columns of Table 1 ([`Table1Column`]) serialize to
+//! JSON ([`save_json`], [`load_json`]), so a grid trained over several sittings, on machines
+//! that keep no models between them, is tabulated from what each sitting measured.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 use plotters::prelude::*;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{CtcBatch, CtcBatcher, Example, bucket};
 use crate::model::AsrModel;
@@ -44,8 +50,129 @@ pub fn table1_attentions(clusters: usize, topk: usize) -> Vec<AttentionKind> {
     ]
 }
 
+/// What every column of one Table 1 must share: the evaluation split, its size and the
+/// attentions' settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table1Setting {
+    /// The split's manifests, joined with ` + `.
+    pub split: String,
+    /// Utterances in the split.
+    pub utterances: usize,
+    /// Mean encoder steps per utterance.
+    pub mean_steps: f64,
+    /// Clusters C of the rows ([`table1_attentions`]).
+    pub clusters: usize,
+    /// Top keys K of the improved and oracle-top rows.
+    pub topk: usize,
+    /// How the outputs were decoded (greedy, or beam search with an LM).
+    pub decoding: String,
+}
+
+/// One trained model's column of Table 1: its PER (percent) evaluated with each attention of
+/// [`table1_attentions`], `None` where the attention does not apply (shared-QK attention on a
+/// model not trained shared-QK).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Table1Column {
+    /// Model directory.
+    pub model: PathBuf,
+    /// Attention the model was trained with.
+    pub trained_with: AttentionKind,
+    /// Split and settings of the evaluation.
+    pub setting: Table1Setting,
+    /// (evaluated with, PER) in the order of [`table1_attentions`].
+    pub cells: Vec<(AttentionKind, Option<f64>)>,
+    /// The machine of the evaluation ([`this_machine`]).
+    pub machine: String,
+}
+
+/// Table 1 as markdown: a title line naming the split and settings, then one row per
+/// evaluating attention and one column per model (trained with).
+///
+/// # Errors
+/// When `columns` is empty, or two columns differ in split, settings or rows.
+pub fn table1_markdown(columns: &[Table1Column]) -> anyhow::Result<String> {
+    let Some(first) = columns.first() else {
+        bail!("Table 1 needs at least one model");
+    };
+    for column in &columns[1..] {
+        if column.setting != first.setting {
+            bail!(
+                "{} was evaluated on {:?}, {} on {:?}: Table 1's columns must share split and settings",
+                first.model.display(),
+                first.setting,
+                column.model.display(),
+                column.setting
+            );
+        }
+        let kinds = |c: &Table1Column| c.cells.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+        if kinds(column) != kinds(first) {
+            bail!(
+                "{} and {} were evaluated with different attentions",
+                first.model.display(),
+                column.model.display()
+            );
+        }
+    }
+    let s = &first.setting;
+    let mut out = format!(
+        "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {}, K = {}, {}); columns: trained with, rows: evaluated with\n",
+        s.split, s.utterances, s.mean_steps, s.clusters, s.topk, s.decoding
+    );
+    let header: Vec<String> = columns.iter().map(|c| c.trained_with.to_string()).collect();
+    out.push_str(&format!("| evaluated with | {} |\n", header.join(" | ")));
+    out.push_str(&format!("|---|{}\n", "---:|".repeat(columns.len())));
+    for (row, (kind, _)) in first.cells.iter().enumerate() {
+        let cells: Vec<String> = columns.iter().map(|c| number(c.cells[row].1, 2)).collect();
+        out.push_str(&format!("| {kind} | {} |\n", cells.join(" | ")));
+    }
+    Ok(out)
+}
+
+/// The machine this process runs on, for the record of where a figure was measured: the
+/// CPU's model name (from `/proc/cpuinfo`, else the architecture) and the number of CPUs the
+/// process may use.
+pub fn this_machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpu}, {cpus} CPUs")
+}
+
+/// Writes `value` as pretty JSON to `path`, through a temporary file in the same directory
+/// renamed into place, so the file is whole or absent.
+///
+/// # Errors
+/// When the directory cannot be written.
+pub fn save_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    std::fs::write(&partial, text + "\n")
+        .with_context(|| format!("{}: cannot write", partial.display()))?;
+    std::fs::rename(&partial, path)
+        .with_context(|| format!("{}: cannot rename to {}", partial.display(), path.display()))
+}
+
+/// Reads a value written by [`save_json`].
+///
+/// # Errors
+/// When the file cannot be read or does not hold a `T`.
+pub fn load_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a saved result", path.display()))
+}
+
 /// One trained model's row of Table 2 and point of Figure 1.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelSummary {
     /// Model directory.
     pub dir: PathBuf,
@@ -81,6 +208,9 @@ pub struct ModelSummary {
     pub test_per: f64,
     /// Forward time per utterance over the dev split, in milliseconds.
     pub forward_ms: f64,
+    /// The machine of the training and of the measurements ([`this_machine`]).
+    #[serde(default)]
+    pub machine: String,
 }
 
 impl ModelSummary {
@@ -130,6 +260,7 @@ impl ModelSummary {
             curve,
             test_per,
             forward_ms,
+            machine: this_machine(),
         })
     }
 
@@ -184,7 +315,8 @@ fn number(value: Option<f64>, decimals: usize) -> String {
 /// Table 2 as markdown: per model, its depth, epochs, time per epoch (with validation, and
 /// training alone), forward time per training batch, peak memory, final and best dev PER,
 /// the time to the dev PER every model reached ([`common_dev_per`]), test PER and forward
-/// time per dev utterance.
+/// time per dev utterance; then the machine the rows were measured on, per row where they
+/// differ.
 pub fn markdown_table(rows: &[ModelSummary]) -> String {
     let common = common_dev_per(rows);
     let mut out = format!(
@@ -208,6 +340,25 @@ pub fn markdown_table(rows: &[ModelSummary]) -> String {
             r.test_per,
             r.forward_ms
         ));
+    }
+    let mut machines: Vec<&str> = rows
+        .iter()
+        .map(|r| r.machine.as_str())
+        .filter(|m| !m.is_empty())
+        .collect();
+    machines.sort_unstable();
+    machines.dedup();
+    match machines.as_slice() {
+        [] => {}
+        [one] => out.push_str(&format!("\nEvery row measured on one machine: {one}.\n")),
+        _ => {
+            out.push_str(
+                "\nRows measured on different machines (times compare only between rows of one machine):\n",
+            );
+            for r in rows {
+                out.push_str(&format!("- {}: {}\n", r.label(), r.machine));
+            }
+        }
     }
     out
 }

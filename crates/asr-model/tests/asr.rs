@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use asr_model::audio::{load_audio, write_flac};
 use asr_model::augment::{self, AugmentSet, Augmentation};
-use asr_model::compare::{ModelSummary, common_dev_per, markdown_table, plot};
+use asr_model::compare::{
+    ModelSummary, Table1Column, Table1Setting, common_dev_per, load_json, markdown_table, plot,
+    save_json, table1_markdown,
+};
 use asr_model::corpus::phonemize;
 use asr_model::corpus::{CorpusOptions, generate, phrases};
 use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
@@ -780,6 +783,85 @@ fn compare_picks_the_best_epoch_and_plots_every_model() {
         labels.contains(&"full ×4") && labels.contains(&"lsh:4 ×2"),
         "{labels:?}"
     );
+}
+
+/// Results saved by one sitting tabulate in a later one as when measured: a Table 2 row
+/// survives its JSON round trip (same markdown), rows of two machines are told apart, and
+/// Table 1 columns join into the table written by hand here, `–` where an attention does not
+/// apply; columns of different settings are refused, naming both models.
+#[test]
+fn saved_rows_and_columns_tabulate_as_measured() {
+    let dir = tempdir("saved-results");
+    let log = TrainingLog {
+        attention: "clustered:100".parse().unwrap(),
+        train_seconds: 200.0,
+        resumed: false,
+        epochs: vec![EpochLog {
+            epoch: 1,
+            end_seconds: Some(200.0),
+            dev_per: 61.25,
+            train_seconds: Some(180.0),
+            valid_seconds: Some(20.0),
+            forward_ms: Some(7.0),
+            peak_memory_mib: Some(900.0),
+        }],
+        time_budget_s: None,
+        final_dev_per: None,
+    };
+    let row = ModelSummary::new(&dir, &log, 4, 63.5, 26.5).unwrap();
+    let path = dir.join("clustered-100-4.json");
+    save_json(&path, &row).unwrap();
+    assert!(!dir.join("clustered-100-4.json.partial").exists());
+    let loaded: ModelSummary = load_json(&path).unwrap();
+    assert_eq!(markdown_table(&[loaded.clone()]), markdown_table(&[row]));
+    let mut other = loaded.clone();
+    other.machine = "another CPU, 2 CPUs".to_string();
+    let table = markdown_table(&[loaded, other]);
+    assert!(
+        table.contains("- clustered:100 ×4: another CPU, 2 CPUs\n"),
+        "{table}"
+    );
+
+    let setting = Table1Setting {
+        split: "dev.jsonl".to_string(),
+        utterances: 10,
+        mean_steps: 780.4,
+        clusters: 100,
+        topk: 32,
+        decoding: "greedy decoding".to_string(),
+    };
+    let column = |model: &str, trained: &str, cells: [Option<f64>; 2]| Table1Column {
+        model: model.into(),
+        trained_with: trained.parse().unwrap(),
+        setting: setting.clone(),
+        cells: vec![
+            (AttentionKind::Full, cells[0]),
+            (AttentionKind::SharedFull, cells[1]),
+        ],
+        machine: "a CPU".to_string(),
+    };
+    let full = column("full-4", "full", [Some(58.024), None]);
+    let shared = column("shared-full-4", "shared-full", [Some(70.0), Some(62.756)]);
+    let path = dir.join("full-4.table1.json");
+    save_json(&path, &full).unwrap();
+    let full: Table1Column = load_json(&path).unwrap();
+    assert_eq!(
+        table1_markdown(&[full.clone(), shared.clone()]).unwrap(),
+        "PER (%) on dev.jsonl (10 utterances, mean 780 encoder steps, C = 100, K = 32, greedy \
+         decoding); columns: trained with, rows: evaluated with\n\
+         | evaluated with | full | shared-full |\n\
+         |---|---:|---:|\n\
+         | full | 58.02 | 70.00 |\n\
+         | shared-full | – | 62.76 |\n"
+    );
+    let mut elsewhere = shared;
+    elsewhere.setting.clusters = 200;
+    let error = table1_markdown(&[full, elsewhere]).unwrap_err().to_string();
+    assert!(
+        error.contains("full-4") && error.contains("shared-full-4"),
+        "{error}"
+    );
+    assert!(load_json::<Table1Column>(&dir.join("clustered-100-4.json")).is_err());
 }
 
 /// `phrases` against phrases cut by hand: verse references dropped, a phrase ends at

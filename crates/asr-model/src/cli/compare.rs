@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
-use asr_model::compare::{ModelSummary, forward_ms_per_utterance, markdown_table, plot};
+use anyhow::{Context, bail};
+use asr_model::compare::{
+    ModelSummary, forward_ms_per_utterance, load_json, markdown_table, plot, save_json,
+};
 use asr_model::data::load_split_of;
 use asr_model::features::LogMel;
 use asr_model::train::{TrainingLog, evaluate, load_model};
@@ -15,8 +17,15 @@ use clustered_attention::ClusteredAttentionBackend;
 #[derive(Args, Debug)]
 pub struct CompareArgs {
     /// Trained model directories (each with model.json, model.mpk and training.json).
-    #[arg(long = "model", required = true)]
+    #[arg(long = "model", required_unless_present = "saved")]
     models: Vec<PathBuf>,
+    /// Rows measured earlier (`--save`), tabulated after the models measured now.
+    #[arg(long)]
+    saved: Vec<PathBuf>,
+    /// Save each measured model's row as JSON in this directory, as `<model directory
+    /// name>.json` (replacing one there), for a later `--saved`.
+    #[arg(long)]
+    save: Option<PathBuf>,
     /// Corpus directory (its dev split is timed, its test split scored); repeat it for the
     /// union of several corpora's splits.
     #[arg(long, default_value = "data/corpus")]
@@ -67,13 +76,21 @@ impl BackendTask for &CompareArgs {
             forward_ms_per_utterance(&model, warm_up, args.batch_frames, &device);
             let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, &device);
             let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
-            rows.push(ModelSummary::new(
-                dir,
-                &log,
-                saved.model.n_layers,
-                test_per,
-                forward_ms,
-            )?);
+            let row = ModelSummary::new(dir, &log, saved.model.n_layers, test_per, forward_ms)?;
+            if let Some(save) = &args.save {
+                let name = dir
+                    .file_name()
+                    .with_context(|| format!("{}: a model directory has a name", dir.display()))?;
+                std::fs::create_dir_all(save)
+                    .with_context(|| format!("{}: cannot create", save.display()))?;
+                let path = save.join(format!("{}.json", name.to_string_lossy()));
+                save_json(&path, &row)?;
+                eprintln!("wrote {}", path.display());
+            }
+            rows.push(row);
+        }
+        for path in &args.saved {
+            rows.push(load_json(path)?);
         }
         print!("{}", markdown_table(&rows));
         if let Some(path) = &args.svg {

@@ -3,8 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
-use asr_model::compare::table1_attentions;
+use anyhow::{Context, bail};
+use asr_model::compare::{
+    Table1Column, Table1Setting, load_json, save_json, table1_attentions, table1_markdown,
+    this_machine,
+};
 use asr_model::data::load_split_of;
 use asr_model::decode::{BeamSearch, PhoneLm};
 use asr_model::features::LogMel;
@@ -19,7 +22,7 @@ use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// Trained model directories (each with model.json and model.mpk).
-    #[arg(long = "model", required = true)]
+    #[arg(long = "model", required_unless_present = "saved")]
     models: Vec<PathBuf>,
     /// Corpus directory; repeat it to evaluate on the union of the corpora's splits (their
     /// phone inventories must agree).
@@ -32,13 +35,21 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value = "flex")]
     pub backend: BackendName,
     /// Evaluate with this attention instead of the trained one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "table")]
     attention: Option<AttentionKind>,
     /// Print the paper's Table 1: every model (columns, trained with) evaluated with full,
     /// shared-full, lsh:1, lsh:4, clustered:C, clustered:2C, improved:C:K, improved:2C:K and
     /// oracle:K (rows); shared-QK rows are left empty (–) for models not trained shared-QK.
     #[arg(long)]
     table: bool,
+    /// Save each model's column of the table as JSON in this directory, as `<model directory
+    /// name>.table1.json` (replacing one there), for a later `--saved`.
+    #[arg(long, requires = "table")]
+    save: Option<PathBuf>,
+    /// Columns of the table evaluated earlier (`--save`), placed after the models evaluated
+    /// now; their split and settings must match.
+    #[arg(long, requires = "table")]
+    saved: Vec<PathBuf>,
     /// Clusters C of the table (default: the mean number of encoder steps / 8).
     #[arg(long)]
     clusters: Option<usize>,
@@ -117,6 +128,11 @@ impl BackendTask for &EvalArgs {
     /// Evaluates on `B` and prints a markdown table.
     fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
         let args = self;
+        if args.models.is_empty() {
+            let columns = saved_columns(args)?;
+            print!("{}", table1_markdown(&columns)?);
+            return Ok(());
+        }
         let mut loaded = Vec::new();
         for dir in &args.models {
             loaded.push(load_model::<B>(dir, &device)?);
@@ -182,32 +198,50 @@ impl BackendTask for &EvalArgs {
             }
             return Ok(());
         }
-        let topk = args.topk;
-        println!(
-            "PER (%) on {} ({} utterances, mean {:.0} encoder steps, C = {clusters}, K = {topk}, {decoding}); columns: trained with, rows: evaluated with",
+        let setting = Table1Setting {
             split,
-            examples.len(),
-            steps
-        );
-        let header: Vec<String> = loaded
-            .iter()
-            .map(|(_, saved)| saved.model.attention.to_string())
-            .collect();
-        println!("| evaluated with | {} |", header.join(" | "));
-        println!("|---|{}", "---:|".repeat(loaded.len()));
-        for kind in table1_attentions(clusters, topk) {
-            let cells: Vec<String> = loaded
-                .iter()
-                .map(|(model, _)| {
-                    if kind.is_shared_qk() && !model.shared_qk() {
-                        "–".to_string()
-                    } else {
-                        format!("{:.2}", per(model, Some(kind)).percent())
-                    }
+            utterances: examples.len(),
+            mean_steps: steps,
+            clusters,
+            topk: args.topk,
+            decoding,
+        };
+        let mut columns = Vec::new();
+        for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+            let cells = table1_attentions(clusters, args.topk)
+                .into_iter()
+                .map(|kind| {
+                    let cell = (!kind.is_shared_qk() || model.shared_qk())
+                        .then(|| per(model, Some(kind)).percent());
+                    (kind, cell)
                 })
                 .collect();
-            println!("| {kind} | {} |", cells.join(" | "));
+            let column = Table1Column {
+                model: dir.clone(),
+                trained_with: saved.model.attention,
+                setting: setting.clone(),
+                cells,
+                machine: this_machine(),
+            };
+            if let Some(save) = &args.save {
+                let name = dir
+                    .file_name()
+                    .with_context(|| format!("{}: a model directory has a name", dir.display()))?;
+                std::fs::create_dir_all(save)
+                    .with_context(|| format!("{}: cannot create", save.display()))?;
+                let path = save.join(format!("{}.table1.json", name.to_string_lossy()));
+                save_json(&path, &column)?;
+                eprintln!("wrote {}", path.display());
+            }
+            columns.push(column);
         }
+        columns.extend(saved_columns(args)?);
+        print!("{}", table1_markdown(&columns)?);
         Ok(())
     }
+}
+
+/// The columns of `--saved`.
+fn saved_columns(args: &EvalArgs) -> anyhow::Result<Vec<Table1Column>> {
+    args.saved.iter().map(|path| load_json(path)).collect()
 }
