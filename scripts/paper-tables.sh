@@ -10,10 +10,12 @@
 # 1. Long-form corpora (`asr join`): each speaker's consecutive clips of the two games'
 #    voice tracks (scripts/get-real-speech.sh) and of the bundled corpus, joined with 0.25 s
 #    pauses into utterances of 15–90 s, in data/long/{sky,queen,corpus}.
-# 2. The machine's speed: one epoch of full-4 (OUT_DIR/calibration). Each model's budget is
-#    BUDGET minutes scaled by this epoch's time over full-4's on the machine of the first
-#    sitting (140.6 s per epoch, an AMD EPYC with 2 CPUs), so a slower machine trains
-#    longer, and recorded with the machine in RESULTS/calibration.tsv.
+# 2. The machine's speed, before the sitting's first training: one epoch of full-4
+#    (OUT_DIR/calibration), training and validation. Each model's budget is BUDGET minutes
+#    scaled by that epoch's time over full-4's on the machine of the first sitting (140.6 s,
+#    the mean of its first two epochs, on an AMD EPYC with 2 CPUs), so a slower machine
+#    trains longer; each model's machine, epoch time and budget go in
+#    RESULTS/calibration.tsv.
 # 3. The grid, each model `asr train` with that --time-budget on both cores: full at 3
 #    depths; improved clustered (i-clustered) at 2 depths × 100 and 200 clusters; clustered
 #    at 100, 200 and 300 clusters; position blocks (blocks:100, the reviewers' baseline);
@@ -90,7 +92,12 @@ training=(--ctc-loss alpha-beta --augment none --batch-frames 6000 --learning-ra
     --warmup-steps 200 --devices "$devices" --backend "$backend" --seed 0)
 column_models="full-4 shared-full-4 lsh-1-4 lsh-4-4 clustered-100-4 improved-100-4"
 cluster_models="improved-100-4 blocks-100-4"
-measured() { [ -f "$results/$1.json" ]; }
+# Whether a model's results are all in RESULTS (its row is written last).
+measured() {
+    [ -f "$results/$1.json" ] || return 1
+    if [[ " $column_models " == *" $1 "* ]]; then [ -f "$results/$1.table1.json" ] || return 1; fi
+    if [[ " $cluster_models " == *" $1 "* ]]; then [ -f "$results/clusters-$1.md" ] || return 1; fi
+}
 
 # Step 4 for one trained model.
 measure() {
@@ -102,22 +109,27 @@ measure() {
     if [[ " $cluster_models " == *" $name "* ]]; then
         "$asr" clusters --model "$dir" --corpus data/long/queen --split dev \
             --svg "$out/clusters-$name.svg" >"$results/clusters-$name.md.partial" || return 1
-        mv "$results/clusters-$name.md.partial" "$results/clusters-$name.md"
+        mv "$results/clusters-$name.md.partial" "$results/clusters-$name.md" || return 1
     fi
     # Last: its file marks the model as done.
     "$asr" compare "${corpora[@]}" --backend "$backend" --batch-frames 12000 \
         --model "$dir" --save "$results"
 }
 
-if [ "${TRAIN:-1}" != 0 ]; then
-    # 2. The machine's speed, once per sitting.
-    reference_seconds=140.6
-    calibration="$out/calibration"
+# 2. The machine's speed, once per sitting, before its first training: sets `seconds`
+# (full-4's epoch here), `scaled` (the budget in minutes here) and `machine`.
+reference_seconds=140.6
+calibrate() {
+    [ -n "${scaled:-}" ] && return 0
+    local calibration="$out/calibration"
     if [ ! -f "$calibration/training.json" ]; then
         echo "paper-tables: timing one epoch of full-4 on this machine"
         mkdir -p "$calibration"
-        "$asr" train "${corpora[@]}" --out "$calibration" --attention full --n-layers 4 \
-            "${model[@]}" "${training[@]}" --epochs 1 >"$calibration.log" 2>&1
+        if ! "$asr" train "${corpora[@]}" --out "$calibration" --attention full --n-layers 4 \
+            "${model[@]}" "${training[@]}" --epochs 1 >"$calibration.log" 2>&1; then
+            echo "paper-tables: the timing epoch failed (see $calibration.log)" >&2
+            exit 1
+        fi
     fi
     seconds=$(python3 -c 'import json, sys
 e = json.load(open(sys.argv[1]))["epochs"][0]
@@ -125,12 +137,12 @@ print("%.1f" % (e["train_seconds"] + e["valid_seconds"]))' "$calibration/trainin
     scaled=$(python3 -c 'import sys; b, s, r = map(float, sys.argv[1:]); print(f"{b * s / r:.2f}")' \
         "$budget" "$seconds" "$reference_seconds")
     machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
+    echo "paper-tables: full-4 takes $seconds s per epoch here ($reference_seconds s on the first machine): $scaled min per model"
     if [ ! -f "$results/calibration.tsv" ]; then
         printf 'model\tdate (UTC)\tmachine\tfull-4 s per epoch\tbudget (min)\n' \
             >"$results/calibration.tsv"
     fi
-    echo "paper-tables: full-4 takes $seconds s per epoch here ($reference_seconds s on the first machine): $scaled min per model"
-fi
+}
 
 for entry in "${grid[@]}"; do
     [ "${TRAIN:-1}" = 0 ] && break
@@ -143,6 +155,7 @@ for entry in "${grid[@]}"; do
         continue
     fi
     dir="$out/models/$name"
+    calibrate
     if [ ! -f "$dir/training.json" ]; then
         echo "paper-tables: training $name ($kind, $layers layers, $scaled min)"
         mkdir -p "$dir"
@@ -173,12 +186,14 @@ for name in $column_models; do
     if [ -f "$results/$name.table1.json" ]; then columns+=(--saved "$results/$name.table1.json"); fi
 done
 if [ ${#columns[@]} -gt 0 ]; then
-    "$asr" eval --backend "$backend" --table "${columns[@]}" >"$results/table1.md"
+    "$asr" eval --backend "$backend" --table "${columns[@]}" >"$results/table1.md.partial"
+    mv "$results/table1.md.partial" "$results/table1.md"
     cat "$results/table1.md"
 fi
 if [ ${#rows[@]} -gt 0 ]; then
     "$asr" compare --backend "$backend" "${rows[@]}" --svg "$results/figure1.svg" \
-        --caption "long-form real speech, $backend, ${budget} min per model: dev PER against forward time and training time" \
-        >"$results/table2.md"
+        --caption "long-form real speech, $backend, ${budget} min per model at the first machine's speed: dev PER against forward time and training time" \
+        >"$results/table2.md.partial"
+    mv "$results/table2.md.partial" "$results/table2.md"
     cat "$results/table2.md"
 fi

@@ -68,6 +68,30 @@ pub struct Table1Setting {
     pub decoding: String,
 }
 
+impl Table1Setting {
+    /// Whether two evaluations share split and settings: every field equal, the mean length
+    /// to a relative 10⁻⁹ (it went through a JSON round trip, which may change its last
+    /// digit).
+    pub fn agrees_with(&self, other: &Self) -> bool {
+        let close =
+            (self.mean_steps - other.mean_steps).abs() <= 1e-9 * self.mean_steps.abs().max(1.0);
+        close
+            && (
+                &self.split,
+                self.utterances,
+                self.clusters,
+                self.topk,
+                &self.decoding,
+            ) == (
+                &other.split,
+                other.utterances,
+                other.clusters,
+                other.topk,
+                &other.decoding,
+            )
+    }
+}
+
 /// One trained model's column of Table 1: its PER (percent) evaluated with each attention of
 /// [`table1_attentions`], `None` where the attention does not apply (shared-QK attention on a
 /// model not trained shared-QK).
@@ -95,7 +119,7 @@ pub fn table1_markdown(columns: &[Table1Column]) -> anyhow::Result<String> {
         bail!("Table 1 needs at least one model");
     };
     for column in &columns[1..] {
-        if column.setting != first.setting {
+        if !column.setting.agrees_with(&first.setting) {
             bail!(
                 "{} was evaluated on {:?}, {} on {:?}: Table 1's columns must share split and settings",
                 first.model.display(),
@@ -161,6 +185,26 @@ pub fn save_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
         .with_context(|| format!("{}: cannot rename to {}", partial.display(), path.display()))
 }
 
+/// Saves one model's result in `dir` (created if missing) as `<model directory
+/// name><suffix>`, with [`save_json`], and returns the file's path.
+///
+/// # Errors
+/// When `model` has no file name, or `dir` cannot be created or written.
+pub fn save_model_result<T: Serialize>(
+    dir: &Path,
+    model: &Path,
+    suffix: &str,
+    value: &T,
+) -> anyhow::Result<PathBuf> {
+    let name = model
+        .file_name()
+        .with_context(|| format!("{}: a model directory has a name", model.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let path = dir.join(format!("{}{suffix}", name.to_string_lossy()));
+    save_json(&path, value)?;
+    Ok(path)
+}
+
 /// Reads a value written by [`save_json`].
 ///
 /// # Errors
@@ -208,7 +252,11 @@ pub struct ModelSummary {
     pub test_per: f64,
     /// Forward time per utterance over the dev split, in milliseconds.
     pub forward_ms: f64,
-    /// The machine of the training and of the measurements ([`this_machine`]).
+    /// The run's time budget in seconds (`asr train --time-budget`), if it had one.
+    #[serde(default)]
+    pub time_budget_s: Option<f64>,
+    /// The machine of the test PER and forward time ([`this_machine`]); `scripts/paper-tables.sh`
+    /// measures each model right after training it, on the same machine.
     #[serde(default)]
     pub machine: String,
 }
@@ -260,6 +308,7 @@ impl ModelSummary {
             curve,
             test_per,
             forward_ms,
+            time_budget_s: log.time_budget_s,
             machine: this_machine(),
         })
     }
@@ -341,22 +390,25 @@ pub fn markdown_table(rows: &[ModelSummary]) -> String {
             r.forward_ms
         ));
     }
-    let mut machines: Vec<&str> = rows
-        .iter()
-        .map(|r| r.machine.as_str())
-        .filter(|m| !m.is_empty())
-        .collect();
+    fn machine(r: &ModelSummary) -> &str {
+        if r.machine.is_empty() {
+            "not recorded"
+        } else {
+            &r.machine
+        }
+    }
+    let mut machines: Vec<&str> = rows.iter().map(machine).collect();
     machines.sort_unstable();
     machines.dedup();
     match machines.as_slice() {
-        [] => {}
+        [] | ["not recorded"] => {}
         [one] => out.push_str(&format!("\nEvery row measured on one machine: {one}.\n")),
         _ => {
             out.push_str(
                 "\nRows measured on different machines (times compare only between rows of one machine):\n",
             );
             for r in rows {
-                out.push_str(&format!("- {}: {}\n", r.label(), r.machine));
+                out.push_str(&format!("- {}: {}\n", r.label(), machine(r)));
             }
         }
     }

@@ -813,6 +813,10 @@ fn saved_rows_and_columns_tabulate_as_measured() {
     save_json(&path, &row).unwrap();
     assert!(!dir.join("clustered-100-4.json.partial").exists());
     let loaded: ModelSummary = load_json(&path).unwrap();
+    assert_eq!(
+        serde_json::to_value(&loaded).unwrap(),
+        serde_json::to_value(&row).unwrap()
+    );
     assert_eq!(markdown_table(&[loaded.clone()]), markdown_table(&[row]));
     let mut other = loaded.clone();
     other.machine = "another CPU, 2 CPUs".to_string();
@@ -822,10 +826,11 @@ fn saved_rows_and_columns_tabulate_as_measured() {
         "{table}"
     );
 
+    // A mean whose last digit serde_json may not read back exactly.
     let setting = Table1Setting {
         split: "dev.jsonl".to_string(),
         utterances: 10,
-        mean_steps: 780.4,
+        mean_steps: 15505.0 / 31.0,
         clusters: 100,
         topk: 32,
         decoding: "greedy decoding".to_string(),
@@ -847,20 +852,29 @@ fn saved_rows_and_columns_tabulate_as_measured() {
     let full: Table1Column = load_json(&path).unwrap();
     assert_eq!(
         table1_markdown(&[full.clone(), shared.clone()]).unwrap(),
-        "PER (%) on dev.jsonl (10 utterances, mean 780 encoder steps, C = 100, K = 32, greedy \
+        "PER (%) on dev.jsonl (10 utterances, mean 500 encoder steps, C = 100, K = 32, greedy \
          decoding); columns: trained with, rows: evaluated with\n\
          | evaluated with | full | shared-full |\n\
          |---|---:|---:|\n\
          | full | 58.02 | 70.00 |\n\
          | shared-full | – | 62.76 |\n"
     );
-    let mut elsewhere = shared;
+    let mut elsewhere = shared.clone();
     elsewhere.setting.clusters = 200;
-    let error = table1_markdown(&[full, elsewhere]).unwrap_err().to_string();
+    let error = table1_markdown(&[full.clone(), elsewhere])
+        .unwrap_err()
+        .to_string();
     assert!(
-        error.contains("full-4") && error.contains("shared-full-4"),
+        error.contains("full-4")
+            && error.contains("shared-full-4")
+            && error.contains("share split and settings"),
         "{error}"
     );
+    let mut fewer = shared;
+    fewer.cells.pop();
+    let error = table1_markdown(&[full, fewer]).unwrap_err().to_string();
+    assert!(error.contains("different attentions"), "{error}");
+    assert!(table1_markdown(&[]).is_err());
     assert!(load_json::<Table1Column>(&dir.join("clustered-100-4.json")).is_err());
 }
 

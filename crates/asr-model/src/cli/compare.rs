@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use asr_model::compare::{
-    ModelSummary, forward_ms_per_utterance, load_json, markdown_table, plot, save_json,
+    ModelSummary, forward_ms_per_utterance, load_json, markdown_table, plot, save_model_result,
 };
 use asr_model::data::load_split_of;
 use asr_model::features::LogMel;
@@ -51,6 +51,9 @@ impl BackendTask for &CompareArgs {
     /// Times and scores every model on `B`, prints the table and draws the plot.
     fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
         let args = self;
+        if args.models.is_empty() && args.save.is_some() {
+            bail!("--save saves the models measured now, and no --model is given");
+        }
         let mut rows = Vec::new();
         let mut loaded_splits = None;
         for dir in &args.models {
@@ -78,13 +81,7 @@ impl BackendTask for &CompareArgs {
             let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
             let row = ModelSummary::new(dir, &log, saved.model.n_layers, test_per, forward_ms)?;
             if let Some(save) = &args.save {
-                let name = dir
-                    .file_name()
-                    .with_context(|| format!("{}: a model directory has a name", dir.display()))?;
-                std::fs::create_dir_all(save)
-                    .with_context(|| format!("{}: cannot create", save.display()))?;
-                let path = save.join(format!("{}.json", name.to_string_lossy()));
-                save_json(&path, &row)?;
+                let path = save_model_result(save, dir, ".json", &row)?;
                 eprintln!("wrote {}", path.display());
             }
             rows.push(row);

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use asr_model::compare::{
-    Table1Column, Table1Setting, load_json, save_json, table1_attentions, table1_markdown,
+    Table1Column, Table1Setting, load_json, save_model_result, table1_attentions, table1_markdown,
     this_machine,
 };
 use asr_model::data::load_split_of;
@@ -129,6 +129,11 @@ impl BackendTask for &EvalArgs {
     fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
         let args = self;
         if args.models.is_empty() {
+            if args.save.is_some() || !args.lm_corpora.is_empty() || args.clusters.is_some() {
+                bail!(
+                    "--save, --lm-corpus and --clusters apply to the models evaluated now, and no --model is given"
+                );
+            }
             let columns = saved_columns(args)?;
             print!("{}", table1_markdown(&columns)?);
             return Ok(());
@@ -174,8 +179,16 @@ impl BackendTask for &EvalArgs {
         };
         let decoding = match &search {
             Some(_) => format!(
-                "CTC prefix beam search with a phone {}-gram LM",
-                args.lm_order
+                "CTC prefix beam search with a phone {}-gram LM of {} (weight {}, bonus {}, beam {})",
+                args.lm_order,
+                args.lm_corpora
+                    .iter()
+                    .map(|c| c.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                args.lm_weight,
+                args.insertion_bonus,
+                args.beam
             ),
             None => "greedy decoding".to_string(),
         };
@@ -224,13 +237,7 @@ impl BackendTask for &EvalArgs {
                 machine: this_machine(),
             };
             if let Some(save) = &args.save {
-                let name = dir
-                    .file_name()
-                    .with_context(|| format!("{}: a model directory has a name", dir.display()))?;
-                std::fs::create_dir_all(save)
-                    .with_context(|| format!("{}: cannot create", save.display()))?;
-                let path = save.join(format!("{}.table1.json", name.to_string_lossy()));
-                save_json(&path, &column)?;
+                let path = save_model_result(save, dir, ".table1.json", &column)?;
                 eprintln!("wrote {}", path.display());
             }
             columns.push(column);
