@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples included), then the WGPU kernels' tests with CUDA's memory
+# the workspace (the examples included), then the API docs (warnings denied) and a dry-run
+# publish of the clustered-attention crate, then the WGPU kernels' tests with CUDA's memory
 # layout. Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,11 @@ run_tests() {
     cargo test "${features[@]}" "$@" 2>&1 | tee "$log"
 }
 phase "tests" run_tests "$@"
+
+# The API docs build without a warning (broken or private links among them), and the crate
+# packages and builds on its own as crates.io would get it (no upload).
+phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
+phase "package" cargo publish --dry-run --locked --allow-dirty -p clustered-attention
 
 # The `ddp` build of asr-model (burn-train's distributed data parallel, CUDA alone: with Burn's
 # `distributed`, the CPU backends cannot train, so it is a build of its own) is checked, so that

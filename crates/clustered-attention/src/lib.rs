@@ -1,25 +1,23 @@
 #![warn(missing_docs)]
-//! Clustered and improved clustered attention for [Burn](https://burn.dev).
+#![doc = include_str!("../README.md")]
 //!
-//! An implementation of *Fast Transformers with Clustered Attention* (Vyas, Katharopoulos,
-//! Fleuret, NeurIPS 2020). Clustered attention groups the queries of each sequence and head
-//! into `C` clusters (LSH hashing, then K-means in Hamming space) and computes attention once
-//! per cluster centroid, in `O(L · C)` instead of `O(L · S)`; improved clustered attention
-//! recomputes the `topk` keys with the highest centroid attention exactly for every query.
+//! ## Items
 //!
 //! - Functional forms on `[batch, heads, seq, dim]`: [`full_attention`],
 //!   [`clustered_attention`], [`improved_clustered_attention`], and the paper's baselines
 //!   [`lsh_attention`] (Reformer's lsh-X), [`shared_full_attention`] and
 //!   [`oracle_top_attention`].
 //! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
-//!   [`MultiHeadClusteredAttention`].
+//!   [`MultiHeadClusteredAttention`]; the attention named by [`AttentionKind`].
+//! - The clustering: [`ClusteringOptions`], [`cluster_queries`].
 //! - The ops behind a backend extension trait, [`ClusteredAttentionBackend`] ([`ops`]):
 //!   hashing, K-means, the fused centroid and top-k attentions and the sparse top-k products,
 //!   with default bodies made of Burn tensor ops ([`ops::reference`]), so every backend works;
 //!   host loops on NdArray and Flex ([`backends::cpu`]), CubeCL kernels on WGPU, Vulkan and
 //!   CUDA, backward nodes on `Autodiff`.
 //!
-//! The crate's layout:
+//! ## The crate's layout
+//!
 //! - `lib.rs`: this page and the re-exports.
 //! - `layer.rs`: the multi-head layer; `kind.rs`: [`AttentionKind`] and its parser.
 //! - `attention/`: the functional forms, one file per attention.
@@ -27,20 +25,6 @@
 //! - `dropout.rs`: dropout whose masks can be seeded per thread ([`with_dropout_seed`]).
 //! - `ops/`: the backend trait, its structs, checks, tensor-level forms and default bodies.
 //! - `backends/`: the trait's implementations, `cpu/`, `cube/` and `autodiff.rs`.
-//!
-//! # Example
-//! ```
-//! use burn::backend::NdArray;
-//! use burn::tensor::{Distribution, Tensor};
-//! use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
-//!
-//! let device = Default::default();
-//! let attention = AttentionKind::Improved { clusters: 16, topk: 8 };
-//! let layer = ClusteredAttentionConfig::new(64, 4, attention).init::<NdArray>(&device);
-//! let x = Tensor::<NdArray, 3>::random([2, 100, 64], Distribution::Default, &device);
-//! let y = layer.forward(ClusteredAttentionInput::self_attn(x));
-//! assert_eq!(y.dims(), [2, 100, 64]);
-//! ```
 
 pub mod attention;
 pub mod backends;

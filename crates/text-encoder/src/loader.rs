@@ -349,7 +349,7 @@ pub fn load_safetensors<B: ClusteredAttentionBackend>(
 /// The checkpoint's name of a module path (`layers.0.attention_norm.gamma` →
 /// `encoder.layer.0.attention.output.LayerNorm.weight`).
 ///
-/// The loader's tests check that this inverts [`KEY_MAP`] for every parameter (each one's
+/// The loader's tests check that this inverts `KEY_MAP` for every parameter (each one's
 /// missing-tensor error names it).
 pub fn checkpoint_name(module_path: &str) -> String {
     static PATTERNS: LazyLock<Vec<(Regex, &str)>> = LazyLock::new(|| {

@@ -69,8 +69,8 @@ pub fn read_records(dir: &Path) -> anyhow::Result<Vec<EpochRecord>> {
         .collect()
 }
 
-/// The process's peak resident memory in MiB since the last [`reset_peak_memory`] (Linux
-/// `/proc/self/status`, `VmHWM`).
+/// The process's peak resident memory in MiB since the last reset (`reset_peak_memory`, at
+/// the start of each epoch), from Linux's `/proc/self/status` (`VmHWM`).
 pub fn peak_memory_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;

@@ -160,7 +160,7 @@ mod flex {
 
     impl HostAccess for Flex {
         /// Borrows `f32` storage when it is contiguous; otherwise copies it into row-major
-        /// order ([`row_major`]), widening `f16` and `bf16`.
+        /// order one dense run at a time, widening `f16` and `bf16`.
         fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
             match x.dtype() {
                 DType::F16 => f(&row_major::<f16>(x, f16::to_f32)),
