@@ -92,21 +92,23 @@ training=(--ctc-loss alpha-beta --augment none --batch-frames 6000 --learning-ra
     --warmup-steps 200 --devices "$devices" --backend "$backend" --seed 0)
 column_models="full-4 shared-full-4 lsh-1-4 lsh-4-4 clustered-100-4 improved-100-4"
 cluster_models="improved-100-4 blocks-100-4"
+# Whether the name $1 is one of the space-separated names $2.
+one_of() { [[ " $2 " == *" $1 "* ]]; }
 # Whether a model's results are all in RESULTS (its row is written last).
 measured() {
     [ -f "$results/$1.json" ] || return 1
-    if [[ " $column_models " == *" $1 "* ]]; then [ -f "$results/$1.table1.json" ] || return 1; fi
-    if [[ " $cluster_models " == *" $1 "* ]]; then [ -f "$results/clusters-$1.md" ] || return 1; fi
+    if one_of "$1" "$column_models"; then [ -f "$results/$1.table1.json" ] || return 1; fi
+    if one_of "$1" "$cluster_models"; then [ -f "$results/clusters-$1.md" ] || return 1; fi
 }
 
 # Step 4 for one trained model.
 measure() {
     local name=$1 dir=$2
-    if [[ " $column_models " == *" $name "* ]]; then
+    if one_of "$name" "$column_models"; then
         "$asr" eval "${corpora[@]}" --split dev --backend "$backend" --table --clusters 100 \
             --topk 32 --model "$dir" --save "$results" || return 1
     fi
-    if [[ " $cluster_models " == *" $name "* ]]; then
+    if one_of "$name" "$cluster_models"; then
         "$asr" clusters --model "$dir" --corpus data/long/queen --split dev \
             --svg "$out/clusters-$name.svg" >"$results/clusters-$name.md.partial" || return 1
         mv "$results/clusters-$name.md.partial" "$results/clusters-$name.md" || return 1
