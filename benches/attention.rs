@@ -8,8 +8,8 @@
 use burn::backend::NdArray;
 use burn::tensor::{Distribution, Int, Tensor};
 use clustered_attention::{
-    AttentionOptions, ClusteringOptions, clustered_attention, full_attention, hamming_kmeans,
-    improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionInput, ClusteredAttention, FullAttention, ImprovedClusteredAttention, hamming_kmeans,
+    lsh_hash, lsh_planes,
 };
 use divan::Bencher;
 
@@ -37,10 +37,6 @@ fn inputs(len: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
     (x(), x(), x())
 }
 
-fn clustering() -> ClusteringOptions {
-    ClusteringOptions::new(CLUSTERS)
-}
-
 #[divan::bench(args = LENGTHS, sample_count = 10)]
 fn lsh_hash_op(bencher: Bencher, len: usize) {
     let (queries, _, _) = inputs(len);
@@ -63,45 +59,29 @@ fn hamming_kmeans_op(bencher: Bencher, len: usize) {
 #[divan::bench(args = LENGTHS, sample_count = 5)]
 fn full(bencher: Bencher, len: usize) {
     let (q, k, v) = inputs(len);
-    let options = AttentionOptions::new();
     bencher.bench(|| {
-        full_attention(q.clone(), k.clone(), v.clone(), None, None, &options).into_data()
+        FullAttention::new()
+            .forward(AttentionInput::new(q.clone(), k.clone(), v.clone()))
+            .into_data()
     });
 }
 
 #[divan::bench(args = LENGTHS, sample_count = 10)]
 fn clustered(bencher: Bencher, len: usize) {
     let (q, k, v) = inputs(len);
-    let (options, clustering) = (AttentionOptions::new(), clustering());
     bencher.bench(|| {
-        clustered_attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            None,
-            None,
-            &clustering,
-            &options,
-        )
-        .into_data()
+        ClusteredAttention::new(CLUSTERS)
+            .forward(AttentionInput::new(q.clone(), k.clone(), v.clone()))
+            .into_data()
     });
 }
 
 #[divan::bench(args = LENGTHS, sample_count = 10)]
 fn improved(bencher: Bencher, len: usize) {
     let (q, k, v) = inputs(len);
-    let (options, clustering) = (AttentionOptions::new(), clustering());
     bencher.bench(|| {
-        improved_clustered_attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            None,
-            None,
-            &clustering,
-            TOPK,
-            &options,
-        )
-        .into_data()
+        ImprovedClusteredAttention::new(CLUSTERS, TOPK)
+            .forward(AttentionInput::new(q.clone(), k.clone(), v.clone()))
+            .into_data()
     });
 }

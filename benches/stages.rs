@@ -15,8 +15,8 @@ use clustered_attention::ops::{
     sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
 };
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, cluster_queries,
-    clustered_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
+    ImprovedClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
 
 #[global_allocator]
@@ -192,21 +192,19 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
             float(&grad),
         )
     });
-    let none = AttentionOptions::new();
     stage::<B, _>("clustered (whole)", &device, || {
-        clustered_attention(q.clone(), k.clone(), v.clone(), None, None, &options, &none)
-    });
-    stage::<B, _>("improved (whole)", &device, || {
-        improved_clustered_attention(
+        ClusteredAttention::new(clusters).forward(AttentionInput::new(
             q.clone(),
             k.clone(),
             v.clone(),
-            None,
-            None,
-            &options,
-            topk,
-            &none,
-        )
+        ))
+    });
+    stage::<B, _>("improved (whole)", &device, || {
+        ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+        ))
     });
 }
 
@@ -221,19 +219,12 @@ fn train<B: ClusteredAttentionBackend + burn::tensor::backend::AutodiffBackend>(
         Tensor::<B, 4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
             .require_grad()
     });
-    let options = ClusteringOptions::new(clusters);
-    let none = AttentionOptions::new();
     let attend = || {
-        improved_clustered_attention(
+        ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(
             q.clone(),
             k.clone(),
             v.clone(),
-            None,
-            None,
-            &options,
-            topk,
-            &none,
-        )
+        ))
     };
     stage::<B, _>("improved train: forward", &device, attend);
     stage::<B, _>("improved train: forward + backward", &device, || {

@@ -8,8 +8,8 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, clustered_attention,
-    full_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
+    FullAttention, ImprovedClusteredAttention, hamming_kmeans, lsh_hash, lsh_planes,
 };
 use serde::Serialize;
 
@@ -244,21 +244,24 @@ fn attend<B: ClusteredAttentionBackend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    let options = AttentionOptions::new();
+    let clusters = clustering(args);
+    let input = AttentionInput::new(q, k, v);
     match op {
-        "full" => full_attention(q, k, v, None, None, &options),
-        "fused" => attention(q, k, v, None, None, AttentionModuleOptions::default()),
-        "clustered" => clustered_attention(q, k, v, None, None, &clustering(args), &options),
-        "improved" => improved_clustered_attention(
-            q,
-            k,
-            v,
+        "full" => FullAttention::new().forward(input),
+        "fused" => attention(
+            input.queries,
+            input.keys,
+            input.values,
             None,
             None,
-            &clustering(args),
-            args.topk,
-            &options,
+            AttentionModuleOptions::default(),
         ),
+        "clustered" => ClusteredAttention::new(args.clusters)
+            .with_clustering(clusters)
+            .forward(input),
+        "improved" => ImprovedClusteredAttention::new(args.clusters, args.topk)
+            .with_clustering(clusters)
+            .forward(input),
         _ => unreachable!(),
     }
 }

@@ -51,9 +51,9 @@ pub enum AttentionKind {
         topk: usize,
     },
     /// Full attention with shared queries and keys, the paper's shared-full
-    /// ([`shared_full_attention`](crate::shared_full_attention)).
+    /// ([`SharedFullAttention`](crate::SharedFullAttention)).
     SharedFull,
-    /// Reformer's LSH attention, the paper's lsh-X ([`lsh_attention`](crate::lsh_attention)).
+    /// Reformer's LSH attention, the paper's lsh-X ([`LshAttention`](crate::LshAttention)).
     Lsh {
         /// Hashing rounds `X`.
         rounds: usize,
@@ -61,7 +61,7 @@ pub enum AttentionKind {
         chunk_size: usize,
     },
     /// Each query's `topk` highest-scoring keys only, the paper's oracle-top
-    /// ([`oracle_top_attention`](crate::oracle_top_attention)).
+    /// ([`OracleTopAttention`](crate::OracleTopAttention)).
     OracleTop {
         /// Keys kept per query.
         topk: usize,

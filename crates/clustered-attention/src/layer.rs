@@ -8,8 +8,8 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use crate::ClusteredAttentionBackend;
 use crate::attention::{
-    AttentionOptions, LshOptions, clustered_attention, full_attention,
-    improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
+    AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
+    ImprovedClusteredAttention, LshAttention, OracleTopAttention, SharedFullAttention,
 };
 use crate::clustering::{ClusteringOptions, QueryGrouping};
 use crate::kind::AttentionKind;
@@ -275,7 +275,7 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
     /// # Panics
     /// If the last dimension of an input is not `d_model`, the inputs disagree on batch or on
     /// `S`, `mask_pad` is not a padding mask, both `mask_pad` and key lengths are given, a
-    /// length is out of range (see [`full_attention`]), or the attention is shared-QK and
+    /// length is out of range (see [`FullAttention::forward`]), or the attention is shared-QK and
     /// `S ≠ L`.
     pub fn forward(&self, input: ClusteredAttentionInput<B>) -> Tensor<B, 3> {
         let [batch, queries_len, _] = input.query.dims();
@@ -324,72 +324,47 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
                 .with_hash_bias(self.hash_bias)
                 .with_seed(self.seed)
         };
+        let blocks = |clusters| clustering(clusters).with_grouping(QueryGrouping::PositionBlocks);
+        let input = AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        };
         let context = match self.attention {
-            AttentionKind::Full => {
-                full_attention(queries, keys, values, query_lengths, key_lengths, &options)
+            AttentionKind::Full => FullAttention::new().with_options(options).forward(input),
+            AttentionKind::Clustered { clusters } => ClusteredAttention::new(clusters)
+                .with_clustering(clustering(clusters))
+                .with_options(options)
+                .forward(input),
+            AttentionKind::Improved { clusters, topk } => {
+                ImprovedClusteredAttention::new(clusters, topk)
+                    .with_clustering(clustering(clusters))
+                    .with_options(options)
+                    .forward(input)
             }
-            AttentionKind::Clustered { clusters } => clustered_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                &clustering(clusters),
-                &options,
-            ),
-            AttentionKind::Improved { clusters, topk } => improved_clustered_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                &clustering(clusters),
-                topk,
-                &options,
-            ),
-            AttentionKind::Blocks { clusters } => clustered_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                &clustering(clusters).with_grouping(QueryGrouping::PositionBlocks),
-                &options,
-            ),
-            AttentionKind::ImprovedBlocks { clusters, topk } => improved_clustered_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                &clustering(clusters).with_grouping(QueryGrouping::PositionBlocks),
-                topk,
-                &options,
-            ),
-            AttentionKind::SharedFull => {
-                shared_full_attention(queries, keys, values, query_lengths, key_lengths, &options)
+            AttentionKind::Blocks { clusters } => ClusteredAttention::new(clusters)
+                .with_clustering(blocks(clusters))
+                .with_options(options)
+                .forward(input),
+            AttentionKind::ImprovedBlocks { clusters, topk } => {
+                ImprovedClusteredAttention::new(clusters, topk)
+                    .with_clustering(blocks(clusters))
+                    .with_options(options)
+                    .forward(input)
             }
-            AttentionKind::Lsh { rounds, chunk_size } => lsh_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                &LshOptions::new()
-                    .with_rounds(rounds)
-                    .with_chunk_size(chunk_size)
-                    .with_seed(self.seed),
-                &options,
-            ),
-            AttentionKind::OracleTop { topk } => oracle_top_attention(
-                queries,
-                keys,
-                values,
-                query_lengths,
-                key_lengths,
-                topk,
-                &options,
-            ),
+            AttentionKind::SharedFull => SharedFullAttention::new()
+                .with_options(options)
+                .forward(input),
+            AttentionKind::Lsh { rounds, chunk_size } => LshAttention::new(rounds)
+                .with_chunk_size(chunk_size)
+                .with_seed(self.seed)
+                .with_options(options)
+                .forward(input),
+            AttentionKind::OracleTop { topk } => OracleTopAttention::new(topk)
+                .with_options(options)
+                .forward(input),
         };
         let context = context
             .swap_dims(1, 2)

@@ -3,10 +3,11 @@
 //!
 //! ## Items
 //!
-//! - Functional forms on `[batch, heads, seq, dim]`: [`full_attention`],
-//!   [`clustered_attention`], [`improved_clustered_attention`], and the paper's baselines
-//!   [`lsh_attention`] (Reformer's lsh-X), [`shared_full_attention`] and
-//!   [`oracle_top_attention`].
+//! - The attentions on `[batch, heads, seq, dim]` tensors, each its options with a `forward`
+//!   taking an [`AttentionInput`]: [`FullAttention`], [`ClusteredAttention`],
+//!   [`ImprovedClusteredAttention`], and the paper's baselines [`LshAttention`] (Reformer's
+//!   lsh-X), [`SharedFullAttention`] and [`OracleTopAttention`]. The free functions
+//!   (`full_attention`, …) are their positional forms, deprecated.
 //! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`]; the attention named by [`AttentionKind`].
 //! - The clustering: [`ClusteringOptions`], [`cluster_queries`].
@@ -34,9 +35,12 @@ mod kind;
 mod layer;
 pub mod ops;
 
+#[allow(deprecated)]
 pub use attention::{
-    AttentionOptions, LshOptions, clustered_attention, full_attention,
-    improved_clustered_attention, lsh_attention, oracle_top_attention, shared_full_attention,
+    AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
+    ImprovedClusteredAttention, LshAttention, LshOptions, OracleTopAttention, SharedFullAttention,
+    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
+    oracle_top_attention, shared_full_attention,
 };
 pub use clustering::{
     ClusteringOptions, Clusters, QueryGrouping, cluster_queries, hamming_kmeans, lsh_hash,

@@ -1,6 +1,9 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, check_input, dropout, inverse_counts};
+use super::{
+    AttentionInput, AttentionOptions, attention_options_builders, check_input, clustering_builders,
+    dropout, inverse_counts,
+};
 use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::grouping::QueryGroups;
@@ -14,36 +17,102 @@ use crate::ops::{attention_softmax, centroid_attention};
 /// `O(L · C · E + C · S · (E + D))` instead of `O(L · S · (E + D))`.
 ///
 /// When a sequence has no more valid queries than `C`, each query is its own cluster and the
-/// result equals [`full_attention`](super::full_attention). Gradients reach the queries through
+/// result equals [`FullAttention`](super::FullAttention). Gradients reach the queries through
 /// the centroids, and the keys and values through the attention.
-///
-/// # Shapes
-/// - `queries`: `[batch, heads, L, E]`
-/// - `keys`: `[batch, heads, S, E]`
-/// - `values`: `[batch, heads, S, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded queries
-///   join no cluster and their output rows are zero
-/// - output: `[batch, heads, L, D]`
-///
-/// # Panics
-/// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
-/// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
-/// or `bits` is outside `1..=32`.
 ///
 /// # Example
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::tensor::{Distribution, Tensor};
-/// use clustered_attention::{AttentionOptions, ClusteringOptions, clustered_attention};
+/// use clustered_attention::{AttentionInput, ClusteredAttention};
 ///
 /// let device = Default::default();
 /// let q = Tensor::<NdArray, 4>::random([1, 2, 64, 8], Distribution::Default, &device);
 /// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
 /// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
-/// let clustering = ClusteringOptions::new(8).with_seed(7);
-/// let out = clustered_attention(q, k, v, None, None, &clustering, &AttentionOptions::new());
+/// let out = ClusteredAttention::new(8).with_seed(7).forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 64, 3]);
 /// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusteredAttention {
+    /// The clusters `C` and how the queries are hashed and grouped.
+    pub clustering: ClusteringOptions,
+    /// The scale and the dropout.
+    pub options: AttentionOptions,
+}
+
+impl ClusteredAttention {
+    /// Clustered attention with `clusters` clusters (`C ≥ 1`) per sequence and head, 32 hash
+    /// bits, 10 Lloyd iterations, seed 0, the scale `1 / sqrt(E)` and no dropout.
+    pub fn new(clusters: usize) -> Self {
+        Self {
+            clustering: ClusteringOptions::new(clusters),
+            options: AttentionOptions::new(),
+        }
+    }
+
+    clustering_builders!();
+    attention_options_builders!();
+
+    /// The clustered attention of `input`'s queries on its keys and values.
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`
+    /// - `keys`: `[batch, heads, S, E]`
+    /// - `values`: `[batch, heads, S, D]`
+    /// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded queries
+    ///   join no cluster and their output rows are zero
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
+    /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
+    /// or `bits` is outside `1..=32`.
+    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+        let AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        } = input;
+        let (clustering, options) = (&self.clustering, &self.options);
+        clustering.check();
+        let input = check_input(
+            &queries,
+            &keys,
+            &values,
+            query_lengths,
+            key_lengths,
+            options,
+        );
+        let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+        let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
+        let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
+
+        // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
+        // products instead of C × S.
+        let centroids = groups
+            .centroids(queries, inverse_counts(clusters.counts, dtype))
+            .mul_scalar(input.scale);
+        // Dropout applies only under autodiff; without it, the fused op serves both passes.
+        let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {
+            let scores = centroids.matmul(keys.swap_dims(2, 3));
+            let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
+            dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
+        } else {
+            // Without dropout, eqs. 4–5 in one op.
+            centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
+        };
+        groups.broadcast(cluster_values) // eq. 6
+    }
+}
+
+/// [`ClusteredAttention`] with positional arguments.
+#[deprecated(
+    since = "0.1.0",
+    note = "use `ClusteredAttention::new(clusters).forward(AttentionInput::new(queries, keys, values))`"
+)]
 pub fn clustered_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
@@ -53,32 +122,14 @@ pub fn clustered_attention<B: ClusteredAttentionBackend>(
     clustering: &ClusteringOptions,
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
-    clustering.check();
-    let input = check_input(
-        &queries,
-        &keys,
-        &values,
-        query_lengths,
-        key_lengths,
-        options,
-    );
-    let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
-    let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
-    let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
-
-    // eq. 3, [batch, heads, C, E]; scaling the centroids rather than the scores: C × E
-    // products instead of C × S.
-    let centroids = groups
-        .centroids(queries, inverse_counts(clusters.counts, dtype))
-        .mul_scalar(input.scale);
-    // Dropout applies only under autodiff; without it, the fused op serves both passes.
-    let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {
-        let scores = centroids.matmul(keys.swap_dims(2, 3));
-        let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
-        dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
-    } else {
-        // Without dropout, eqs. 4–5 in one op.
-        centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
-    };
-    groups.broadcast(cluster_values) // eq. 6
+    ClusteredAttention::new(clustering.clusters)
+        .with_clustering(clustering.clone())
+        .with_options(options.clone())
+        .forward(AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        })
 }

@@ -1,6 +1,9 @@
 use burn::tensor::{DType, Int, Tensor};
 
-use super::{AttentionOptions, check_input, dropout, inverse_counts, top_keys};
+use super::{
+    AttentionInput, AttentionOptions, attention_options_builders, check_input, clustering_builders,
+    dropout, inverse_counts, top_keys,
+};
 use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::grouping::QueryGroups;
@@ -10,7 +13,7 @@ use crate::ops::{attention_softmax, improved_attention, sparse_dot, sparse_weigh
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
 /// Clusters the queries and computes the centroid attention `Aᶜ` as
-/// [`clustered_attention`](super::clustered_attention) does. For each cluster `j` it then takes
+/// [`ClusteredAttention`](super::ClusteredAttention) does. For each cluster `j` it then takes
 /// the `topk` keys `T_j` with the highest centroid attention and their mass
 /// `m̂_j = Σ_{l ∈ T_j} Aᶜ_{jl}` (eq. 9). Each query `i` of cluster `j` attends to `T_j` with
 /// its own exact dot products, softmaxed over `T_j` and scaled by `m̂_j`, and to the other keys
@@ -19,38 +22,155 @@ use crate::ops::{attention_softmax, improved_attention, sparse_dot, sparse_weigh
 /// products are backend ops ([`crate::ops`]).
 ///
 /// Proposition 2 of the paper holds: `‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁` for every query. With
-/// `topk ≥ S` the result equals [`full_attention`](super::full_attention), whatever `C`; so it
+/// `topk ≥ S` the result equals [`FullAttention`](super::FullAttention), whatever `C`; so it
 /// does when every sequence has no more valid queries than `C`.
-///
-/// # Shapes
-/// - `queries`: `[batch, heads, L, E]`
-/// - `keys`: `[batch, heads, S, E]`
-/// - `values`: `[batch, heads, S, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded queries
-///   join no cluster and their output rows are zero
-/// - output: `[batch, heads, L, D]`
-///
-/// # Panics
-/// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
-/// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` or
-/// `topk` is 0, or `bits` is outside `1..=32`.
 ///
 /// # Example
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::tensor::{Distribution, Tensor};
-/// use clustered_attention::{AttentionOptions, ClusteringOptions, improved_clustered_attention};
+/// use clustered_attention::{AttentionInput, ImprovedClusteredAttention};
 ///
 /// let device = Default::default();
 /// let q = Tensor::<NdArray, 4>::random([1, 2, 64, 8], Distribution::Default, &device);
 /// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
 /// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
-/// let clustering = ClusteringOptions::new(8);
-/// let out = improved_clustered_attention(
-///     q, k, v, None, None, &clustering, 16, &AttentionOptions::new(),
-/// );
+/// // 8 clusters, 16 top keys per cluster.
+/// let attention = ImprovedClusteredAttention::new(8, 16);
+/// let out = attention.forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 64, 3]);
 /// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImprovedClusteredAttention {
+    /// The clusters `C` and how the queries are hashed and grouped.
+    pub clustering: ClusteringOptions,
+    /// Keys `k ≥ 1` per cluster whose weights each query recomputes exactly (`min(k, S)` are
+    /// used).
+    pub topk: usize,
+    /// The scale and the dropout.
+    pub options: AttentionOptions,
+}
+
+impl ImprovedClusteredAttention {
+    /// Improved clustered attention with `clusters` clusters (`C ≥ 1`) per sequence and head
+    /// and `topk` keys recomputed per query (`k ≥ 1`), 32 hash bits, 10 Lloyd iterations,
+    /// seed 0, the scale `1 / sqrt(E)` and no dropout.
+    pub fn new(clusters: usize, topk: usize) -> Self {
+        Self {
+            clustering: ClusteringOptions::new(clusters),
+            topk,
+            options: AttentionOptions::new(),
+        }
+    }
+
+    clustering_builders!();
+    attention_options_builders!();
+
+    /// The improved clustered attention of `input`'s queries on its keys and values.
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`
+    /// - `keys`: `[batch, heads, S, E]`
+    /// - `values`: `[batch, heads, S, D]`
+    /// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention, padded queries
+    ///   join no cluster and their output rows are zero
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
+    /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` or
+    /// `topk` is 0, or `bits` is outside `1..=32`.
+    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+        let AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        } = input;
+        let (clustering, topk, options) = (&self.clustering, self.topk, &self.options);
+        assert!(topk > 0, "topk must be at least 1, got 0");
+        clustering.check();
+        let input = check_input(
+            &queries,
+            &keys,
+            &values,
+            query_lengths,
+            key_lengths,
+            options,
+        );
+        let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+        // Dropout applies only under autodiff; without it, one op serves both passes.
+        if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
+            // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
+            // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
+            // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
+            let k = topk.min(keys.dims()[2]);
+            let inverse_counts = inverse_counts(clusters.counts, queries.dtype());
+            return improved_attention(
+                queries,
+                keys,
+                values,
+                clusters.assignments,
+                inverse_counts,
+                input.batch_key_lengths(),
+                k,
+                input.scale,
+            );
+        }
+        let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
+        let grouping = QueryGroups::new(clusters.assignments, num_clusters, dtype);
+        let assignments = grouping.assignments();
+
+        // With dropout, which masks the weights between the softmaxes and the products, step by
+        // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
+        let centroids = grouping
+            .centroids(queries.clone(), inverse_counts(clusters.counts, dtype))
+            .mul_scalar(input.scale);
+        // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
+        // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,
+        // the keys outside the top-k keeping Aᶜ (eq. 10, second case), [batch, heads, C, D].
+        let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
+        let weights = attention_softmax(scores.clone());
+        // Ranking by score ranks by Aᶜ.
+        let top = top_keys(scores, topk);
+        let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
+        let weights = dropout(weights, options.dropout);
+        let top_weights = weights.clone().gather(3, top.clone());
+        let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
+            // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
+            // 1 and lose most of the rest's 8 or 11 bits.
+            rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
+        } else {
+            weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
+        };
+
+        // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
+        // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
+        let mut top_scores =
+            sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
+        if let Some(lengths) = &input.key_lengths {
+            let padded = top
+                .clone()
+                .greater_equal(lengths.clone().expand(top.dims()));
+            let bias = Tensor::<B, 4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
+                .mask_fill(padded, f32::NEG_INFINITY);
+            top_scores = top_scores + grouping.broadcast(bias);
+        }
+        let query_mass = grouping.broadcast(top_mass); // [batch, heads, L, 1]
+        let top_attention = dropout(attention_softmax(top_scores) * query_mass, options.dropout);
+        let top_output = sparse_weighted_sum(top_attention, values, top, assignments);
+
+        // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).
+        top_output + grouping.broadcast(rest_values)
+    }
+}
+
+/// [`ImprovedClusteredAttention`] with positional arguments.
+#[deprecated(
+    since = "0.1.0",
+    note = "use `ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(queries, keys, values))`"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
@@ -62,80 +182,16 @@ pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
     topk: usize,
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
-    assert!(topk > 0, "topk must be at least 1, got 0");
-    clustering.check();
-    let input = check_input(
-        &queries,
-        &keys,
-        &values,
-        query_lengths,
-        key_lengths,
-        options,
-    );
-    let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
-    // Dropout applies only under autodiff; without it, one op serves both passes.
-    if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
-        // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
-        // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
-        // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
-        let k = topk.min(keys.dims()[2]);
-        let inverse_counts = inverse_counts(clusters.counts, queries.dtype());
-        return improved_attention(
+    ImprovedClusteredAttention::new(clustering.clusters, topk)
+        .with_clustering(clustering.clone())
+        .with_options(options.clone())
+        .forward(AttentionInput {
             queries,
             keys,
             values,
-            clusters.assignments,
-            inverse_counts,
-            input.batch_key_lengths(),
-            k,
-            input.scale,
-        );
-    }
-    let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
-    let grouping = QueryGroups::new(clusters.assignments, num_clusters, dtype);
-    let assignments = grouping.assignments();
-
-    // With dropout, which masks the weights between the softmaxes and the products, step by
-    // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
-    let centroids = grouping
-        .centroids(queries.clone(), inverse_counts(clusters.counts, dtype))
-        .mul_scalar(input.scale);
-    // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
-    // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,
-    // the keys outside the top-k keeping Aᶜ (eq. 10, second case), [batch, heads, C, D].
-    let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
-    let weights = attention_softmax(scores.clone());
-    // Ranking by score ranks by Aᶜ.
-    let top = top_keys(scores, topk);
-    let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
-    let weights = dropout(weights, options.dropout);
-    let top_weights = weights.clone().gather(3, top.clone());
-    let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
-        // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
-        // 1 and lose most of the rest's 8 or 11 bits.
-        rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
-    } else {
-        weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
-    };
-
-    // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
-    // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
-    let mut top_scores =
-        sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
-    if let Some(lengths) = &input.key_lengths {
-        let padded = top
-            .clone()
-            .greater_equal(lengths.clone().expand(top.dims()));
-        let bias = Tensor::<B, 4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
-            .mask_fill(padded, f32::NEG_INFINITY);
-        top_scores = top_scores + grouping.broadcast(bias);
-    }
-    let query_mass = grouping.broadcast(top_mass); // [batch, heads, L, 1]
-    let top_attention = dropout(attention_softmax(top_scores) * query_mass, options.dropout);
-    let top_output = sparse_weighted_sum(top_attention, values, top, assignments);
-
-    // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).
-    top_output + grouping.broadcast(rest_values)
+            query_lengths,
+            key_lengths,
+        })
 }
 
 /// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all

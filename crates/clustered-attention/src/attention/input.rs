@@ -9,6 +9,61 @@ use crate::ClusteredAttentionBackend;
 use crate::ops::checks::{host_key_lengths, host_lengths};
 use crate::ops::topk_indices;
 
+/// The input of an attention on `[batch, heads, seq, dim]` tensors, as burn-nn's `MhaInput` is
+/// the input of its layer: queries, keys and values, and optional sequence lengths for padded
+/// batches.
+///
+/// # Shapes
+/// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+///   `values`: `[batch, heads, S, D]` (S may differ from L; the shared-QK attentions need
+///   `S = L`)
+/// - `query_lengths`, `key_lengths`: `[batch]`, Int. Positions at or past a sequence's length
+///   are padding: padded keys get no attention, padded queries join no cluster and get a zero
+///   output row. Without them every position is valid.
+///
+/// The shapes and lengths are checked by the attention's `forward`, which panics naming the
+/// argument and the shapes.
+#[derive(Debug, Clone)]
+pub struct AttentionInput<B: Backend> {
+    /// `[batch, heads, L, E]`.
+    pub queries: Tensor<B, 4>,
+    /// `[batch, heads, S, E]`.
+    pub keys: Tensor<B, 4>,
+    /// `[batch, heads, S, D]`.
+    pub values: Tensor<B, 4>,
+    /// `[batch]`: the valid queries of each sequence; `None`: all of them.
+    pub query_lengths: Option<Tensor<B, 1, Int>>,
+    /// `[batch]`: the valid keys (and values) of each sequence, each at least 1; `None`: all
+    /// of them.
+    pub key_lengths: Option<Tensor<B, 1, Int>>,
+}
+
+impl<B: Backend> AttentionInput<B> {
+    /// Queries `[batch, heads, L, E]`, keys `[batch, heads, S, E]` and values
+    /// `[batch, heads, S, D]`, every position valid.
+    pub fn new(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
+        Self {
+            queries,
+            keys,
+            values,
+            query_lengths: None,
+            key_lengths: None,
+        }
+    }
+
+    /// The valid queries of each sequence, `[batch]` Int, each in `0..=L`.
+    pub fn with_query_lengths(mut self, query_lengths: Tensor<B, 1, Int>) -> Self {
+        self.query_lengths = Some(query_lengths);
+        self
+    }
+
+    /// The valid keys and values of each sequence, `[batch]` Int, each in `1..=S`.
+    pub fn with_key_lengths(mut self, key_lengths: Tensor<B, 1, Int>) -> Self {
+        self.key_lengths = Some(key_lengths);
+        self
+    }
+}
+
 /// The scale and the lengths and padding masks of a checked attention input.
 pub(crate) struct Checked<B: Backend> {
     pub scale: f64,

@@ -5,7 +5,10 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::{AttentionOptions, Checked, check_input, dropout, positions};
+use super::{
+    AttentionInput, AttentionOptions, Checked, attention_options_builders, check_input, dropout,
+    positions,
+};
 use crate::ClusteredAttentionBackend;
 
 /// The score a query gets against its own key in shared-QK attention (Reformer, Kitaev et al.
@@ -13,7 +16,7 @@ use crate::ClusteredAttentionBackend;
 /// so that a query whose other keys are all masked attends to itself.
 pub(crate) const SELF_SCORE: f32 = -1.0e4;
 
-/// Options of [`lsh_attention`].
+/// Options of [`LshAttention`]: its hashing rounds, chunks, buckets and seed.
 #[derive(Config, Debug, PartialEq)]
 pub struct LshOptions {
     /// Hashing rounds `X` of lsh-X (`≥ 1`); the rounds' outputs are combined with their
@@ -174,30 +177,156 @@ pub fn sort_by_bucket<B: Backend>(
 /// queries, keys and values; the buckets carry none. Costs `O(X · L · m · (E + D))` plus
 /// the sort.
 ///
-/// # Shapes
-/// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
-///   padding: its key gets no attention and sorts last, its output row is zero
-/// - output: `[batch, heads, L, D]`
-///
-/// # Panics
-/// If the shapes disagree (see [`full_attention`](super::full_attention)), `keys` is not as
-/// long as `queries` (self-attention), a length tensor is not `[batch]` or out of range, or
-/// the options are invalid ([`LshOptions::check`]).
-///
 /// # Example
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::tensor::{Distribution, Tensor};
-/// use clustered_attention::{AttentionOptions, LshOptions, lsh_attention};
+/// use clustered_attention::{AttentionInput, LshAttention};
 ///
 /// let device = Default::default();
 /// let q = Tensor::<NdArray, 4>::random([1, 2, 100, 8], Distribution::Default, &device);
 /// let v = Tensor::<NdArray, 4>::random([1, 2, 100, 3], Distribution::Default, &device);
-/// let lsh = LshOptions::new().with_rounds(4).with_chunk_size(16);
-/// let out = lsh_attention(q.clone(), q, v, None, None, &lsh, &AttentionOptions::new());
+/// // lsh-4, chunks of 16.
+/// let attention = LshAttention::new(4).with_chunk_size(16);
+/// let out = attention.forward(AttentionInput::new(q.clone(), q, v));
 /// assert_eq!(out.dims(), [1, 2, 100, 3]);
 /// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct LshAttention {
+    /// The hashing rounds, chunk size, buckets and seed.
+    pub lsh: LshOptions,
+    /// The scale and the dropout.
+    pub options: AttentionOptions,
+}
+
+impl LshAttention {
+    /// Reformer's lsh-X with `rounds` hashing rounds (`X ≥ 1`), chunks of 32, `2 · ⌈L / 32⌉`
+    /// buckets, seed 0, the scale `1 / sqrt(E)` and no dropout.
+    pub fn new(rounds: usize) -> Self {
+        Self {
+            lsh: LshOptions::new().with_rounds(rounds),
+            options: AttentionOptions::new(),
+        }
+    }
+
+    /// Queries per chunk `m` of the sorted sequence (`≥ 1`, [`LshOptions::chunk_size`]);
+    /// default 32.
+    pub fn with_chunk_size(mut self, chunk_size: usize) -> Self {
+        self.lsh.chunk_size = chunk_size;
+        self
+    }
+
+    /// Buckets of the angular hash, even and `≥ 2` ([`LshOptions::buckets`]); default
+    /// `2 · ⌈L / m⌉`.
+    pub fn with_buckets(mut self, buckets: usize) -> Self {
+        self.lsh.buckets = Some(buckets);
+        self
+    }
+
+    /// Seed of the random rotations ([`LshOptions::seed`]); default 0.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.lsh.seed = seed;
+        self
+    }
+
+    /// All the hashing options at once (the rounds among them).
+    pub fn with_lsh(mut self, lsh: LshOptions) -> Self {
+        self.lsh = lsh;
+        self
+    }
+
+    attention_options_builders!();
+
+    /// Reformer's LSH attention of `input`'s queries on its keys and values.
+    ///
+    /// # Shapes
+    /// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
+    /// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
+    ///   padding: its key gets no attention and sorts last, its output row is zero
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
+    /// long as `queries` (self-attention), a length tensor is not `[batch]` or out of range, or
+    /// the options are invalid ([`LshOptions::check`]).
+    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+        let AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        } = input;
+        let (lsh, options) = (&self.lsh, &self.options);
+        lsh.check();
+        check_self_attention("LshAttention", &queries, &keys);
+        let input = check_input(
+            &queries,
+            &keys,
+            &values,
+            query_lengths,
+            key_lengths,
+            options,
+        );
+        let [batch, heads, len, dim] = queries.dims();
+        let value_dim = values.dims()[3];
+        let device = queries.device();
+        let keys = unit_keys(keys);
+        let buckets = lsh.buckets_for(len);
+
+        // Padded positions take an extra, last bucket.
+        let padded = input.key_padding.as_ref().map(|mask| {
+            mask.clone()
+                .reshape([batch, 1, len])
+                .expand([batch, heads, len])
+        });
+        let mut outputs = Vec::with_capacity(lsh.rounds);
+        let mut lses = Vec::with_capacity(lsh.rounds);
+        for round in 0..lsh.rounds {
+            let rotations = lsh_rotations::<B>(dim, buckets, lsh.round_seed(round), &device);
+            let mut hashed = angular_buckets(queries.clone(), rotations);
+            if let Some(padded) = &padded {
+                hashed = hashed.mask_fill(padded.clone(), buckets as i64);
+            }
+            let order = sort_by_bucket(hashed, buckets);
+            let (output, lse) = chunked_attention(
+                &queries,
+                &keys,
+                &values,
+                order,
+                lsh.chunk_size,
+                &input,
+                options.dropout,
+            );
+            outputs.push(output);
+            lses.push(lse);
+        }
+        let output = if lsh.rounds == 1 {
+            outputs.remove(0)
+        } else {
+            // Weights of the rounds: softmax over their log-sum-exps, [batch, heads, L, X].
+            let weights = burn::tensor::activation::softmax(Tensor::cat(lses, 3), 3);
+            outputs
+                .into_iter()
+                .enumerate()
+                .map(|(r, out)| {
+                    out * weights
+                        .clone()
+                        .slice([0..batch, 0..heads, 0..len, r..r + 1])
+                        .expand([batch, heads, len, value_dim])
+                })
+                .reduce(|a, b| a + b)
+                .expect("at least one round")
+        };
+        zero_padded_positions(&input, input.zero_padded_queries(output))
+    }
+}
+
+/// [`LshAttention`] with positional arguments.
+#[deprecated(
+    since = "0.1.0",
+    note = "use `LshAttention::new(rounds).forward(AttentionInput::new(queries, keys, values))`"
+)]
 pub fn lsh_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
@@ -207,67 +336,16 @@ pub fn lsh_attention<B: ClusteredAttentionBackend>(
     lsh: &LshOptions,
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
-    lsh.check();
-    check_self_attention("lsh_attention", &queries, &keys);
-    let input = check_input(
-        &queries,
-        &keys,
-        &values,
-        query_lengths,
-        key_lengths,
-        options,
-    );
-    let [batch, heads, len, dim] = queries.dims();
-    let value_dim = values.dims()[3];
-    let device = queries.device();
-    let keys = unit_keys(keys);
-    let buckets = lsh.buckets_for(len);
-
-    // Padded positions take an extra, last bucket.
-    let padded = input.key_padding.as_ref().map(|mask| {
-        mask.clone()
-            .reshape([batch, 1, len])
-            .expand([batch, heads, len])
-    });
-    let mut outputs = Vec::with_capacity(lsh.rounds);
-    let mut lses = Vec::with_capacity(lsh.rounds);
-    for round in 0..lsh.rounds {
-        let rotations = lsh_rotations::<B>(dim, buckets, lsh.round_seed(round), &device);
-        let mut hashed = angular_buckets(queries.clone(), rotations);
-        if let Some(padded) = &padded {
-            hashed = hashed.mask_fill(padded.clone(), buckets as i64);
-        }
-        let order = sort_by_bucket(hashed, buckets);
-        let (output, lse) = chunked_attention(
-            &queries,
-            &keys,
-            &values,
-            order,
-            lsh.chunk_size,
-            &input,
-            options.dropout,
-        );
-        outputs.push(output);
-        lses.push(lse);
-    }
-    let output = if lsh.rounds == 1 {
-        outputs.remove(0)
-    } else {
-        // Weights of the rounds: softmax over their log-sum-exps, [batch, heads, L, X].
-        let weights = burn::tensor::activation::softmax(Tensor::cat(lses, 3), 3);
-        outputs
-            .into_iter()
-            .enumerate()
-            .map(|(r, out)| {
-                out * weights
-                    .clone()
-                    .slice([0..batch, 0..heads, 0..len, r..r + 1])
-                    .expand([batch, heads, len, value_dim])
-            })
-            .reduce(|a, b| a + b)
-            .expect("at least one round")
-    };
-    zero_padded_positions(&input, input.zero_padded_queries(output))
+    LshAttention::new(lsh.rounds)
+        .with_lsh(lsh.clone())
+        .with_options(options.clone())
+        .forward(AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        })
 }
 
 /// Zeroes the output rows of positions past their key length: in shared-QK self-attention a

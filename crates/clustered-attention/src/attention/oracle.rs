@@ -1,6 +1,9 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionOptions, check_input, dropout, positions, top_keys};
+use super::{
+    AttentionInput, AttentionOptions, attention_options_builders, check_input, dropout, positions,
+    top_keys,
+};
 use crate::ClusteredAttentionBackend;
 use crate::ops::{attention_softmax, sparse_weighted_sum};
 
@@ -10,33 +13,91 @@ use crate::ops::{attention_softmax, sparse_weighted_sum};
 ///
 /// Improved clustered attention (§3.3) keeps the centroid's attention on the other keys; this
 /// shows what the top keys alone give. With `topk ≥ S` it equals
-/// [`full_attention`](super::full_attention). Gradients flow through the kept scores; the
+/// [`FullAttention`](super::FullAttention). Gradients flow through the kept scores; the
 /// choice of keys carries none.
-///
-/// # Shapes
-/// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
-///   `values`: `[batch, heads, S, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention (a sequence with
-///   fewer than `topk` valid keys uses all of them), padded query rows of the output are zero
-/// - output: `[batch, heads, L, D]`
-///
-/// # Panics
-/// If the shapes disagree (see [`full_attention`](super::full_attention)), a length tensor is
-/// not `[batch]` or out of range, or `topk` is 0.
 ///
 /// # Example
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::tensor::{Distribution, Tensor};
-/// use clustered_attention::{AttentionOptions, oracle_top_attention};
+/// use clustered_attention::{AttentionInput, OracleTopAttention};
 ///
 /// let device = Default::default();
 /// let q = Tensor::<NdArray, 4>::random([1, 2, 40, 8], Distribution::Default, &device);
 /// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
 /// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
-/// let out = oracle_top_attention(q, k, v, None, None, 8, &AttentionOptions::new());
+/// let out = OracleTopAttention::new(8).forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 40, 3]);
 /// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct OracleTopAttention {
+    /// Keys `k ≥ 1` kept per query (`min(k, S)` are used).
+    pub topk: usize,
+    /// The scale and the dropout.
+    pub options: AttentionOptions,
+}
+
+impl OracleTopAttention {
+    /// Oracle-top attention keeping each query's `topk` highest-scoring keys (`k ≥ 1`), with
+    /// the scale `1 / sqrt(E)` and no dropout.
+    pub fn new(topk: usize) -> Self {
+        Self {
+            topk,
+            options: AttentionOptions::new(),
+        }
+    }
+
+    attention_options_builders!();
+
+    /// The oracle-top attention of `input`'s queries on its keys and values.
+    ///
+    /// # Shapes
+    /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
+    ///   `values`: `[batch, heads, S, D]`
+    /// - `query_lengths`, `key_lengths`: `[batch]`; padded keys get no attention (a sequence with
+    ///   fewer than `topk` valid keys uses all of them), padded query rows of the output are zero
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), a length tensor is
+    /// not `[batch]` or out of range, or `topk` is 0.
+    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+        let AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        } = input;
+        let (topk, options) = (self.topk, &self.options);
+        assert!(topk > 0, "topk must be at least 1, got 0");
+        let input = check_input(
+            &queries,
+            &keys,
+            &values,
+            query_lengths,
+            key_lengths,
+            options,
+        );
+        let [batch, heads, len, _] = queries.dims();
+        let device = queries.device();
+        let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));
+        let top = top_keys(scores.clone(), topk);
+        // Every query is its own "cluster" of the sparse products.
+        let rows = positions::<B>(batch, heads, len, &device);
+        let weights = dropout(
+            attention_softmax(scores.gather(3, top.clone())),
+            options.dropout,
+        );
+        input.zero_padded_queries(sparse_weighted_sum(weights, values, top, rows))
+    }
+}
+
+/// [`OracleTopAttention`] with positional arguments.
+#[deprecated(
+    since = "0.1.0",
+    note = "use `OracleTopAttention::new(topk).forward(AttentionInput::new(queries, keys, values))`"
+)]
 pub fn oracle_top_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
@@ -46,24 +107,13 @@ pub fn oracle_top_attention<B: ClusteredAttentionBackend>(
     topk: usize,
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
-    assert!(topk > 0, "topk must be at least 1, got 0");
-    let input = check_input(
-        &queries,
-        &keys,
-        &values,
-        query_lengths,
-        key_lengths,
-        options,
-    );
-    let [batch, heads, len, _] = queries.dims();
-    let device = queries.device();
-    let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));
-    let top = top_keys(scores.clone(), topk);
-    // Every query is its own "cluster" of the sparse products.
-    let rows = positions::<B>(batch, heads, len, &device);
-    let weights = dropout(
-        attention_softmax(scores.gather(3, top.clone())),
-        options.dropout,
-    );
-    input.zero_padded_queries(sparse_weighted_sum(weights, values, top, rows))
+    OracleTopAttention::new(topk)
+        .with_options(options.clone())
+        .forward(AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        })
 }

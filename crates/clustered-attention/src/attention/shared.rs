@@ -1,40 +1,102 @@
 use burn::tensor::{Int, Tensor};
 
 use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
-use super::{AttentionOptions, check_input, dropout};
+use super::{AttentionInput, AttentionOptions, attention_options_builders, check_input, dropout};
 use crate::ClusteredAttentionBackend;
 use crate::ops::attention_softmax;
 
 /// Full attention with shared queries and keys, the paper's **shared-full** (Table 1): the
-/// attention that [`lsh_attention`](super::lsh_attention) approximates.
+/// attention that [`LshAttention`](super::LshAttention) approximates.
 ///
 /// As in Reformer (Kitaev et al. 2020, §2), position `i` holds query `i` and key `i`, keys are
 /// normalised to unit length here (pass the queries as keys for Reformer's `k_j = q_j / ‖q_j‖`),
 /// and a query's own key scores −10⁴, so it gets weight only when every other key is padded.
 /// It equals lsh-X with a single chunk covering the sequence. Costs `O(L² · (E + D))`.
 ///
-/// # Shapes
-/// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
-/// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
-///   padding: its key gets no attention, its output row is zero
-/// - output: `[batch, heads, L, D]`
-///
-/// # Panics
-/// If the shapes disagree (see [`full_attention`](super::full_attention)), `keys` is not as
-/// long as `queries`, or a length tensor is not `[batch]` or out of range.
-///
 /// # Example
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::tensor::{Distribution, Tensor};
-/// use clustered_attention::{AttentionOptions, shared_full_attention};
+/// use clustered_attention::{AttentionInput, SharedFullAttention};
 ///
 /// let device = Default::default();
 /// let q = Tensor::<NdArray, 4>::random([1, 2, 20, 8], Distribution::Default, &device);
 /// let v = Tensor::<NdArray, 4>::random([1, 2, 20, 3], Distribution::Default, &device);
-/// let out = shared_full_attention(q.clone(), q, v, None, None, &AttentionOptions::new());
+/// let out = SharedFullAttention::new().forward(AttentionInput::new(q.clone(), q, v));
 /// assert_eq!(out.dims(), [1, 2, 20, 3]);
 /// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedFullAttention {
+    /// The scale and the dropout.
+    pub options: AttentionOptions,
+}
+
+impl Default for SharedFullAttention {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SharedFullAttention {
+    /// Shared-full attention with the scale `1 / sqrt(E)` and no dropout.
+    pub fn new() -> Self {
+        Self {
+            options: AttentionOptions::new(),
+        }
+    }
+
+    attention_options_builders!();
+
+    /// The shared-full attention of `input`'s queries on its keys and values.
+    ///
+    /// # Shapes
+    /// - `queries`, `keys`: `[batch, heads, L, E]`; `values`: `[batch, heads, L, D]`
+    /// - `query_lengths`, `key_lengths`: `[batch]`; a position at or past either length is
+    ///   padding: its key gets no attention, its output row is zero
+    /// - output: `[batch, heads, L, D]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
+    /// long as `queries`, or a length tensor is not `[batch]` or out of range.
+    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+        let AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        } = input;
+        let options = &self.options;
+        check_self_attention("SharedFullAttention", &queries, &keys);
+        let input = check_input(
+            &queries,
+            &keys,
+            &values,
+            query_lengths,
+            key_lengths,
+            options,
+        );
+        let [batch, heads, len, _] = queries.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &queries.device());
+        let own = positions
+            .clone()
+            .reshape([1, 1, len, 1])
+            .equal(positions.reshape([1, 1, 1, len]))
+            .expand([batch, heads, len, len]);
+        let scores = queries
+            .matmul(unit_keys(keys).swap_dims(2, 3))
+            .mul_scalar(input.scale);
+        let scores = input.mask_keys(scores).mask_fill(own, SELF_SCORE);
+        let weights = dropout(attention_softmax(scores), options.dropout);
+        zero_padded_positions(&input, input.zero_padded_queries(weights.matmul(values)))
+    }
+}
+
+/// [`SharedFullAttention`] with positional arguments.
+#[deprecated(
+    since = "0.1.0",
+    note = "use `SharedFullAttention::new().forward(AttentionInput::new(queries, keys, values))`"
+)]
 pub fn shared_full_attention<B: ClusteredAttentionBackend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
@@ -43,26 +105,13 @@ pub fn shared_full_attention<B: ClusteredAttentionBackend>(
     key_lengths: Option<Tensor<B, 1, Int>>,
     options: &AttentionOptions,
 ) -> Tensor<B, 4> {
-    check_self_attention("shared_full_attention", &queries, &keys);
-    let input = check_input(
-        &queries,
-        &keys,
-        &values,
-        query_lengths,
-        key_lengths,
-        options,
-    );
-    let [batch, heads, len, _] = queries.dims();
-    let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &queries.device());
-    let own = positions
-        .clone()
-        .reshape([1, 1, len, 1])
-        .equal(positions.reshape([1, 1, 1, len]))
-        .expand([batch, heads, len, len]);
-    let scores = queries
-        .matmul(unit_keys(keys).swap_dims(2, 3))
-        .mul_scalar(input.scale);
-    let scores = input.mask_keys(scores).mask_fill(own, SELF_SCORE);
-    let weights = dropout(attention_softmax(scores), options.dropout);
-    zero_padded_positions(&input, input.zero_padded_queries(weights.matmul(values)))
+    SharedFullAttention::new()
+        .with_options(options.clone())
+        .forward(AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        })
 }

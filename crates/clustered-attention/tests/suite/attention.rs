@@ -2,8 +2,8 @@
 
 use burn::tensor::Tensor;
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, QueryGrouping, cluster_queries,
-    clustered_attention, full_attention, improved_clustered_attention,
+    AttentionInput, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
+    ClusteringOptions, FullAttention, ImprovedClusteredAttention, QueryGrouping, cluster_queries,
 };
 
 use crate::common::*;
@@ -65,20 +65,30 @@ type Inputs<B> = (
 
 fn full<B: ClusteredAttentionBackend>(case: &Case) -> Host4 {
     let (q, k, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(full_attention(q, k, v, ql, kl, &AttentionOptions::new()))
+    Host4::from_tensor(FullAttention::new().forward(AttentionInput {
+        queries: q,
+        keys: k,
+        values: v,
+        query_lengths: ql,
+        key_lengths: kl,
+    }))
 }
 
 fn clustered<B: ClusteredAttentionBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
     let (q, k, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(clustered_attention(
-        q,
-        k,
-        v,
-        ql,
-        kl,
-        clustering,
-        &AttentionOptions::new(),
-    ))
+    Host4::from_tensor(
+        ClusteredAttention {
+            clustering: clustering.clone(),
+            options: AttentionOptions::new(),
+        }
+        .forward(AttentionInput {
+            queries: q,
+            keys: k,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        }),
+    )
 }
 
 fn improved<B: ClusteredAttentionBackend>(
@@ -87,16 +97,20 @@ fn improved<B: ClusteredAttentionBackend>(
     topk: usize,
 ) -> Host4 {
     let (q, k, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(improved_clustered_attention(
-        q,
-        k,
-        v,
-        ql,
-        kl,
-        clustering,
-        topk,
-        &AttentionOptions::new(),
-    ))
+    Host4::from_tensor(
+        ImprovedClusteredAttention {
+            clustering: clustering.clone(),
+            topk,
+            options: AttentionOptions::new(),
+        }
+        .forward(AttentionInput {
+            queries: q,
+            keys: k,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        }),
+    )
 }
 
 fn assignments<B: ClusteredAttentionBackend>(
@@ -361,6 +375,163 @@ pub fn nan_query_is_contained<B: ClusteredAttentionBackend>() {
                 "{name}: a NaN query in batch item 1 changed batch item {b}"
             );
         }
+    }
+}
+
+/// The builders set the option they name, and the positional forms (deprecated) give what
+/// the named forms give, bit for bit: each wrapper hands every argument to its field.
+#[test]
+#[allow(deprecated)]
+fn named_forms_match_positional_forms() {
+    use clustered_attention::{
+        LshAttention, LshOptions, OracleTopAttention, QueryGrouping, SharedFullAttention,
+        clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
+        oracle_top_attention, shared_full_attention,
+    };
+    type B = crate::common::NdArrayBackend;
+
+    let improved = ImprovedClusteredAttention::new(5, 3)
+        .with_bits(12)
+        .with_iterations(4)
+        .with_hash_bias(false)
+        .with_seed(9)
+        .with_grouping(QueryGrouping::PositionBlocks)
+        .with_scale(0.3)
+        .with_dropout(0.25);
+    let clustering = ClusteringOptions::new(5)
+        .with_bits(12)
+        .with_iterations(4)
+        .with_hash_bias(false)
+        .with_seed(9)
+        .with_grouping(QueryGrouping::PositionBlocks);
+    let options = AttentionOptions::new()
+        .with_scale(Some(0.3))
+        .with_dropout(0.25);
+    assert_eq!(improved.clustering, clustering);
+    assert_eq!(improved.topk, 3);
+    assert_eq!(improved.options, options);
+    let lsh = LshAttention::new(3)
+        .with_chunk_size(8)
+        .with_buckets(6)
+        .with_seed(4);
+    let lsh_options = LshOptions::new()
+        .with_rounds(3)
+        .with_chunk_size(8)
+        .with_buckets(Some(6))
+        .with_seed(4);
+    assert_eq!(lsh.lsh, lsh_options);
+
+    // Without dropout (no autodiff here), one padded batch through every attention both ways.
+    let case = Case::padded(24, 24, 8, 5, 11);
+    let clustering = ClusteringOptions::new(6).with_bits(16).with_seed(3);
+    let options = AttentionOptions::new().with_scale(Some(0.4));
+    let lsh_options = LshOptions::new()
+        .with_rounds(2)
+        .with_chunk_size(4)
+        .with_seed(5);
+    let named = |input: AttentionInput<B>| {
+        let input = || input.clone();
+        [
+            FullAttention::new().with_scale(0.4).forward(input()),
+            ClusteredAttention::new(6)
+                .with_bits(16)
+                .with_seed(3)
+                .with_scale(0.4)
+                .forward(input()),
+            ImprovedClusteredAttention::new(6, 4)
+                .with_bits(16)
+                .with_seed(3)
+                .with_scale(0.4)
+                .forward(input()),
+            SharedFullAttention::new().with_scale(0.4).forward(input()),
+            LshAttention::new(2)
+                .with_chunk_size(4)
+                .with_seed(5)
+                .with_scale(0.4)
+                .forward(input()),
+            OracleTopAttention::new(4).with_scale(0.4).forward(input()),
+        ]
+    };
+    let (q, k, v, ql, kl) = case.tensors::<B>();
+    let cross = AttentionInput::new(q.clone(), k.clone(), v.clone());
+    let cross = AttentionInput {
+        query_lengths: ql.clone(),
+        key_lengths: kl.clone(),
+        ..cross
+    };
+    let positional = [
+        full_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            ql.clone(),
+            kl.clone(),
+            &options,
+        ),
+        clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            ql.clone(),
+            kl.clone(),
+            &clustering,
+            &options,
+        ),
+        improved_clustered_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            ql.clone(),
+            kl.clone(),
+            &clustering,
+            4,
+            &options,
+        ),
+        // The shared-QK attentions are self-attention: the queries are the keys.
+        shared_full_attention(
+            q.clone(),
+            q.clone(),
+            v.clone(),
+            ql.clone(),
+            ql.clone(),
+            &options,
+        ),
+        lsh_attention(
+            q.clone(),
+            q.clone(),
+            v.clone(),
+            ql.clone(),
+            ql.clone(),
+            &lsh_options,
+            &options,
+        ),
+        oracle_top_attention(q.clone(), k, v.clone(), ql.clone(), kl, 4, &options),
+    ];
+    let named_cross = named(cross);
+    let named_self = named(
+        AttentionInput::new(q.clone(), q, v)
+            .with_query_lengths(ql.clone().unwrap())
+            .with_key_lengths(ql.unwrap()),
+    );
+    let names = [
+        "full",
+        "clustered",
+        "improved",
+        "shared-full",
+        "lsh",
+        "oracle-top",
+    ];
+    for (i, (name, positional)) in names.iter().zip(positional).enumerate() {
+        let named = if (3..5).contains(&i) {
+            named_self[i].clone()
+        } else {
+            named_cross[i].clone()
+        };
+        assert_eq!(
+            Host4::from_tensor(named).data,
+            Host4::from_tensor(positional).data,
+            "{name}: the named form differs from the positional one"
+        );
     }
 }
 

@@ -5,9 +5,8 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, LshOptions,
-    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
-    oracle_top_attention, shared_full_attention,
+    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, FullAttention,
+    ImprovedClusteredAttention, LshAttention, OracleTopAttention, SharedFullAttention,
 };
 
 use crate::common::*;
@@ -76,43 +75,18 @@ fn run<B: ClusteredAttentionBackend>(
     key_lengths: &[usize],
 ) -> Tensor<B, 4> {
     let device = queries.device();
-    let ql = Some(lengths::<B>(query_lengths, &device));
-    let kl = Some(lengths::<B>(key_lengths, &device));
-    let options = AttentionOptions::new();
+    let input = AttentionInput::new(queries, keys, values)
+        .with_query_lengths(lengths::<B>(query_lengths, &device))
+        .with_key_lengths(lengths::<B>(key_lengths, &device));
     match kind {
-        Kind::Full => full_attention(queries, keys, values, ql, kl, &options),
-        Kind::Clustered(c) => clustered_attention(
-            queries,
-            keys,
-            values,
-            ql,
-            kl,
-            &ClusteringOptions::new(c),
-            &options,
-        ),
-        Kind::Improved(c, topk) => improved_clustered_attention(
-            queries,
-            keys,
-            values,
-            ql,
-            kl,
-            &ClusteringOptions::new(c),
-            topk,
-            &options,
-        ),
-        Kind::SharedFull => shared_full_attention(queries, keys, values, ql, kl, &options),
-        Kind::Lsh(rounds, chunk) => lsh_attention(
-            queries,
-            keys,
-            values,
-            ql,
-            kl,
-            &LshOptions::new().with_rounds(rounds).with_chunk_size(chunk),
-            &options,
-        ),
-        Kind::OracleTop(topk) => {
-            oracle_top_attention(queries, keys, values, ql, kl, topk, &options)
-        }
+        Kind::Full => FullAttention::new().forward(input),
+        Kind::Clustered(c) => ClusteredAttention::new(c).forward(input),
+        Kind::Improved(c, topk) => ImprovedClusteredAttention::new(c, topk).forward(input),
+        Kind::SharedFull => SharedFullAttention::new().forward(input),
+        Kind::Lsh(rounds, chunk) => LshAttention::new(rounds)
+            .with_chunk_size(chunk)
+            .forward(input),
+        Kind::OracleTop(topk) => OracleTopAttention::new(topk).forward(input),
     }
 }
 

@@ -7,9 +7,9 @@ use burn::tensor::{DType, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
-    AttentionOptions, ClusteredAttentionBackend, ClusteringOptions, LshOptions, cluster_queries,
-    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
-    oracle_top_attention, shared_full_attention, with_dropout_seed,
+    AttentionInput, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
+    ClusteringOptions, FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions,
+    OracleTopAttention, SharedFullAttention, cluster_queries, with_dropout_seed,
 };
 use rand_distr::{Distribution, StandardNormal};
 
@@ -209,27 +209,30 @@ fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
 
 fn run_lsh<B: ClusteredAttentionBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(lsh_attention(
-        q.clone(),
-        q,
-        v,
-        ql,
-        kl,
-        options,
-        &AttentionOptions::new(),
-    ))
+    Host4::from_tensor(
+        LshAttention {
+            lsh: options.clone(),
+            options: AttentionOptions::new(),
+        }
+        .forward(AttentionInput {
+            queries: q.clone(),
+            keys: q,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        }),
+    )
 }
 
 fn run_shared_full<B: ClusteredAttentionBackend>(case: &SharedCase) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(shared_full_attention(
-        q.clone(),
-        q,
-        v,
-        ql,
-        kl,
-        &AttentionOptions::new(),
-    ))
+    Host4::from_tensor(SharedFullAttention::new().forward(AttentionInput {
+        queries: q.clone(),
+        keys: q,
+        values: v,
+        query_lengths: ql,
+        key_lengths: kl,
+    }))
 }
 
 /// The angular buckets equal the f64 argmax, and the device sort equals a stable host sort by
@@ -353,12 +356,31 @@ pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
         let attention = AttentionOptions::new();
         let (out, reference) = if shared {
             (
-                shared_full_attention(q.clone(), q, v, ql, kl, &attention),
+                SharedFullAttention {
+                    options: attention.clone(),
+                }
+                .forward(AttentionInput {
+                    queries: q.clone(),
+                    keys: q,
+                    values: v,
+                    query_lengths: ql,
+                    key_lengths: kl,
+                }),
                 shared_full_reference(&case),
             )
         } else {
             (
-                lsh_attention(q.clone(), q, v, ql, kl, &options, &attention),
+                LshAttention {
+                    lsh: options.clone(),
+                    options: attention.clone(),
+                }
+                .forward(AttentionInput {
+                    queries: q.clone(),
+                    keys: q,
+                    values: v,
+                    query_lengths: ql,
+                    key_lengths: kl,
+                }),
                 lsh_reference(&case, &options),
             )
         };
@@ -384,25 +406,25 @@ fn zero_key_gives_finite_gradients() {
         let values = v.to_tensor::<B>(&device);
         let options = AttentionOptions::new();
         let out = if shared {
-            shared_full_attention(
+            SharedFullAttention {
+                options: options.clone(),
+            }
+            .forward(AttentionInput::new(
                 queries.clone(),
                 queries.clone(),
                 values,
-                None,
-                None,
-                &options,
-            )
+            ))
         } else {
             let lsh = LshOptions::new().with_chunk_size(4);
-            lsh_attention(
+            LshAttention {
+                lsh: lsh.clone(),
+                options: options.clone(),
+            }
+            .forward(AttentionInput::new(
                 queries.clone(),
                 queries.clone(),
                 values,
-                None,
-                None,
-                &lsh,
-                &options,
-            )
+            ))
         };
         let grads = out.sum().backward();
         let grad: Vec<f32> = queries
@@ -445,15 +467,17 @@ pub fn oracle_top_matches_reference<B: ClusteredAttentionBackend>() {
     let (query_lengths, key_lengths) = ([30, 21, 9], [25, 5, 17]);
     let scale = 1.0 / 8f64.sqrt();
     for topk in [1, 6, 25, 40] {
-        let out = Host4::from_tensor(oracle_top_attention(
-            q.to_tensor::<B>(&device),
-            k.to_tensor(&device),
-            v.to_tensor(&device),
-            Some(lengths(&query_lengths, &device)),
-            Some(lengths(&key_lengths, &device)),
-            topk,
-            &AttentionOptions::new(),
-        ));
+        let out = Host4::from_tensor(
+            OracleTopAttention::new(topk).forward(
+                AttentionInput::new(
+                    q.to_tensor::<B>(&device),
+                    k.to_tensor(&device),
+                    v.to_tensor(&device),
+                )
+                .with_query_lengths(lengths(&query_lengths, &device))
+                .with_key_lengths(lengths(&key_lengths, &device)),
+            ),
+        );
         let mut reference = Vec::new();
         for b in 0..3 {
             for h in 0..2 {
@@ -577,20 +601,30 @@ fn dropout_zeroes_and_scales_the_weights() {
         .expand([batch, heads, len, len]);
     let clustering = ClusteringOptions::new(3).with_seed(2);
     let assignments = host_ints(cluster_queries(q.clone(), ql.clone(), &clustering).assignments);
-    let lsh = LshOptions::new().with_rounds(1).with_chunk_size(6);
     let run = |name: &str, p: f64| -> Host4 {
-        let options = AttentionOptions::new().with_dropout(p);
-        let (q, v) = (q.clone(), identity.clone());
-        let (ql, kl) = (ql.clone(), kl.clone());
+        let input = AttentionInput {
+            queries: q.clone(),
+            keys: q.clone(),
+            values: identity.clone(),
+            query_lengths: ql.clone(),
+            key_lengths: kl.clone(),
+        };
         Host4::from_tensor(match name {
-            "full" => full_attention(q.clone(), q, v, ql, kl, &options),
-            "clustered" => clustered_attention(q.clone(), q, v, ql, kl, &clustering, &options),
-            "improved" => {
-                improved_clustered_attention(q.clone(), q, v, ql, kl, &clustering, 4, &options)
-            }
-            "shared-full" => shared_full_attention(q.clone(), q, v, ql, kl, &options),
-            "lsh" => lsh_attention(q.clone(), q, v, ql, kl, &lsh, &options),
-            "oracle" => oracle_top_attention(q.clone(), q, v, ql, kl, 5, &options),
+            "full" => FullAttention::new().with_dropout(p).forward(input),
+            "clustered" => ClusteredAttention::new(3)
+                .with_seed(2)
+                .with_dropout(p)
+                .forward(input),
+            "improved" => ImprovedClusteredAttention::new(3, 4)
+                .with_seed(2)
+                .with_dropout(p)
+                .forward(input),
+            "shared-full" => SharedFullAttention::new().with_dropout(p).forward(input),
+            "lsh" => LshAttention::new(1)
+                .with_chunk_size(6)
+                .with_dropout(p)
+                .forward(input),
+            "oracle" => OracleTopAttention::new(5).with_dropout(p).forward(input),
             _ => unreachable!(),
         })
     };
@@ -751,29 +785,33 @@ pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType
     let shared = shared_full_reference(&case);
     check(
         "shared-full",
-        shared_full_attention(
-            q.clone(),
-            q.clone(),
-            v.clone(),
-            ql.clone(),
-            kl.clone(),
-            &options,
-        ),
+        SharedFullAttention {
+            options: options.clone(),
+        }
+        .forward(AttentionInput {
+            queries: q.clone(),
+            keys: q.clone(),
+            values: v.clone(),
+            query_lengths: ql.clone(),
+            key_lengths: kl.clone(),
+        }),
         &shared,
     );
     for rounds in [1, 3] {
         let lsh = LshOptions::new().with_rounds(rounds).with_chunk_size(40);
         check(
             &format!("lsh-{rounds}, one chunk"),
-            lsh_attention(
-                q.clone(),
-                q.clone(),
-                v.clone(),
-                ql.clone(),
-                kl.clone(),
-                &lsh,
-                &options,
-            ),
+            LshAttention {
+                lsh: lsh.clone(),
+                options: options.clone(),
+            }
+            .forward(AttentionInput {
+                queries: q.clone(),
+                keys: q.clone(),
+                values: v.clone(),
+                query_lengths: ql.clone(),
+                key_lengths: kl.clone(),
+            }),
             &shared,
         );
     }
@@ -784,7 +822,17 @@ pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType
     };
     check(
         "oracle-top, topk ≥ S",
-        oracle_top_attention(q.clone(), q, v, ql, kl, 40, &options),
+        OracleTopAttention {
+            topk: 40,
+            options: options.clone(),
+        }
+        .forward(AttentionInput {
+            queries: q.clone(),
+            keys: q,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        }),
         &full_reference(&case.q, &case.q, &case.v, &setup),
     );
 }

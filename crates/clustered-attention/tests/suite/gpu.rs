@@ -215,8 +215,8 @@ mod wgpu {
     use burn::tensor::{DType, Tensor};
     use clustered_attention::ops::reference;
     use clustered_attention::{
-        AttentionOptions, ClusteringOptions, LshOptions, improved_clustered_attention,
-        lsh_attention,
+        AttentionInput, AttentionOptions, ClusteringOptions, ImprovedClusteredAttention,
+        LshAttention, LshOptions,
     };
 
     use crate::common::{Host4, in_child_process, normal};
@@ -264,16 +264,16 @@ mod wgpu {
         let (q, k, v) = (normal(dims, 1), normal(dims, 2), normal(dims, 3));
         let clustering = ClusteringOptions::new(12).with_seed(5);
         let forward = || {
-            improved_clustered_attention(
+            ImprovedClusteredAttention {
+                clustering: clustering.clone(),
+                topk: 8,
+                options: AttentionOptions::new(),
+            }
+            .forward(AttentionInput::new(
                 q.to_tensor::<B>(&device),
                 k.to_tensor::<B>(&device),
                 v.to_tensor::<B>(&device),
-                None,
-                None,
-                &clustering,
-                8,
-                &AttentionOptions::new(),
-            )
+            ))
         };
         // The first run compiles the kernels (and may autotune, which reads timings back).
         let warm = forward();
@@ -291,15 +291,15 @@ mod wgpu {
 
         let lsh = LshOptions::new().with_rounds(2);
         let lsh_forward = || {
-            lsh_attention(
+            LshAttention {
+                lsh: lsh.clone(),
+                options: AttentionOptions::new(),
+            }
+            .forward(AttentionInput::new(
                 q.to_tensor::<B>(&device),
                 q.to_tensor::<B>(&device),
                 v.to_tensor::<B>(&device),
-                None,
-                None,
-                &lsh,
-                &AttentionOptions::new(),
-            )
+            ))
         };
         let warm = lsh_forward();
         B::sync(&device).unwrap();
@@ -377,16 +377,9 @@ mod wgpu {
         let queries = normal([batch, heads, len, dim], 1).to_tensor::<B>(&device);
         let keys = normal([batch, heads, keys_len, dim], 2).to_tensor::<B>(&device);
         let values = normal([batch, heads, keys_len, dim], 3).to_tensor::<B>(&device);
-        let output = improved_clustered_attention(
-            queries,
-            keys,
-            values,
-            None,
-            None,
-            &ClusteringOptions::new(clusters).with_seed(5),
-            topk,
-            &AttentionOptions::new(),
-        );
+        let output = ImprovedClusteredAttention::new(clusters, topk)
+            .with_seed(5)
+            .forward(AttentionInput::new(queries, keys, values));
         let _ = B::sync(&device);
         assert_eq!(output.dims(), [batch, heads, len, dim]);
         assert_eq!(

@@ -14,9 +14,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, ElementConversion, FloatDType, Int, Tensor};
 use clustered_attention::ops::reference;
 use clustered_attention::{
-    AttentionKind, AttentionOptions, ClusteredAttentionBackend, ClusteredAttentionConfig,
-    ClusteredAttentionInput, ClusteringOptions, cluster_queries, clustered_attention,
-    full_attention, hamming_kmeans, improved_clustered_attention, lsh_hash, lsh_planes,
+    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
+    ClusteredAttentionConfig, ClusteredAttentionInput, ClusteringOptions, FullAttention,
+    ImprovedClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
 
 use crate::common::*;
@@ -84,19 +84,46 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
     fn full(&self) -> Tensor<B, 4> {
         let [q, k, v] = self.tensors.clone();
         let [ql, kl] = self.lengths();
-        full_attention(q, k, v, ql, kl, &AttentionOptions::new())
+        FullAttention::new().forward(AttentionInput {
+            queries: q,
+            keys: k,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        })
     }
 
     fn clustered(&self, clustering: &ClusteringOptions) -> Tensor<B, 4> {
         let [q, k, v] = self.tensors.clone();
         let [ql, kl] = self.lengths();
-        clustered_attention(q, k, v, ql, kl, clustering, &AttentionOptions::new())
+        ClusteredAttention {
+            clustering: clustering.clone(),
+            options: AttentionOptions::new(),
+        }
+        .forward(AttentionInput {
+            queries: q,
+            keys: k,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        })
     }
 
     fn improved(&self, clustering: &ClusteringOptions, topk: usize) -> Tensor<B, 4> {
         let [q, k, v] = self.tensors.clone();
         let [ql, kl] = self.lengths();
-        improved_clustered_attention(q, k, v, ql, kl, clustering, topk, &AttentionOptions::new())
+        ImprovedClusteredAttention {
+            clustering: clustering.clone(),
+            topk,
+            options: AttentionOptions::new(),
+        }
+        .forward(AttentionInput {
+            queries: q,
+            keys: k,
+            values: v,
+            query_lengths: ql,
+            key_lengths: kl,
+        })
     }
 
     fn assignments(&self, clustering: &ClusteringOptions) -> Vec<i64> {

@@ -2,8 +2,8 @@
 
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionKind, AttentionOptions, ClusteredAttentionConfig, ClusteringOptions, LshOptions,
-    clustered_attention, full_attention, improved_clustered_attention, lsh_attention, lsh_planes,
+    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionConfig,
+    FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions, lsh_planes,
 };
 
 use crate::common::{NdArrayBackend as B, lengths};
@@ -15,15 +15,13 @@ fn random(dims: [usize; 4]) -> Tensor<B, 4> {
 #[test]
 #[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 0")]
 fn bits_zero() {
-    clustered_attention(
-        random([1, 1, 8, 4]),
-        random([1, 1, 8, 4]),
-        random([1, 1, 8, 4]),
-        None,
-        None,
-        &ClusteringOptions::new(2).with_bits(0),
-        &AttentionOptions::new(),
-    );
+    ClusteredAttention::new(2)
+        .with_bits(0)
+        .forward(AttentionInput::new(
+            random([1, 1, 8, 4]),
+            random([1, 1, 8, 4]),
+            random([1, 1, 8, 4]),
+        ));
 }
 
 #[test]
@@ -43,70 +41,52 @@ fn layer_bits_33() {
 #[test]
 #[should_panic(expected = "clusters must be at least 1, got 0")]
 fn clusters_zero() {
-    clustered_attention(
+    ClusteredAttention::new(0).forward(AttentionInput::new(
         random([1, 1, 8, 4]),
         random([1, 1, 8, 4]),
         random([1, 1, 8, 4]),
-        None,
-        None,
-        &ClusteringOptions::new(0),
-        &AttentionOptions::new(),
-    );
+    ));
 }
 
 #[test]
 #[should_panic(expected = "topk must be at least 1, got 0")]
 fn topk_zero() {
-    improved_clustered_attention(
+    ImprovedClusteredAttention::new(2, 0).forward(AttentionInput::new(
         random([1, 1, 8, 4]),
         random([1, 1, 8, 4]),
         random([1, 1, 8, 4]),
-        None,
-        None,
-        &ClusteringOptions::new(2),
-        0,
-        &AttentionOptions::new(),
-    );
+    ));
 }
 
 #[test]
 #[should_panic(expected = "the E of queries [2, 3, 8, 4] and keys [2, 3, 6, 5] differ")]
 fn query_key_dims_differ() {
-    full_attention(
+    FullAttention::new().forward(AttentionInput::new(
         random([2, 3, 8, 4]),
         random([2, 3, 6, 5]),
         random([2, 3, 6, 4]),
-        None,
-        None,
-        &AttentionOptions::new(),
-    );
+    ));
 }
 
 #[test]
 #[should_panic(expected = "the S of keys [2, 3, 6, 4] and values [2, 3, 7, 4] differ")]
 fn key_value_lengths_differ() {
-    improved_clustered_attention(
+    ImprovedClusteredAttention::new(2, 2).forward(AttentionInput::new(
         random([2, 3, 8, 4]),
         random([2, 3, 6, 4]),
         random([2, 3, 7, 4]),
-        None,
-        None,
-        &ClusteringOptions::new(2),
-        2,
-        &AttentionOptions::new(),
-    );
+    ));
 }
 
 /// Clustered attention of 8 queries over 6 keys with these key lengths (batch 2).
 fn clustered_with_key_lengths(key_lengths: &[usize]) {
-    clustered_attention(
-        random([2, 1, 8, 4]),
-        random([2, 1, 6, 4]),
-        random([2, 1, 6, 4]),
-        None,
-        Some(lengths::<B>(key_lengths, &Default::default())),
-        &ClusteringOptions::new(2),
-        &AttentionOptions::new(),
+    ClusteredAttention::new(2).forward(
+        AttentionInput::new(
+            random([2, 1, 8, 4]),
+            random([2, 1, 6, 4]),
+            random([2, 1, 6, 4]),
+        )
+        .with_key_lengths(lengths::<B>(key_lengths, &Default::default())),
     );
 }
 
@@ -120,13 +100,13 @@ fn key_length_too_long() {
 #[should_panic(expected = "query_lengths[0] = 9 is outside 0..=8 (the sequence length)")]
 fn query_length_too_long() {
     let device = Default::default();
-    full_attention(
-        random([2, 1, 8, 4]),
-        random([2, 1, 6, 4]),
-        random([2, 1, 6, 4]),
-        Some(lengths::<B>(&[9, 1], &device)),
-        None,
-        &AttentionOptions::new(),
+    FullAttention::new().forward(
+        AttentionInput::new(
+            random([2, 1, 8, 4]),
+            random([2, 1, 6, 4]),
+            random([2, 1, 6, 4]),
+        )
+        .with_query_lengths(lengths::<B>(&[9, 1], &device)),
     );
 }
 
@@ -134,13 +114,13 @@ fn query_length_too_long() {
 #[should_panic(expected = "query_lengths must have shape [batch] = [2], got [3]")]
 fn lengths_wrong_shape() {
     let device = Default::default();
-    full_attention(
-        random([2, 1, 8, 4]),
-        random([2, 1, 6, 4]),
-        random([2, 1, 6, 4]),
-        Some(lengths::<B>(&[1, 2, 3], &device)),
-        None,
-        &AttentionOptions::new(),
+    FullAttention::new().forward(
+        AttentionInput::new(
+            random([2, 1, 8, 4]),
+            random([2, 1, 6, 4]),
+            random([2, 1, 6, 4]),
+        )
+        .with_query_lengths(lengths::<B>(&[1, 2, 3], &device)),
     );
 }
 
@@ -170,13 +150,9 @@ fn key_length_zero() {
 #[should_panic(expected = "buckets must be even and at least 2, got 3")]
 fn odd_buckets() {
     let q = random([1, 1, 8, 4]);
-    lsh_attention(
-        q.clone(),
-        q,
-        random([1, 1, 8, 4]),
-        None,
-        None,
-        &LshOptions::new().with_buckets(Some(3)),
-        &AttentionOptions::new(),
-    );
+    LshAttention {
+        lsh: LshOptions::new().with_buckets(Some(3)),
+        options: AttentionOptions::new(),
+    }
+    .forward(AttentionInput::new(q.clone(), q, random([1, 1, 8, 4])));
 }
