@@ -2,8 +2,9 @@
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples included), then the API docs (warnings denied) and a dry-run
-# publish of the clustered-attention crate, then the WGPU kernels' tests with CUDA's memory
+# the workspace (the examples included), then the API docs (warnings denied), a dry-run
+# publish of the clustered-attention crate and a crate outside the workspace built on the
+# package (downstream/, once per backend), then the WGPU kernels' tests with CUDA's memory
 # layout. Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,10 +71,36 @@ run_tests() {
 }
 phase "tests" run_tests "$@"
 
-# The API docs build without a warning (broken or private links among them), and the crate
-# packages and builds on its own as crates.io would get it (no upload).
+# The API docs build without a warning (broken or private links among them).
 phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
-phase "package" cargo publish --dry-run --locked --allow-dirty -p clustered-attention
+
+# The clustered-attention crate as crates.io would get it, used as a Burn user's crate uses
+# it: the package is checked for publishing (no upload), then a crate outside the workspace
+# (downstream/: its own workspace and lock file, the dependency by path with the default
+# features off) is built against the packaged sources and run, once per backend feature
+# alone: an encoder block on the multi-head layer, Adam steps, the record saved and loaded.
+# This is the packaged crate's build on its own, so `cargo publish` skips its own. It shares
+# the workspace's target directory.
+package_and_downstream() {
+    local target="${CARGO_TARGET_DIR:-$PWD/target}" version unpacked feature
+    cargo publish --dry-run --no-verify --locked --allow-dirty -p clustered-attention
+    cargo package --no-verify --locked --allow-dirty -p clustered-attention
+    version=$(cargo pkgid -p clustered-attention | sed 's/.*[@#]//')
+    unpacked=$(mktemp -d)
+    tar -xzf "$target/package/clustered-attention-$version.crate" -C "$unpacked"
+    mkdir "$unpacked/downstream"
+    cp -r downstream/Cargo.toml downstream/Cargo.lock downstream/src "$unpacked/downstream/"
+    sed -i "s|path = \"../crates/clustered-attention\"|path = \"../clustered-attention-$version\"|" \
+        "$unpacked/downstream/Cargo.toml"
+    grep -q "clustered-attention-$version" "$unpacked/downstream/Cargo.toml"
+    for feature in ndarray flex wgpu; do
+        echo "downstream crate, --features $feature:"
+        CARGO_TARGET_DIR="$target" cargo run --locked --no-default-features --features "$feature" \
+            --manifest-path "$unpacked/downstream/Cargo.toml"
+    done
+    rm -rf "$unpacked"
+}
+phase "package, downstream" package_and_downstream
 
 # The `ddp` build of asr-model (burn-train's distributed data parallel, CUDA alone: with Burn's
 # `distributed`, the CPU backends cannot train, so it is a build of its own) is checked, so that
