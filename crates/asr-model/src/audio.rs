@@ -1,6 +1,6 @@
-//! Audio input and output: WAV or FLAC at any sample rate in, 16 kHz mono out.
+//! Audio input and output: any of [`FORMATS`] at any sample rate in, 16 kHz mono out.
 //!
-//! Decoding is `symphonia`'s (WAV) and `claxon`'s (FLAC), resampling `rubato`'s (FFT resampler), FLAC encoding `flacenc`'s.
+//! Decoding is `symphonia`'s (all but FLAC) and `claxon`'s (FLAC), resampling `rubato`'s (FFT resampler), FLAC encoding `flacenc`'s.
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,11 @@ use symphonia::core::probe::Hint;
 /// The model's sample rate, in Hz.
 pub const SAMPLE_RATE_HZ: usize = 16_000;
 
+/// The audio formats read (containers and codecs of the `symphonia` features enabled, FLAC
+/// through `claxon`), as named in error messages.
+pub const FORMATS: &str =
+    "WAV (PCM, ADPCM), FLAC, Ogg Vorbis, MP3, AAC or ALAC in MP4/M4A, MKV/WebM";
+
 /// An audio file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum AudioError {
@@ -27,7 +32,7 @@ pub enum AudioError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The file is not valid WAV or FLAC, or its samples cannot be decoded.
+    /// The file is in none of [`FORMATS`], or its samples cannot be decoded.
     #[error("{}: corrupt or unsupported audio: {reason}", .path.display())]
     Decode {
         /// The file.
@@ -37,7 +42,7 @@ pub enum AudioError {
     },
 }
 
-/// Reads a WAV or FLAC file, mixes it to mono and resamples it to [`SAMPLE_RATE_HZ`].
+/// Reads an audio file in one of [`FORMATS`], mixes it to mono and resamples it to [`SAMPLE_RATE_HZ`].
 ///
 /// Returns the samples in `[-1, 1]`.
 ///
@@ -51,7 +56,7 @@ pub fn load_audio(path: &Path) -> Result<Vec<f32>, AudioError> {
     decode_audio(bytes, path)
 }
 
-/// Decodes WAV or FLAC bytes (`path` names them in errors and gives the format hint), mixes
+/// Decodes audio bytes in one of [`FORMATS`] (`path` names them in errors and gives the format hint), mixes
 /// them to mono and resamples them to [`SAMPLE_RATE_HZ`].
 ///
 /// # Errors
@@ -76,7 +81,7 @@ pub fn decode_audio(bytes: Vec<u8>, path: &Path) -> Result<Vec<f32>, AudioError>
             &FormatOptions::default(),
             &MetadataOptions::default(),
         )
-        .map_err(|e| decode(format!("not WAV or FLAC ({e})")))?;
+        .map_err(|e| decode(format!("not a format this reads ({FORMATS}): {e}")))?;
     let mut format = probed.format;
     let track = format
         .default_track()

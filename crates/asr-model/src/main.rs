@@ -39,7 +39,8 @@ enum Command {
     /// Which encoder steps share a cluster, per layer and head of a trained model, over one
     /// utterance: a table (runs per cluster, span) and an SVG over its spectrogram.
     Clusters(cli::clusters::ClustersArgs),
-    /// Print the phones recognized in one audio file (WAV or FLAC, any sample rate).
+    /// Print the phones recognized in one audio file (WAV, FLAC, Ogg Vorbis, MP3, AAC, ALAC;
+    /// any sample rate).
     Transcribe(cli::transcribe::TranscribeArgs),
     /// Time training steps (forward + backward + Adam) of the default model on random
     /// features, per attention (a benchmark; the paper's Figure 2 setting is 800 frames).

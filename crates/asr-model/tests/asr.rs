@@ -817,7 +817,10 @@ fn saved_rows_and_columns_tabulate_as_measured() {
         serde_json::to_value(&loaded).unwrap(),
         serde_json::to_value(&row).unwrap()
     );
-    assert_eq!(markdown_table(&[loaded.clone()]), markdown_table(&[row]));
+    assert_eq!(
+        markdown_table(std::slice::from_ref(&loaded)),
+        markdown_table(&[row])
+    );
     let mut other = loaded.clone();
     other.machine = "another CPU, 2 CPUs".to_string();
     let table = markdown_table(&[loaded, other]);

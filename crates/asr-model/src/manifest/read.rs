@@ -16,7 +16,8 @@ use crate::phones::PhoneInventory;
 pub struct ManifestEntry {
     /// Unique utterance id.
     pub id: String,
-    /// Audio file (WAV or FLAC, any sample rate), relative to the manifest's directory.
+    /// Audio file (any of [`crate::audio::FORMATS`], any sample rate), relative to the
+    /// manifest's directory.
     pub audio: String,
     /// Duration in seconds.
     pub duration_s: f64,
