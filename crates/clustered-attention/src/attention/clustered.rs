@@ -1,8 +1,8 @@
 use burn::tensor::{Int, Tensor};
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, check_input, clustering_builders,
-    dropout, inverse_counts,
+    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
+    inverse_counts,
 };
 use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
@@ -69,23 +69,9 @@ impl ClusteredAttention {
     /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
     /// or `bits` is outside `1..=32`.
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let (clustering, options) = (&self.clustering, &self.options);
         clustering.check();
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        let (queries, keys, values, input) = input.checked(options);
         let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
         let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
         let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
@@ -125,11 +111,11 @@ pub fn clustered_attention<B: ClusteredAttentionBackend>(
     ClusteredAttention::new(clustering.clusters)
         .with_clustering(clustering.clone())
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }

@@ -1,6 +1,6 @@
 use burn::tensor::{Int, Tensor};
 
-use super::{AttentionInput, AttentionOptions, attention_options_builders, check_input, dropout};
+use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
 use crate::ClusteredAttentionBackend;
 use crate::ops::attention_softmax;
 
@@ -57,22 +57,8 @@ impl FullAttention {
     /// length tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, or
     /// the dropout is outside `[0, 1)`.
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let options = &self.options;
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        let (queries, keys, values, input) = input.checked(options);
         // Scaling the queries rather than the scores: L × E products instead of L × S.
         let scores = queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3));
         let weights = attention_softmax(input.mask_keys(scores));
@@ -96,11 +82,11 @@ pub fn full_attention<B: ClusteredAttentionBackend>(
 ) -> Tensor<B, 4> {
     FullAttention::new()
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }

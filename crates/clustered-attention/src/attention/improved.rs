@@ -1,8 +1,8 @@
 use burn::tensor::{DType, Int, Tensor};
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, check_input, clustering_builders,
-    dropout, inverse_counts, top_keys,
+    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
+    inverse_counts, top_keys,
 };
 use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
@@ -81,24 +81,10 @@ impl ImprovedClusteredAttention {
     /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` or
     /// `topk` is 0, or `bits` is outside `1..=32`.
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let (clustering, topk, options) = (&self.clustering, self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
         clustering.check();
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        let (queries, keys, values, input) = input.checked(options);
         let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
         // Dropout applies only under autodiff; without it, one op serves both passes.
         if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
@@ -185,13 +171,13 @@ pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
     ImprovedClusteredAttention::new(clustering.clusters, topk)
         .with_clustering(clustering.clone())
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }
 
 /// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all

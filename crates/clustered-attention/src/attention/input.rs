@@ -62,6 +62,40 @@ impl<B: Backend> AttentionInput<B> {
         self.key_lengths = Some(key_lengths);
         self
     }
+
+    /// The input of the positional forms.
+    pub(crate) fn from_parts(
+        queries: Tensor<B, 4>,
+        keys: Tensor<B, 4>,
+        values: Tensor<B, 4>,
+        query_lengths: Option<Tensor<B, 1, Int>>,
+        key_lengths: Option<Tensor<B, 1, Int>>,
+    ) -> Self {
+        Self {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        }
+    }
+
+    /// Checks the input ([`check_input`]) and splits it into queries, keys, values and what
+    /// the check found.
+    pub(crate) fn checked(
+        self,
+        options: &AttentionOptions,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, Checked<B>) {
+        let checked = check_input(
+            &self.queries,
+            &self.keys,
+            &self.values,
+            self.query_lengths,
+            self.key_lengths,
+            options,
+        );
+        (self.queries, self.keys, self.values, checked)
+    }
 }
 
 /// The scale and the lengths and padding masks of a checked attention input.

@@ -6,8 +6,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{
-    AttentionInput, AttentionOptions, Checked, attention_options_builders, check_input, dropout,
-    positions,
+    AttentionInput, AttentionOptions, Checked, attention_options_builders, dropout, positions,
 };
 use crate::ClusteredAttentionBackend;
 
@@ -250,24 +249,10 @@ impl LshAttention {
     /// long as `queries` (self-attention), a length tensor is not `[batch]` or out of range, or
     /// the options are invalid ([`LshOptions::check`]).
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let (lsh, options) = (&self.lsh, &self.options);
         lsh.check();
-        check_self_attention("LshAttention", &queries, &keys);
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        check_self_attention("LshAttention", &input.queries, &input.keys);
+        let (queries, keys, values, input) = input.checked(options);
         let [batch, heads, len, dim] = queries.dims();
         let value_dim = values.dims()[3];
         let device = queries.device();
@@ -339,13 +324,13 @@ pub fn lsh_attention<B: ClusteredAttentionBackend>(
     LshAttention::new(lsh.rounds)
         .with_lsh(lsh.clone())
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }
 
 /// Zeroes the output rows of positions past their key length: in shared-QK self-attention a

@@ -67,7 +67,7 @@ pub use oracle::{OracleTopAttention, oracle_top_attention};
 pub use shared::{SharedFullAttention, shared_full_attention};
 
 pub(crate) use crate::dropout::dropout;
-pub(crate) use input::{Checked, check_input, inverse_counts, positions, top_keys};
+pub(crate) use input::{Checked, inverse_counts, positions, top_keys};
 
 use burn::config::Config;
 

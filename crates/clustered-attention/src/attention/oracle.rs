@@ -1,8 +1,7 @@
 use burn::tensor::{Int, Tensor};
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, check_input, dropout, positions,
-    top_keys,
+    AttentionInput, AttentionOptions, attention_options_builders, dropout, positions, top_keys,
 };
 use crate::ClusteredAttentionBackend;
 use crate::ops::{attention_softmax, sparse_weighted_sum};
@@ -62,23 +61,9 @@ impl OracleTopAttention {
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), a length tensor is
     /// not `[batch]` or out of range, or `topk` is 0.
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let (topk, options) = (self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        let (queries, keys, values, input) = input.checked(options);
         let [batch, heads, len, _] = queries.dims();
         let device = queries.device();
         let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));
@@ -109,11 +94,11 @@ pub fn oracle_top_attention<B: ClusteredAttentionBackend>(
 ) -> Tensor<B, 4> {
     OracleTopAttention::new(topk)
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }

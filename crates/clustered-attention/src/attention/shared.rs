@@ -1,7 +1,7 @@
 use burn::tensor::{Int, Tensor};
 
 use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
-use super::{AttentionInput, AttentionOptions, attention_options_builders, check_input, dropout};
+use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
 use crate::ClusteredAttentionBackend;
 use crate::ops::attention_softmax;
 
@@ -59,23 +59,9 @@ impl SharedFullAttention {
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
     /// long as `queries`, or a length tensor is not `[batch]` or out of range.
     pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
-        let AttentionInput {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        } = input;
         let options = &self.options;
-        check_self_attention("SharedFullAttention", &queries, &keys);
-        let input = check_input(
-            &queries,
-            &keys,
-            &values,
-            query_lengths,
-            key_lengths,
-            options,
-        );
+        check_self_attention("SharedFullAttention", &input.queries, &input.keys);
+        let (queries, keys, values, input) = input.checked(options);
         let [batch, heads, len, _] = queries.dims();
         let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &queries.device());
         let own = positions
@@ -107,11 +93,11 @@ pub fn shared_full_attention<B: ClusteredAttentionBackend>(
 ) -> Tensor<B, 4> {
     SharedFullAttention::new()
         .with_options(options.clone())
-        .forward(AttentionInput {
+        .forward(AttentionInput::from_parts(
             queries,
             keys,
             values,
             query_lengths,
             key_lengths,
-        })
+        ))
 }

@@ -43,6 +43,17 @@ impl Case {
         }
     }
 
+    fn input<B: ClusteredAttentionBackend>(&self) -> AttentionInput<B> {
+        let (queries, keys, values, query_lengths, key_lengths) = self.tensors();
+        AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        }
+    }
+
     fn tensors<B: ClusteredAttentionBackend>(&self) -> Inputs<B> {
         let device = Default::default();
         (
@@ -64,30 +75,16 @@ type Inputs<B> = (
 );
 
 fn full<B: ClusteredAttentionBackend>(case: &Case) -> Host4 {
-    let (q, k, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(FullAttention::new().forward(AttentionInput {
-        queries: q,
-        keys: k,
-        values: v,
-        query_lengths: ql,
-        key_lengths: kl,
-    }))
+    Host4::from_tensor(FullAttention::new().forward(case.input::<B>()))
 }
 
 fn clustered<B: ClusteredAttentionBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
-    let (q, k, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(
         ClusteredAttention {
             clustering: clustering.clone(),
             options: AttentionOptions::new(),
         }
-        .forward(AttentionInput {
-            queries: q,
-            keys: k,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        }),
+        .forward(case.input::<B>()),
     )
 }
 
@@ -96,20 +93,13 @@ fn improved<B: ClusteredAttentionBackend>(
     clustering: &ClusteringOptions,
     topk: usize,
 ) -> Host4 {
-    let (q, k, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(
         ImprovedClusteredAttention {
             clustering: clustering.clone(),
             topk,
             options: AttentionOptions::new(),
         }
-        .forward(AttentionInput {
-            queries: q,
-            keys: k,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        }),
+        .forward(case.input::<B>()),
     )
 }
 

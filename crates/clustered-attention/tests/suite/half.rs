@@ -81,49 +81,37 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
         ]
     }
 
+    fn input(&self) -> AttentionInput<B> {
+        let [queries, keys, values] = self.tensors.clone();
+        let [query_lengths, key_lengths] = self.lengths();
+        AttentionInput {
+            queries,
+            keys,
+            values,
+            query_lengths,
+            key_lengths,
+        }
+    }
+
     fn full(&self) -> Tensor<B, 4> {
-        let [q, k, v] = self.tensors.clone();
-        let [ql, kl] = self.lengths();
-        FullAttention::new().forward(AttentionInput {
-            queries: q,
-            keys: k,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        })
+        FullAttention::new().forward(self.input())
     }
 
     fn clustered(&self, clustering: &ClusteringOptions) -> Tensor<B, 4> {
-        let [q, k, v] = self.tensors.clone();
-        let [ql, kl] = self.lengths();
         ClusteredAttention {
             clustering: clustering.clone(),
             options: AttentionOptions::new(),
         }
-        .forward(AttentionInput {
-            queries: q,
-            keys: k,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        })
+        .forward(self.input())
     }
 
     fn improved(&self, clustering: &ClusteringOptions, topk: usize) -> Tensor<B, 4> {
-        let [q, k, v] = self.tensors.clone();
-        let [ql, kl] = self.lengths();
         ImprovedClusteredAttention {
             clustering: clustering.clone(),
             topk,
             options: AttentionOptions::new(),
         }
-        .forward(AttentionInput {
-            queries: q,
-            keys: k,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        })
+        .forward(self.input())
     }
 
     fn assignments(&self, clustering: &ClusteringOptions) -> Vec<i64> {
