@@ -32,6 +32,18 @@ struct Model<B: Backend> {
 }
 
 impl<B: ClusteredAttentionBackend> Model<B> {
+    /// A freshly initialised model with improved clustered attention (16 clusters, top 8).
+    fn init(device: &B::Device) -> Self {
+        let attention = AttentionKind::Improved {
+            clusters: 16,
+            topk: 8,
+        };
+        Self {
+            block: EncoderBlockConfig::new(D_MODEL, 4, 64, attention).init(device),
+            readout: LinearConfig::new(D_MODEL, 1).init(device),
+        }
+    }
+
     fn forward(&self, x: Tensor<B, 3>, lengths: Tensor<B, 1, Int>) -> Tensor<B, 3> {
         self.readout.forward(self.block.forward(x, Some(lengths)))
     }
@@ -82,15 +94,8 @@ where
     B: AutodiffBackend + ClusteredAttentionBackend,
     B::InnerBackend: ClusteredAttentionBackend,
 {
-    let attention = AttentionKind::Improved {
-        clusters: 16,
-        topk: 8,
-    };
     B::seed(device, 7);
-    let mut model = Model::<B> {
-        block: EncoderBlockConfig::new(D_MODEL, 4, 64, attention).init(device),
-        readout: LinearConfig::new(D_MODEL, 1).init(device),
-    };
+    let mut model = Model::<B>::init(device);
     let mut optimizer = AdamConfig::new().init();
     let (x, lengths, target, mask) = batch::<B>(0, device);
     let mut losses = Vec::new();
@@ -123,10 +128,7 @@ where
         .save_file(&path, &recorder)
         .map_err(|e| format!("{name}: saving the record: {e}"))?;
     B::InnerBackend::seed(device, 8);
-    let fresh = Model::<B::InnerBackend> {
-        block: EncoderBlockConfig::new(D_MODEL, 4, 64, attention).init(device),
-        readout: LinearConfig::new(D_MODEL, 1).init(device),
-    };
+    let fresh = Model::<B::InnerBackend>::init(device);
     let loaded = fresh
         .load_file(&path, &recorder, device)
         .map_err(|e| format!("{name}: loading the record: {e}"))?;

@@ -419,36 +419,42 @@ fn named_forms_match_positional_forms() {
         .with_rounds(2)
         .with_chunk_size(4)
         .with_seed(5);
-    let named = |input: AttentionInput<B>| {
-        let input = || input.clone();
-        [
-            FullAttention::new().with_scale(0.4).forward(input()),
-            ClusteredAttention::new(6)
-                .with_bits(16)
-                .with_seed(3)
-                .with_scale(0.4)
-                .forward(input()),
-            ImprovedClusteredAttention::new(6, 4)
-                .with_bits(16)
-                .with_seed(3)
-                .with_scale(0.4)
-                .forward(input()),
-            SharedFullAttention::new().with_scale(0.4).forward(input()),
-            LshAttention::new(2)
-                .with_chunk_size(4)
-                .with_seed(5)
-                .with_scale(0.4)
-                .forward(input()),
-            OracleTopAttention::new(4).with_scale(0.4).forward(input()),
-        ]
-    };
     let (q, k, v, ql, kl) = case.tensors::<B>();
-    let cross = AttentionInput::new(q.clone(), k.clone(), v.clone());
-    let cross = AttentionInput {
+    let cross = || AttentionInput {
+        queries: q.clone(),
+        keys: k.clone(),
+        values: v.clone(),
         query_lengths: ql.clone(),
         key_lengths: kl.clone(),
-        ..cross
     };
+    // The shared-QK attentions are self-attention: the queries are the keys.
+    let own = || AttentionInput {
+        queries: q.clone(),
+        keys: q.clone(),
+        values: v.clone(),
+        query_lengths: ql.clone(),
+        key_lengths: ql.clone(),
+    };
+    let named = [
+        FullAttention::new().with_scale(0.4).forward(cross()),
+        ClusteredAttention::new(6)
+            .with_bits(16)
+            .with_seed(3)
+            .with_scale(0.4)
+            .forward(cross()),
+        ImprovedClusteredAttention::new(6, 4)
+            .with_bits(16)
+            .with_seed(3)
+            .with_scale(0.4)
+            .forward(cross()),
+        SharedFullAttention::new().with_scale(0.4).forward(own()),
+        LshAttention::new(2)
+            .with_chunk_size(4)
+            .with_seed(5)
+            .with_scale(0.4)
+            .forward(own()),
+        OracleTopAttention::new(4).with_scale(0.4).forward(cross()),
+    ];
     let positional = [
         full_attention(
             q.clone(),
@@ -477,7 +483,6 @@ fn named_forms_match_positional_forms() {
             4,
             &options,
         ),
-        // The shared-QK attentions are self-attention: the queries are the keys.
         shared_full_attention(
             q.clone(),
             q.clone(),
@@ -497,12 +502,6 @@ fn named_forms_match_positional_forms() {
         ),
         oracle_top_attention(q.clone(), k, v.clone(), ql.clone(), kl, 4, &options),
     ];
-    let named_cross = named(cross);
-    let named_self = named(
-        AttentionInput::new(q.clone(), q, v)
-            .with_query_lengths(ql.clone().unwrap())
-            .with_key_lengths(ql.unwrap()),
-    );
     let names = [
         "full",
         "clustered",
@@ -511,12 +510,7 @@ fn named_forms_match_positional_forms() {
         "lsh",
         "oracle-top",
     ];
-    for (i, (name, positional)) in names.iter().zip(positional).enumerate() {
-        let named = if (3..5).contains(&i) {
-            named_self[i].clone()
-        } else {
-            named_cross[i].clone()
-        };
+    for ((name, named), positional) in names.iter().zip(named).zip(positional) {
         assert_eq!(
             Host4::from_tensor(named).data,
             Host4::from_tensor(positional).data,

@@ -7,9 +7,9 @@ use burn::tensor::{DType, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
-    AttentionInput, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
-    ClusteringOptions, FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions,
-    OracleTopAttention, SharedFullAttention, cluster_queries, with_dropout_seed,
+    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
+    FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions, OracleTopAttention,
+    SharedFullAttention, cluster_queries, with_dropout_seed,
 };
 use rand_distr::{Distribution, StandardNormal};
 
@@ -55,6 +55,22 @@ impl SharedCase {
 
     fn scale(&self) -> f64 {
         1.0 / (self.q.dims[3] as f64).sqrt()
+    }
+}
+
+/// The input of a shared-QK self-attention: the queries are the keys.
+fn shared_input<B: ClusteredAttentionBackend>(
+    q: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    query_lengths: Option<Tensor<B, 1, Int>>,
+    key_lengths: Option<Tensor<B, 1, Int>>,
+) -> AttentionInput<B> {
+    AttentionInput {
+        queries: q.clone(),
+        keys: q,
+        values: v,
+        query_lengths,
+        key_lengths,
     }
 }
 
@@ -210,29 +226,15 @@ fn lsh_reference(case: &SharedCase, options: &LshOptions) -> Rows {
 fn run_lsh<B: ClusteredAttentionBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
     Host4::from_tensor(
-        LshAttention {
-            lsh: options.clone(),
-            options: AttentionOptions::new(),
-        }
-        .forward(AttentionInput {
-            queries: q.clone(),
-            keys: q,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        }),
+        LshAttention::new(options.rounds)
+            .with_lsh(options.clone())
+            .forward(shared_input(q, v, ql, kl)),
     )
 }
 
 fn run_shared_full<B: ClusteredAttentionBackend>(case: &SharedCase) -> Host4 {
     let (q, v, ql, kl) = case.tensors::<B>();
-    Host4::from_tensor(SharedFullAttention::new().forward(AttentionInput {
-        queries: q.clone(),
-        keys: q,
-        values: v,
-        query_lengths: ql,
-        key_lengths: kl,
-    }))
+    Host4::from_tensor(SharedFullAttention::new().forward(shared_input(q, v, ql, kl)))
 }
 
 /// The angular buckets equal the f64 argmax, and the device sort equals a stable host sort by
@@ -353,34 +355,17 @@ pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
             Some(lengths::<B>(&[30, 30, 30], &device)),
             Some(lengths::<B>(&case.lengths, &device)),
         );
-        let attention = AttentionOptions::new();
+        let input = shared_input(q, v, ql, kl);
         let (out, reference) = if shared {
             (
-                SharedFullAttention {
-                    options: attention.clone(),
-                }
-                .forward(AttentionInput {
-                    queries: q.clone(),
-                    keys: q,
-                    values: v,
-                    query_lengths: ql,
-                    key_lengths: kl,
-                }),
+                SharedFullAttention::new().forward(input),
                 shared_full_reference(&case),
             )
         } else {
             (
-                LshAttention {
-                    lsh: options.clone(),
-                    options: attention.clone(),
-                }
-                .forward(AttentionInput {
-                    queries: q.clone(),
-                    keys: q,
-                    values: v,
-                    query_lengths: ql,
-                    key_lengths: kl,
-                }),
+                LshAttention::new(options.rounds)
+                    .with_lsh(options.clone())
+                    .forward(input),
                 lsh_reference(&case, &options),
             )
         };
@@ -404,27 +389,20 @@ fn zero_key_gives_finite_gradients() {
     for shared in [false, true] {
         let queries = q.to_tensor::<B>(&device).require_grad();
         let values = v.to_tensor::<B>(&device);
-        let options = AttentionOptions::new();
         let out = if shared {
-            SharedFullAttention {
-                options: options.clone(),
-            }
-            .forward(AttentionInput::new(
+            SharedFullAttention::new().forward(AttentionInput::new(
                 queries.clone(),
                 queries.clone(),
                 values,
             ))
         } else {
-            let lsh = LshOptions::new().with_chunk_size(4);
-            LshAttention {
-                lsh: lsh.clone(),
-                options: options.clone(),
-            }
-            .forward(AttentionInput::new(
-                queries.clone(),
-                queries.clone(),
-                values,
-            ))
+            LshAttention::new(1)
+                .with_chunk_size(4)
+                .forward(AttentionInput::new(
+                    queries.clone(),
+                    queries.clone(),
+                    values,
+                ))
         };
         let grads = out.sum().backward();
         let grad: Vec<f32> = queries
@@ -781,37 +759,23 @@ pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType
             "{dtype:?} {name} vs the f64 reference: relative error {error} > {tolerance}"
         );
     };
-    let options = AttentionOptions::new();
     let shared = shared_full_reference(&case);
     check(
         "shared-full",
-        SharedFullAttention {
-            options: options.clone(),
-        }
-        .forward(AttentionInput {
-            queries: q.clone(),
-            keys: q.clone(),
-            values: v.clone(),
-            query_lengths: ql.clone(),
-            key_lengths: kl.clone(),
-        }),
+        SharedFullAttention::new().forward(shared_input(
+            q.clone(),
+            v.clone(),
+            ql.clone(),
+            kl.clone(),
+        )),
         &shared,
     );
     for rounds in [1, 3] {
-        let lsh = LshOptions::new().with_rounds(rounds).with_chunk_size(40);
         check(
             &format!("lsh-{rounds}, one chunk"),
-            LshAttention {
-                lsh: lsh.clone(),
-                options: options.clone(),
-            }
-            .forward(AttentionInput {
-                queries: q.clone(),
-                keys: q.clone(),
-                values: v.clone(),
-                query_lengths: ql.clone(),
-                key_lengths: kl.clone(),
-            }),
+            LshAttention::new(rounds)
+                .with_chunk_size(40)
+                .forward(shared_input(q.clone(), v.clone(), ql.clone(), kl.clone())),
             &shared,
         );
     }
@@ -822,17 +786,7 @@ pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType
     };
     check(
         "oracle-top, topk ≥ S",
-        OracleTopAttention {
-            topk: 40,
-            options: options.clone(),
-        }
-        .forward(AttentionInput {
-            queries: q.clone(),
-            keys: q,
-            values: v,
-            query_lengths: ql,
-            key_lengths: kl,
-        }),
+        OracleTopAttention::new(40).forward(shared_input(q, v, ql, kl)),
         &full_reference(&case.q, &case.q, &case.v, &setup),
     );
 }
