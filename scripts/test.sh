@@ -2,10 +2,10 @@
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples included), then the API docs (warnings denied), a dry-run
-# publish of the clustered-attention crate and a crate outside the workspace built on the
-# package (downstream/, once per backend), then the WGPU kernels' tests with CUDA's memory
-# layout. Prints each phase's wall time.
+# the workspace (the examples included), the WGPU kernels' tests again with CUDA's memory
+# layout, then the API docs (warnings denied), a dry-run publish of the clustered-attention
+# crate and a crate outside the workspace built on the package (downstream/, once per
+# backend). Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +19,12 @@ phase() {
 }
 # The tests' output, kept for the list of skipped tests at the end.
 log=$(mktemp)
+# Cargo.lock as checked in; the pitched-layout `[patch]` rewrites it while the tests build.
+lock=$(mktemp)
+cp Cargo.lock "$lock"
 summary() {
+    cp "$lock" Cargo.lock
+    rm -f "$lock"
     printf "phase times:\n"
     printf "  %s\n" "${phases[@]}"
     if grep -q '^skipped: ' "$log"; then
@@ -64,12 +69,33 @@ export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 # A fresh checkout gains nothing from incremental compilation, which doubles the build's
 # disk footprint.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda)
-phase "build" cargo test "${features[@]}" --no-run
+features=(--workspace --features clustered-attention/wgpu,clustered-attention/cuda)
+# The tests are built against cubecl-wgpu with scripts/pitched-wgpu.patch applied, which
+# changes nothing unless `CUBECL_WGPU_PITCHED=1` is set: the pitched-layout pass below then
+# reruns the same test binary instead of building Burn's WGPU stack and the suite again.
+# Cargo.lock is checked first; the `[patch]` rewrites its cubecl-wgpu entry until the tests
+# are done. PITCHED_WGPU=0 builds against the released crate and skips that pass.
+cargo metadata --locked --format-version 1 >/dev/null
+test_features=("${features[@]}" --locked)
+if [ "${PITCHED_WGPU:-1}" != 0 ]; then
+    PITCHED_WGPU_CONFIG=$(bash scripts/pitched-wgpu.sh --prepare)
+    export PITCHED_WGPU_CONFIG
+    test_features=("${features[@]}" --config "$PITCHED_WGPU_CONFIG")
+fi
+phase "build" cargo test "${test_features[@]}" --no-run
 run_tests() {
-    cargo test "${features[@]}" "$@" 2>&1 | tee "$log"
+    cargo test "${test_features[@]}" "$@" 2>&1 | tee "$log"
 }
 phase "tests" run_tests "$@"
+
+# The WGPU kernels' tests once more with tensors allocated as CUDA allocates them, each row
+# padded to a pitch: the layout bugs that only CUDA would show, found without a GPU
+# (scripts/pitched-wgpu.sh, whose build is the one above).
+if [ "${PITCHED_WGPU:-1}" != 0 ]; then
+    phase "pitched WGPU" bash scripts/pitched-wgpu.sh
+fi
+cp "$lock" Cargo.lock
+features+=(--locked)
 
 # The API docs build without a warning (broken or private links among them).
 phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
@@ -108,11 +134,4 @@ phase "package, downstream" package_and_downstream
 if [ "${DDP_CHECK:-1}" != 0 ]; then
     phase "ddp build check" cargo check --locked -p asr-model --no-default-features \
         --features ddp --lib --bins --test ddp
-fi
-
-# The WGPU kernels' tests once more with tensors allocated as CUDA allocates them, each row
-# padded to a pitch: the layout bugs that only CUDA would show, found without a GPU
-# (scripts/pitched-wgpu.sh; PITCHED_WGPU=0 skips it).
-if [ "${PITCHED_WGPU:-1}" != 0 ]; then
-    phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi
