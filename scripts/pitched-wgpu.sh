@@ -69,5 +69,5 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 # The features of scripts/test.sh, so that its build serves here unchanged.
 CUBECL_WGPU_PITCHED=1 cargo test --workspace \
-    --features clustered-attention/wgpu,clustered-attention/cuda --test suite --config "$config" \
+    --features clustered-attention/wgpu --test suite --config "$config" \
     -- gpu::wgpu:: sparse::wgpu --skip gpu::wgpu::forwards_read_nothing_back "$@"

@@ -3,9 +3,9 @@
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
 # the workspace (the examples included), the WGPU kernels' tests again with CUDA's memory
-# layout, then the API docs (warnings denied), a dry-run publish of the clustered-attention
-# crate and a crate outside the workspace built on the package (downstream/, once per
-# backend). Prints each phase's wall time.
+# layout, then the API docs (warnings denied), a type check of every target with CUDA on, a
+# dry-run publish of the clustered-attention crate and a crate outside the workspace built on
+# the package (downstream/, once per backend). Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,16 +60,17 @@ export TEXT_ENCODER_REQUIRE_MINILM=1
 phase "game packages" bash scripts/get-real-speech.sh --packages-only
 export ASR_REQUIRE_GAMES=1
 
-# WGPU runs on Mesa's software Vulkan (lavapipe) when no GPU is present; the CUDA tests are
-# compiled (so that a CUDA compile break fails) and #[ignore]d: run them with `-- --ignored`
-# on a machine with an NVIDIA GPU.
+# WGPU runs on Mesa's software Vulkan (lavapipe) when no GPU is present. The tests are built
+# without CUDA, which could not run here: after the docs, every target is type-checked with it
+# (so that a CUDA compile break fails), and the CUDA kit runs its tests on an NVIDIA GPU
+# (scripts/gpu-bundle.sh).
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 # Autotuning each new shape is slow on a software GPU and changes no result.
 export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
 # A fresh checkout gains nothing from incremental compilation, which doubles the build's
 # disk footprint.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-features=(--workspace --features clustered-attention/wgpu,clustered-attention/cuda)
+features=(--workspace --features clustered-attention/wgpu)
 # The tests are built against cubecl-wgpu with scripts/pitched-wgpu.patch applied, which
 # changes nothing unless `CUBECL_WGPU_PITCHED=1` is set: the pitched-layout pass below then
 # reruns the same test binary instead of building Burn's WGPU stack and the suite again.
@@ -95,10 +96,16 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi
 cp "$lock" Cargo.lock
-features+=(--locked)
+# The docs and the type check: every feature CI builds, CUDA's included.
+features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda)
 
 # The API docs build without a warning (broken or private links among them).
 phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
+
+# Every target (libraries, programs, tests, examples, benchmarks) type-checked with CUDA on,
+# so the CUDA tests and code paths that the test build leaves out still have to compile.
+# Their dependencies are mostly the docs' type-checked ones.
+phase "CUDA check" cargo check "${features[@]}" --all-targets
 
 # The clustered-attention crate as crates.io would get it, used as a Burn user's crate uses
 # it: the package is checked for publishing (no upload), then a crate outside the workspace
