@@ -74,9 +74,9 @@ features=(--workspace --features clustered-attention/wgpu)
 # The tests are built against cubecl-wgpu with scripts/pitched-wgpu.patch applied, which
 # changes nothing unless `CUBECL_WGPU_PITCHED=1` is set: the pitched-layout pass below then
 # reruns the same test binary instead of building Burn's WGPU stack and the suite again.
-# Cargo.lock is checked first; the `[patch]` rewrites its cubecl-wgpu entry until the tests
-# are done. PITCHED_WGPU=0 builds against the released crate and skips that pass.
-cargo metadata --locked --format-version 1 >/dev/null
+# Cargo.lock is checked first (`--locked`, by the patched copy's preparation); the `[patch]`
+# rewrites its cubecl-wgpu entry until the tests are done. PITCHED_WGPU=0 builds against the
+# released crate, with `--locked`, and skips that pass.
 test_features=("${features[@]}" --locked)
 if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     PITCHED_WGPU_CONFIG=$(bash scripts/pitched-wgpu.sh --prepare)
