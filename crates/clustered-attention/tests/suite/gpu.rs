@@ -1,9 +1,10 @@
-//! The CubeCL kernels against the default bodies on NdArray, bit for bit: codes, assignments
-//! and counts for bits ∈ {1, 8, 31, 32}, L ∈ {1, 7, 1000, 4099}, C ∈ {1, 2, 100, 200} (at 200
-//! the K-means votes go to global memory), with and without padding (at L = 4099, K-means of
-//! 1- and 32-bit codes, padded; see [`kmeans_lengths`]); on `Wgpu` (fused), on the
-//! unfused `CubeBackend` and under `Autodiff<Wgpu>` (and on CUDA, `#[ignore]`d: run with
-//! `--ignored` where an NVIDIA GPU is present).
+//! The CubeCL kernels against references, bit for bit: codes against the default body of
+//! `lsh_hash` on NdArray, assignments and counts against the plain-loop K-means of
+//! `kmeans.rs` (itself checked against the default bodies there), for bits ∈ {1, 8, 31, 32},
+//! L ∈ {1, 7, 1000, 4099}, C ∈ {1, 2, 100, 200} (at 200 the K-means votes go to global
+//! memory), with and without padding; on `Wgpu` (fused), on the unfused `CubeBackend` and under
+//! `Autodiff<Wgpu>` (and on CUDA, `#[ignore]`d: run with `--ignored` where an NVIDIA GPU is
+//! present).
 //!
 //! Queries and planes are dyadic rationals with few significant bits, so every projection is
 //! exact in `f32` whatever the summation order: a matrix product (the default body) and the
@@ -17,6 +18,7 @@ use clustered_attention::{ClusteredAttentionBackend, hamming_kmeans, lsh_hash, l
 use rand::RngExt;
 
 use crate::common::*;
+use crate::kmeans::{initial_positions, kmeans_reference};
 
 const BITS: [usize; 4] = [1, 8, 31, 32];
 const LENGTHS: [usize; 4] = [1, 7, 1000, 4099];
@@ -42,24 +44,14 @@ struct KmeansCase {
     counts: Vec<i64>,
 }
 
-/// The query lengths of the K-means cases of `bits`-bit codes of `len` queries: none (every
-/// query valid) and a full and a half-padded sequence. At the longest `len`, which is there for
-/// the grids of many cubes, only the padded pair, and only for 1-bit codes (the most ties) and
-/// 32-bit codes (every bit used): the default body's integer matrix products on NdArray would
-/// otherwise take most of the suite's time, and the other bit counts are covered at the
-/// shorter lengths.
-fn kmeans_lengths(bits: usize, len: usize) -> Vec<Option<Vec<usize>>> {
-    let padded = Some(vec![len, len / 2]);
-    if len < LENGTHS[LENGTHS.len() - 1] {
-        vec![None, padded]
-    } else if bits == 1 || bits == 32 {
-        vec![padded]
-    } else {
-        Vec::new()
-    }
+/// The query lengths of the K-means cases of `len` queries: none (every query valid) and a
+/// full and a half-padded sequence.
+fn kmeans_lengths(len: usize) -> [Option<Vec<usize>>; 2] {
+    [None, Some(vec![len, len / 2])]
 }
 
-/// The reference results, computed once with the default bodies on NdArray.
+/// The reference results, computed once: codes with the default body on NdArray, K-means
+/// with the plain loops.
 fn cases() -> &'static [Case] {
     static CASES: OnceLock<Vec<Case>> = OnceLock::new();
     CASES.get_or_init(|| {
@@ -90,23 +82,31 @@ fn cases() -> &'static [Case] {
                 ));
                 let mut kmeans = Vec::new();
                 for clusters in CLUSTERS {
-                    for lengths in kmeans_lengths(bits, len) {
-                        let (assignments, counts) = reference::hamming_kmeans::<R>(
-                            int3::<R>(&codes, [2, 2, len]).into_primitive(),
-                            lengths
-                                .as_ref()
-                                .map(|l| lengths_tensor::<R>(l).into_primitive()),
-                            clusters,
-                            ITERATIONS,
-                            SEED,
-                        );
+                    for lengths in kmeans_lengths(len) {
+                        let (batch, heads) = (dims[0], dims[1]);
+                        let valid = lengths.clone().unwrap_or(vec![len; batch]);
+                        let initial = initial_positions(&valid, heads, clusters, SEED);
+                        let (mut assignments, mut counts) = (Vec::new(), Vec::new());
+                        for row in 0..batch * heads {
+                            let codes: Vec<u32> = codes[row * len..(row + 1) * len]
+                                .iter()
+                                .map(|&c| c as u32)
+                                .collect();
+                            let (a, c, _) = kmeans_reference(
+                                &codes,
+                                valid[row / heads],
+                                clusters,
+                                ITERATIONS,
+                                &initial[row * clusters..(row + 1) * clusters],
+                            );
+                            assignments.extend(a);
+                            counts.extend(c);
+                        }
                         kmeans.push(KmeansCase {
                             clusters,
                             lengths,
-                            assignments: host_ints(Tensor::<R, 3, Int>::from_primitive(
-                                assignments,
-                            )),
-                            counts: host_ints(Tensor::<R, 3, Int>::from_primitive(counts)),
+                            assignments,
+                            counts,
                         });
                     }
                 }

@@ -14,7 +14,12 @@ use crate::common::*;
 /// `0..n` drawn by `rand::seq::index::sample` from a `Xoshiro256PlusPlus` seeded with the
 /// SplitMix64 finaliser of `seed ^ batch · 0x9E3779B97F4A7C15 ^ head · 0xC2B2AE3D27D4EB4F`;
 /// `0, 1, …, n − 1` then zeros when `n ≤ clusters`.
-fn initial_positions(lengths: &[usize], heads: usize, clusters: usize, seed: u64) -> Vec<i64> {
+pub(crate) fn initial_positions(
+    lengths: &[usize],
+    heads: usize,
+    clusters: usize,
+    seed: u64,
+) -> Vec<i64> {
     let mut positions = Vec::new();
     for (batch, &n) in lengths.iter().enumerate() {
         for head in 0..heads {
@@ -56,7 +61,7 @@ fn initial_centroids_follow_the_documented_rule() {
 /// The K-means definition of `ClusteredAttentionBackend::hamming_kmeans`, with integer loops and
 /// all `iterations` run: returns (assignments, counts) for one sequence's codes, and the first
 /// round (from 0) whose update left every centroid unchanged, if one did.
-fn kmeans_reference(
+pub(crate) fn kmeans_reference(
     codes: &[u32],
     n: usize,
     clusters: usize,
