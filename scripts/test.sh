@@ -2,7 +2,7 @@
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples included), the WGPU kernels' tests again with CUDA's memory
+# the workspace (the examples that are tests included), the WGPU kernels' tests again with CUDA's memory
 # layout, then the API docs (warnings denied), a type check of every target with CUDA on, a
 # dry-run publish of the clustered-attention crate and a crate outside the workspace built on
 # the package (downstream/, once per backend). Prints each phase's wall time.
@@ -83,9 +83,16 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     export PITCHED_WGPU_CONFIG
     test_features=("${features[@]}" --config "$PITCHED_WGPU_CONFIG")
 fi
-phase "build" cargo test "${test_features[@]}" --no-run
+# The test targets only (libraries' and programs' unit tests, integration tests, examples with
+# `test = true`): an example that is not a test is type-checked below with every target. The
+# doc tests run after them.
+test_targets=(--lib --tests)
+phase "build" cargo test "${test_features[@]}" "${test_targets[@]}" --no-run
 run_tests() {
-    cargo test "${test_features[@]}" "$@" 2>&1 | tee "$log"
+    {
+        cargo test "${test_features[@]}" "${test_targets[@]}" "$@" &&
+            cargo test "${test_features[@]}" --doc "$@"
+    } 2>&1 | tee "$log"
 }
 phase "tests" run_tests "$@"
 

@@ -96,10 +96,3 @@ fn main() {
         println!("evaluated with {kind:>14}: mse {mse:.5}");
     }
 }
-
-/// `cargo test` runs the example.
-#[cfg(test)]
-#[test]
-fn example_runs() {
-    main();
-}

@@ -37,3 +37,11 @@ pub mod tokenize;
 pub use loader::{HfBertConfig, LoadError, load_pretrained, load_safetensors};
 pub use model::{Embeddings, EncoderLayer, TextEncoder, TextEncoderConfig};
 pub use tokenize::{TokenizeError, WordPieceTokenizer, batch};
+
+// The tests, written against the public API as an integration test would be (`text_encoder::`
+// names this crate), compiled as unit tests so that `cargo test` does not build the program.
+#[cfg(test)]
+extern crate self as text_encoder;
+#[cfg(test)]
+#[path = "../tests/encoder.rs"]
+mod encoder_tests;
