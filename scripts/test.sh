@@ -2,10 +2,11 @@
 # Runs the whole test suite on a fresh machine: installs the system packages the tests need
 # (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
 # two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples that are tests included), the WGPU kernels' tests again with CUDA's memory
-# layout, then the API docs (warnings denied), a type check of every target with CUDA on, a
-# dry-run publish of the clustered-attention crate and a crate outside the workspace built on
-# the package (downstream/, once per backend). Prints each phase's wall time.
+# the workspace (the examples that are tests included), the WGPU kernels' tests again with
+# CUDA's memory layout, then the API docs (warnings denied), a type check of every target with
+# CUDA on, a dry-run publish of the clustered-attention crate and a crate outside the
+# workspace built on the package (downstream/, once per backend). Prints each phase's wall
+# time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,10 +84,10 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     export PITCHED_WGPU_CONFIG
     test_features=("${features[@]}" --config "$PITCHED_WGPU_CONFIG")
 fi
-# The test targets only (libraries' and programs' unit tests, integration tests, examples with
-# `test = true`): an example that is not a test is type-checked below with every target. The
-# doc tests run after them.
-test_targets=(--lib --tests)
+# The test targets only (`test = true`: libraries' and programs' unit tests, integration tests,
+# two of the examples): an example that is not a test is type-checked below with every
+# target. The doc tests run after them.
+test_targets=(--tests)
 phase "build" cargo test "${test_features[@]}" "${test_targets[@]}" --no-run
 run_tests() {
     {

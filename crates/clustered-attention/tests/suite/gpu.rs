@@ -80,20 +80,17 @@ fn cases() -> &'static [Case] {
                             .tensor(),
                     ),
                 ));
+                let (batch, heads) = (dims[0], dims[1]);
+                let code_words: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
                 let mut kmeans = Vec::new();
                 for clusters in CLUSTERS {
                     for lengths in kmeans_lengths(len) {
-                        let (batch, heads) = (dims[0], dims[1]);
                         let valid = lengths.clone().unwrap_or(vec![len; batch]);
                         let initial = initial_positions(&valid, heads, clusters, SEED);
                         let (mut assignments, mut counts) = (Vec::new(), Vec::new());
                         for row in 0..batch * heads {
-                            let codes: Vec<u32> = codes[row * len..(row + 1) * len]
-                                .iter()
-                                .map(|&c| c as u32)
-                                .collect();
                             let (a, c, _) = kmeans_reference(
-                                &codes,
+                                &code_words[row * len..(row + 1) * len],
                                 valid[row / heads],
                                 clusters,
                                 ITERATIONS,
