@@ -2,6 +2,9 @@
 //! clustered attention ([`clustered_attention`]), after the speech experiments of Vyas,
 //! Katharopoulos & Fleuret, *Fast Transformers with Clustered Attention* (NeurIPS 2020), §4.1.
 //!
+//! The speech data (corpus, manifests, audio, features, augmentation, joins, games, phones and
+//! the batchers' [`data`]) is the `asr-data` crate's, re-exported here under the same names.
+//!
 //! - [`corpus`]: a multi-speaker English corpus synthesized with `espeak-ng` (and `flite`);
 //! - [`manifest`], [`audio`], [`features`]: JSONL manifests validated up front, WAV/FLAC at any
 //!   sample rate, log-mel filterbank features;
@@ -20,22 +23,17 @@
 //! - [`clusters`]: which encoder steps share a cluster, per layer and head (`asr clusters`).
 #![warn(missing_docs)]
 
-pub mod audio;
-pub mod augment;
 pub mod clusters;
 pub mod compare;
-pub mod corpus;
 pub mod ctc;
-pub mod data;
 pub mod decode;
-pub mod features;
-pub mod games;
-pub mod join;
-pub mod manifest;
 pub mod model;
-pub mod phones;
 pub mod render;
 pub mod train;
+
+// The speech data, host-side (its own crate, so that its tests' heavy loops build optimized
+// while this crate's tests build at opt-level 0; see the workspace's Cargo.toml).
+pub use asr_data::{audio, augment, corpus, data, features, games, join, manifest, phones};
 
 /// `asr manifest`'s importer, now [`manifest::import`](mod@manifest::import).
 #[deprecated(note = "moved to `asr_model::manifest::import`")]

@@ -213,7 +213,7 @@ pub struct CtcBatch<B: Backend> {
     /// gradients are summed, so that a step is the mean over all of them).
     pub loss_weight: f32,
     /// Seed of the dropout masks of the batch's training step
-    /// ([`clustered_attention::with_dropout_seed`]); `None`: the backend's generator.
+    /// (`clustered_attention::with_dropout_seed`); `None`: the backend's generator.
     pub dropout_seed: Option<u64>,
     /// Threads the batch's training step may use for the host ops (the CPU backends' and the
     /// attention's, on rayon): `None`, rayon's global pool; `Some(t)` when several workers

@@ -10,13 +10,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use asr_model::data::{Example, mix};
-use asr_model::features::Features;
-use asr_model::games::{
+use asr_data::data::{Example, mix};
+use asr_data::features::Features;
+use asr_data::games::{
     Clip, ClipAudio, Game, GameImportOptions, import_game, queen, rnc, sky, split_by_speaker,
 };
-use asr_model::manifest::read_manifest;
-use asr_model::phones::PhoneInventory;
+use asr_data::manifest::read_manifest;
+use asr_data::phones::PhoneInventory;
 
 /// CRC-16/ARC, bit by bit.
 fn crc16(bytes: &[u8]) -> u16 {
