@@ -224,6 +224,6 @@ pub fn write_flac(
     stream
         .write(&mut sink)
         .map_err(|e| anyhow::anyhow!("{}: FLAC encoding failed: {e:?}", path.display()))?;
-    std::fs::write(path, sink.as_slice())?;
+    crate::files::write_atomic(path, sink.as_slice())?;
     Ok(())
 }

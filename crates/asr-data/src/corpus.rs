@@ -397,6 +397,6 @@ pub fn generate(options: &CorpusOptions) -> anyhow::Result<()> {
         variants = ESPEAK_VARIANTS,
         licence = options.text_licence,
     );
-    std::fs::write(options.out.join("README.md"), readme)?;
+    crate::files::write_atomic(&options.out.join("README.md"), readme.as_bytes())?;
     Ok(())
 }

@@ -18,6 +18,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
 use crate::audio::{SAMPLE_RATE_HZ, load_audio, write_flac};
+use crate::files::write_atomic;
 use crate::manifest::{ManifestEntry, read_manifest, write_manifest};
 use crate::phones::PhoneInventory;
 
@@ -329,7 +330,7 @@ pub fn join_corpus(options: &JoinOptions) -> anyhow::Result<JoinReport> {
         report.clips_used.insert(split.clone(), used);
         report.left_out.insert(split.clone(), (dropped, dropped_s));
     }
-    std::fs::write(options.out.join("joined-from.tsv"), sources)?;
+    write_atomic(&options.out.join("joined-from.tsv"), sources.as_bytes())?;
     for name in ["copyright", "readme.txt.gz", "README.md"] {
         let file = options.corpus.join(name);
         if file.exists() {
@@ -342,8 +343,8 @@ pub fn join_corpus(options: &JoinOptions) -> anyhow::Result<JoinReport> {
                 .with_context(|| format!("{}: cannot copy", file.display()))?;
         }
     }
-    std::fs::write(
-        options.out.join("README.md"),
+    write_atomic(
+        &options.out.join("README.md"),
         format!(
             "# Long-form utterances joined from `{}`\n\n\
              Made by `asr join --corpus {} --min-seconds {} --mean-seconds {} --max-seconds {} --pause-seconds {} --seed {}`: \
@@ -365,7 +366,8 @@ pub fn join_corpus(options: &JoinOptions) -> anyhow::Result<JoinReport> {
             } else {
                 ""
             }
-        ),
+        )
+        .as_bytes(),
     )?;
     Ok(report)
 }

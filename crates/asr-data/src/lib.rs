@@ -14,7 +14,8 @@
 //! - [`games`]: real recorded speech from two freeware games' voice tracks (Debian packages
 //!   `beneath-a-steel-sky`, `flight-of-the-amazon-queen`);
 //! - [`phones`]: the phone inventory and its CTC blank;
-//! - [`data`]: utterances as model inputs, length-bucketed batches, the batchers.
+//! - [`data`]: utterances as model inputs, length-bucketed batches, the batchers;
+//! - [`files`]: files written whole or not at all (a temporary file renamed into place).
 #![warn(missing_docs)]
 
 pub mod audio;
@@ -22,6 +23,7 @@ pub mod augment;
 pub mod corpus;
 pub mod data;
 pub mod features;
+pub mod files;
 pub mod games;
 pub mod join;
 pub mod manifest;

@@ -77,7 +77,7 @@ impl PhoneInventory {
     /// # Errors
     /// When the file cannot be written.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::write(path, self.phones.join("\n") + "\n")
+        crate::files::write_atomic(path, (self.phones.join("\n") + "\n").as_bytes())
     }
 
     /// Number of phones (without the blank).

@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use anyhow::Context;
 use plotters::prelude::*;
 
 /// The cluster of each step of one utterance, per layer and head.
@@ -107,8 +108,9 @@ impl ClusterMap {
         let height = (top + spectrogram_h + 20 + strips as i32 * (strip + gap) + 20) as u32;
         let column = (width as i32 - left - 20) as f64 / steps.max(1) as f64;
         let x = |t: usize| left + (t as f64 * column).round() as i32;
-        let draw = || -> Result<(), Box<dyn std::error::Error>> {
-            let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+        let mut svg = String::new();
+        let mut draw = || -> Result<(), Box<dyn std::error::Error>> {
+            let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
             root.fill(&WHITE)?;
             root.draw(&Text::new(caption, (10, 10), ("sans-serif", 16)))?;
             // The spectrogram, one column per step, 10 grey levels, runs merged.
@@ -178,7 +180,9 @@ impl ClusterMap {
             root.present()?;
             Ok(())
         };
-        draw().map_err(|e| anyhow::anyhow!("{}: cannot draw the plot: {e}", path.display()))
+        draw().map_err(|e| anyhow::anyhow!("{}: cannot draw the plot: {e}", path.display()))?;
+        asr_data::files::write_atomic(path, svg.as_bytes())
+            .with_context(|| format!("{}: cannot write the plot", path.display()))
     }
 }
 

@@ -176,14 +176,9 @@ pub fn this_machine() -> String {
 /// # Errors
 /// When the directory cannot be written.
 pub fn save_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    std::fs::write(&partial, text + "\n")
-        .with_context(|| format!("{}: cannot write", partial.display()))?;
-    std::fs::rename(&partial, path)
-        .with_context(|| format!("{}: cannot rename to {}", partial.display(), path.display()))
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    asr_data::files::write_atomic(path, text.as_bytes())
+        .with_context(|| format!("{}: cannot write", path.display()))
 }
 
 /// Saves one model's result in `dir` (created if missing) as `<model directory
@@ -423,8 +418,9 @@ pub fn markdown_table(rows: &[ModelSummary]) -> String {
 /// # Errors
 /// When the file cannot be written.
 pub fn plot(path: &Path, rows: &[ModelSummary], caption: &str) -> anyhow::Result<()> {
-    let draw = || -> Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (1300, 560)).into_drawing_area();
+    let mut svg = String::new();
+    let mut draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::with_string(&mut svg, (1300, 560)).into_drawing_area();
         root.fill(&WHITE)?;
         let root = root.titled(caption, ("sans-serif", 20))?;
         let (left, right) = root.split_horizontally(620);
@@ -516,5 +512,7 @@ pub fn plot(path: &Path, rows: &[ModelSummary], caption: &str) -> anyhow::Result
         root.present()?;
         Ok(())
     };
-    draw().map_err(|e| anyhow::anyhow!("{}: cannot draw the plot: {e}", path.display()))
+    draw().map_err(|e| anyhow::anyhow!("{}: cannot draw the plot: {e}", path.display()))?;
+    asr_data::files::write_atomic(path, svg.as_bytes())
+        .with_context(|| format!("{}: cannot write the plot", path.display()))
 }

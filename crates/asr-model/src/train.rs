@@ -9,7 +9,7 @@ use burn::data::dataset::Dataset;
 use burn::lr_scheduler::LrScheduler;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
-use burn::record::DefaultRecorder;
+use burn::record::FullPrecisionSettings;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn::train::logger::FileMetricLogger;
@@ -39,7 +39,7 @@ pub use clock::{
     resume_point,
 };
 pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
-pub use saved::{SavedModel, load_model, save_model};
+pub use saved::{AtomicMpkFileRecorder, SavedModel, load_model, save_model};
 
 /// What a training or evaluation step reports.
 #[derive(Debug)]
@@ -449,18 +449,27 @@ pub fn last_checkpoint(dir: &Path) -> Option<usize> {
     checkpoints(dir).into_iter().max()
 }
 
-/// The epochs with a model checkpoint in `dir/checkpoint`, in no particular order.
+/// The epochs with a whole checkpoint in `dir/checkpoint`, in no particular order: the
+/// model's, the optimizer's and the learning-rate schedule's records of the epoch all there
+/// (`model-N.mpk`, `optim-N.mpk`, `scheduler-N.mpk`; burn-train writes them from three
+/// threads, each file whole or not at all: [`AtomicMpkFileRecorder`]).
 pub fn checkpoints(dir: &Path) -> Vec<usize> {
-    let Ok(entries) = std::fs::read_dir(dir.join("checkpoint")) else {
+    let dir = dir.join("checkpoint");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
     entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            name.strip_prefix("model-")?
+            let epoch: usize = name
+                .strip_prefix("model-")?
                 .strip_suffix(".mpk")?
                 .parse()
-                .ok()
+                .ok()?;
+            ["optim", "scheduler"]
+                .iter()
+                .all(|part| dir.join(format!("{part}-{epoch}.mpk")).is_file())
+                .then_some(epoch)
         })
         .collect()
 }
@@ -641,7 +650,7 @@ where
         .metrics((LossMetric::<Flex>::new(),))
         .metric_train_numeric(ForwardTimeMetric::default())
         .metric_valid_numeric(PhoneErrorRateMetric::default())
-        .with_file_checkpointer(DefaultRecorder::new())
+        .with_file_checkpointer(AtomicMpkFileRecorder::<FullPrecisionSettings>::new())
         .num_epochs(options.epochs)
         .summary();
     if !(cfg!(feature = "tui") && std::io::IsTerminal::is_terminal(&std::io::stdout())) {
@@ -705,10 +714,7 @@ where
                 Some(evaluate(&model, valid, None, options.batch_frames, device).percent());
         }
     }
-    std::fs::write(
-        options.dir.join(TRAINING_LOG),
-        serde_json::to_string_pretty(&log)?,
-    )?;
+    crate::compare::save_json(&options.dir.join(TRAINING_LOG), &log)?;
     Ok(model)
 }
 

@@ -283,6 +283,100 @@ fn saved_model_loads_back_identical() {
         .assert_eq(&expected, true);
 }
 
+/// Makes [`model_directory_killed_while_saving_holds_one_model`] the saving child: it saves
+/// its two models into the directory this names, in turn, until it is killed.
+const SAVE_LOOP_DIR: &str = "ASR_TEST_SAVE_LOOP_DIR";
+
+/// A directory whose saving process is killed (SIGKILL) at 24 points of its first three
+/// saves holds, each time, one of the two models it was saving in turn, whole: `model.json` names a
+/// weights file that loads, and its parameters are bit for bit those of one of the two. A
+/// later save leaves only its own weights and `model.json` (no other weights file, no
+/// temporary file of the killed saves).
+#[test]
+fn model_directory_killed_while_saving_holds_one_model() {
+    use std::io::BufRead;
+    let _rng = process_rng();
+    let device = Default::default();
+    // 0.8 M parameters: writing the weights is most of a save.
+    let saved = SavedModel {
+        model: toy_config(AttentionKind::Full)
+            .with_d_model(128)
+            .with_d_ff(512)
+            .with_n_layers(4),
+        features: LogMelConfig::new().with_n_mels(16),
+        phones: PhoneInventory::standard().phones()[..8].to_vec(),
+    };
+    let models = [1, 2].map(|seed| {
+        Cpu::seed(&device, seed);
+        let model = saved.model.init::<Cpu>(&device);
+        // Draws the parameters now, once (Burn draws them when first used).
+        parameters(&model);
+        model
+    });
+    if let Some(dir) = std::env::var_os(SAVE_LOOP_DIR) {
+        let dir = std::path::PathBuf::from(dir);
+        // After libtest's "test … " on the same line.
+        println!("{SAVE_LOOP_DIR}: saving");
+        loop {
+            for model in &models {
+                save_model(model, &saved, &dir).unwrap();
+            }
+        }
+    }
+    let expected = models.each_ref().map(parameters);
+    assert_ne!(expected[0], expected[1]);
+    let dir = tempdir("killed-while-saving");
+    let start = std::time::Instant::now();
+    save_model(&models[0], &saved, &dir).unwrap();
+    let save_time = start.elapsed();
+    let mut seen = [0; 2];
+    for kill in 0..24u32 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "model_directory_killed_while_saving_holds_one_model",
+                "--exact",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(SAVE_LOOP_DIR, &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let marker = format!("{SAVE_LOOP_DIR}: saving");
+        let started = std::io::BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .any(|line| line.unwrap().ends_with(&marker));
+        assert!(started, "the saving process ended before saving");
+        // Over its first three saves, an eighth of a save apart.
+        std::thread::sleep(save_time * kill / 8);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let (loaded, _) = load_model::<Cpu>(&dir, &device)
+            .unwrap_or_else(|e| panic!("killed after {kill} steps: {e:#}"));
+        let loaded = parameters(&loaded);
+        let which = expected.iter().position(|p| *p == loaded);
+        let which = which.unwrap_or_else(|| panic!("killed after {kill} steps: neither model"));
+        seen[which] += 1;
+    }
+    eprintln!(
+        "after 24 kills ({save_time:?} a save): the first model {} times, the second {}",
+        seen[0], seen[1]
+    );
+    save_model(&models[1], &saved, &dir).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names[1], "model.json", "{names:?}");
+    assert_eq!(common::weights_file(&dir), dir.join(&names[0]));
+    let (loaded, _) = load_model::<Cpu>(&dir, &device).unwrap();
+    assert_eq!(parameters(&loaded), expected[1]);
+}
+
 /// An utterance gets the same log-probabilities alone as in a batch where it is padded to a
 /// longer utterance's length, for every front end and with the convolution module, at
 /// subsampling 1, 2 and 4: padding reaches no valid step. Full attention (clustered attention
@@ -435,13 +529,11 @@ fn two_workers_with_dropout_repeat_bit_for_bit() {
     assert!(other > 0.0, "another seed gave the same weights");
 }
 
-/// `asr train --devices cpu:2` (two data-parallel workers) trains an epoch of a small corpus,
-/// writes its checkpoint, and `--resume` continues it to a second epoch.
-#[test]
-fn cli_trains_on_two_cpu_workers_and_resumes() {
-    // The first utterances of the bundled corpus's splits, their audio by absolute path.
+/// A corpus of the first utterances of the bundled corpus's splits (24 train, 6 dev, 6
+/// test), their audio by absolute path, in a fresh directory `name`.
+fn small_corpus(name: &str) -> std::path::PathBuf {
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus");
-    let corpus = tempdir("cli-corpus");
+    let corpus = tempdir(name);
     std::fs::copy(bundled.join("phones.txt"), corpus.join("phones.txt")).unwrap();
     for (split, n) in [("train", 24), ("dev", 6), ("test", 6)] {
         let text = std::fs::read_to_string(bundled.join(format!("{split}.jsonl"))).unwrap();
@@ -460,17 +552,33 @@ fn cli_trains_on_two_cpu_workers_and_resumes() {
         )
         .unwrap();
     }
+    corpus
+}
+
+/// `asr train` of a one-layer model on [`small_corpus`] into `out`, with `extra` arguments.
+fn small_training(corpus: &Path, out: &Path, extra: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_asr"));
+    command
+        .arg("train")
+        .arg("--corpus")
+        .arg(corpus)
+        .arg("--out")
+        .arg(out)
+        .args(["--d-model", "32", "--n-heads", "2"])
+        .args(["--n-layers", "1", "--d-ff", "64", "--augment", "none"])
+        .args(["--batch-frames", "1500", "--warmup-steps", "2"])
+        .args(extra);
+    command
+}
+
+/// `asr train --devices cpu:2` (two data-parallel workers) trains an epoch of a small corpus,
+/// writes its checkpoint, and `--resume` continues it to a second epoch.
+#[test]
+fn cli_trains_on_two_cpu_workers_and_resumes() {
+    let corpus = small_corpus("cli-corpus");
     let out = tempdir("cli-run");
     let run = |extra: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_asr"))
-            .arg("train")
-            .arg("--corpus")
-            .arg(&corpus)
-            .arg("--out")
-            .arg(&out)
-            .args(["--devices", "cpu:2", "--d-model", "32", "--n-heads", "2"])
-            .args(["--n-layers", "1", "--d-ff", "64", "--augment", "none"])
-            .args(["--batch-frames", "1500", "--warmup-steps", "2"])
+        let output = small_training(&corpus, &out, &["--devices", "cpu:2"])
             .args(extra)
             .output()
             .unwrap();
@@ -485,7 +593,49 @@ fn cli_trains_on_two_cpu_workers_and_resumes() {
     let (_, stderr) = run(&["--epochs", "2", "--resume"]);
     assert!(stderr.contains("resuming after epoch 1"), "{stderr}");
     assert_eq!(last_checkpoint(&out), Some(2));
-    assert!(out.join("model.mpk").exists());
+    assert!(common::weights_file(&out).exists());
+}
+
+/// `asr train` (3 epochs) killed with SIGKILL at 5 points spread over an uninterrupted run's
+/// time (during an epoch, its checkpoint, the epoch after, the final save), then run again
+/// with `--resume`: each time the second run finishes the 3 epochs from the last whole
+/// checkpoint, and the model it saves loads. A checkpoint is whole when the model's, the
+/// optimizer's and the schedule's files of its epoch are all there (each written whole or
+/// not at all).
+#[test]
+fn cli_training_killed_anywhere_resumes_to_the_end() {
+    let corpus = small_corpus("kill-corpus");
+    let epochs = ["--epochs", "3"];
+    let start = std::time::Instant::now();
+    let whole = small_training(&corpus, &tempdir("kill-whole"), &epochs)
+        .output()
+        .unwrap();
+    assert!(whole.status.success(), "{whole:?}");
+    let run_time = start.elapsed();
+    for kill in 1..=5u32 {
+        let out = tempdir(&format!("kill-{kill}"));
+        let mut child = small_training(&corpus, &out, &epochs)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(run_time * kill / 6);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed_at = last_checkpoint(&out);
+        let output = small_training(&corpus, &out, &["--epochs", "3", "--resume"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "killed at {kill}/6 of the run (checkpoint {killed_at:?}): {stderr}"
+        );
+        assert_eq!(last_checkpoint(&out), Some(3), "killed at {kill}/6");
+        load_model::<Cpu>(&out, &Default::default())
+            .unwrap_or_else(|e| panic!("killed at {kill}/6: {e:#}"));
+        eprintln!("killed at {kill}/6 of {run_time:?}: checkpoint {killed_at:?}, resumed to 3");
+    }
 }
 
 /// `asr train --strategy ddp` off CUDA is refused before any work, naming the devices, and
@@ -591,7 +741,7 @@ fn interrupted_training_resumes_from_its_last_checkpoint() {
     );
     let resumed = run(options(&dir, 2, true, None));
     assert_eq!(last_checkpoint(&dir), Some(2));
-    assert!(dir.join("model.mpk").exists() && dir.join("model.json").exists());
+    assert!(common::weights_file(&dir).exists());
 
     let batch = CtcBatcher.make::<Cpu>(&examples, &device);
     let a = reference.forward(batch.features.clone(), &batch.frame_lengths);
@@ -672,7 +822,7 @@ fn time_budget_stops_training_and_measures_the_dev_per() {
     let expected = evaluate(&model, &examples, None, 48, &device).percent();
     assert_eq!(log.final_dev_per, Some(expected));
     assert_eq!(log.last_dev_per(), Some(expected));
-    assert!(dir.join("model.mpk").exists());
+    assert!(common::weights_file(&dir).exists());
 
     // One epoch, then a resumed run whose budget ends just after it.
     let dir = tempdir("budget-resume");

@@ -281,7 +281,7 @@ pub fn import_game(options: &GameImportOptions) -> anyhow::Result<GameImportRepo
                 continue;
             }
         };
-        std::fs::write(&path, bytes)
+        crate::files::write_atomic(&path, &bytes)
             .with_context(|| format!("{}: cannot write", path.display()))?;
         entries.push((
             clip.speaker.clone(),
@@ -356,7 +356,7 @@ pub fn import_game(options: &GameImportOptions) -> anyhow::Result<GameImportRepo
     }
     let mut text = report.left_out.join("\n");
     text.push('\n');
-    std::fs::write(options.out.join("left-out.txt"), text)?;
+    crate::files::write_atomic(&options.out.join("left-out.txt"), text.as_bytes())?;
     Ok(report)
 }
 

@@ -152,7 +152,8 @@ pub fn read_manifest(
     }
 }
 
-/// Writes a manifest, one JSON object per line.
+/// Writes a manifest, one JSON object per line, whole or not at all
+/// ([`write_atomic`](crate::files::write_atomic)).
 ///
 /// # Errors
 /// When the file cannot be written.
@@ -162,5 +163,5 @@ pub fn write_manifest(path: &Path, entries: &[ManifestEntry]) -> std::io::Result
         out.push_str(&serde_json::to_string(entry).expect("a manifest entry serialises"));
         out.push('\n');
     }
-    std::fs::write(path, out)
+    crate::files::write_atomic(path, out.as_bytes())
 }

@@ -182,7 +182,8 @@ impl EpochClock {
             text.push_str(&serde_json::to_string(r).expect("a record serialises"));
             text.push('\n');
         }
-        std::fs::write(&path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+        asr_data::files::write_atomic(&path, text.as_bytes())
+            .with_context(|| format!("{}: cannot write", path.display()))?;
         let before = records.last().map_or(0.0, |r| r.total_seconds);
         Ok(Self::new(path, before))
     }
@@ -307,11 +308,9 @@ fn append(path: &Path, record: &EpochRecord) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(path)?;
-    writeln!(
-        file,
-        "{}",
-        serde_json::to_string(record).expect("a record serialises")
-    )?;
+    // One write of the whole line: a process killed while appending leaves no part of it.
+    let line = serde_json::to_string(record).expect("a record serialises") + "\n";
+    file.write_all(line.as_bytes())?;
     file.sync_data()
 }
 

@@ -1,12 +1,19 @@
-//! A trained model on disk: its weights (`model.mpk`) and what rebuilds it (`model.json`).
+//! A trained model on disk: its weights (`model-N.mpk`, Burn's named MessagePack) and what
+//! rebuilds it (`model.json`, which names the weights file).
 
-use std::path::Path;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use asr_data::files::{remove_partial_files, write_atomic};
 use burn::module::Module;
-use burn::record::{DefaultRecorder, Recorder};
+use burn::record::{
+    FileRecorder, FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRecorder,
+    PrecisionSettings, Recorder, RecorderError,
+};
 use burn::tensor::backend::Backend;
 use clustered_attention::ClusteredAttentionBackend;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::features::LogMelConfig;
@@ -23,45 +30,165 @@ pub struct SavedModel {
     pub phones: Vec<String>,
 }
 
-/// Saves weights (`dir/model.mpk`) and configuration (`dir/model.json`).
+/// The key of `model.json` that names the weights file.
+const WEIGHTS_KEY: &str = "weights";
+/// The weights of a directory saved before its `model.json` named them.
+const UNNUMBERED_WEIGHTS: &str = "model.mpk";
+
+/// The weights file of number `n`: `model-<n>.mpk`.
+fn weights_name(n: u64) -> String {
+    format!("model-{n}.mpk")
+}
+
+/// The number of a weights file's name (`model-<n>.mpk`), if it is one.
+fn weights_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("model-")?.strip_suffix(".mpk")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Saves weights and configuration in `dir` so that it always holds one whole model, the one
+/// it held before or the new one, even when the process is killed while saving: the weights
+/// go to a file of a new number (`dir/model-N.mpk`, N one more than any there), then
+/// `dir/model.json`, which names that file, replaces the old one in one rename; the weights
+/// files it no longer names are removed last. Each file is written through a temporary file
+/// renamed into place ([`write_atomic`]). One process at a time saves into a directory.
 ///
 /// # Errors
-/// When a file cannot be written.
+/// When `dir` cannot be listed or written.
 pub fn save_model<B: Backend>(
     model: &AsrModel<B>,
     saved: &SavedModel,
     dir: &Path,
 ) -> anyhow::Result<()> {
-    DefaultRecorder::new()
-        .record(model.clone().into_record(), dir.join("model"))
-        .with_context(|| format!("{}: cannot save the model", dir.display()))?;
-    std::fs::write(dir.join("model.json"), serde_json::to_string_pretty(saved)?)?;
+    let listing = || -> std::io::Result<Vec<String>> {
+        std::fs::read_dir(dir)?
+            .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
+            .collect()
+    };
+    let names = listing().with_context(|| format!("{}: cannot list", dir.display()))?;
+    let number = names
+        .iter()
+        .filter_map(|n| weights_number(n))
+        .max()
+        .unwrap_or(0);
+    let number = number
+        .checked_add(1)
+        .with_context(|| format!("{}: no weights number after {number}", dir.display()))?;
+    let weights = weights_name(number);
+    let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .record(model.clone().into_record(), ())
+        .with_context(|| format!("{}: cannot encode the model's weights", dir.display()))?;
+    write_atomic(&dir.join(&weights), &bytes).context("cannot save the model's weights")?;
+    let mut json = serde_json::to_value(saved)?;
+    json.as_object_mut()
+        .expect("a SavedModel is a JSON object")
+        .insert(WEIGHTS_KEY.into(), weights.clone().into());
+    write_atomic(
+        &dir.join("model.json"),
+        serde_json::to_string_pretty(&json)?.as_bytes(),
+    )
+    .context("cannot save model.json")?;
+    // `model.json` names the new weights from here on: the others are garbage, as are the
+    // temporary files of a save that was killed.
+    for name in listing().with_context(|| format!("{}: cannot list", dir.display()))? {
+        if name != weights && (name == UNNUMBERED_WEIGHTS || weights_number(&name).is_some()) {
+            std::fs::remove_file(dir.join(&name))
+                .with_context(|| format!("{}: cannot remove {name}", dir.display()))?;
+        }
+    }
+    remove_partial_files(dir, "model")
+        .with_context(|| format!("{}: cannot remove temporary files", dir.display()))?;
     Ok(())
 }
 
-/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`.
+/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`. A
+/// directory whose `model.json` names no weights file (saved before they were numbered) has
+/// them in `model.mpk`.
 ///
 /// # Errors
-/// When a file is missing or does not match.
+/// When a file is missing or does not match, or `model.json` names a weights file that is
+/// not `model-<N>.mpk` or `model.mpk` in the directory itself.
 pub fn load_model<B: ClusteredAttentionBackend>(
     dir: &Path,
     device: &B::Device,
 ) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
     let json = std::fs::read_to_string(dir.join("model.json"))
         .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
-    let saved = parse_saved_model(&json)
+    let (saved, weights) = parse_saved_model(&json)
         .with_context(|| format!("{}: malformed model.json", dir.display()))?;
-    let record = DefaultRecorder::new()
-        .load(dir.join("model"), device)
-        .with_context(|| format!("{}: cannot load model.mpk", dir.display()))?;
+    let weights = weights.unwrap_or_else(|| UNNUMBERED_WEIGHTS.to_string());
+    anyhow::ensure!(
+        weights == UNNUMBERED_WEIGHTS || weights_number(&weights).is_some(),
+        "{}: model.json names the weights file {weights:?}, expected model-<N>.mpk",
+        dir.display()
+    );
+    let bytes = std::fs::read(dir.join(&weights))
+        .with_context(|| format!("{}: cannot read {weights}", dir.display()))?;
+    let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .load(bytes, device)
+        .with_context(|| format!("{}: cannot load {weights}", dir.display()))?;
     Ok((saved.model.init::<B>(device).load_record(record), saved))
 }
 
-/// Reads a `model.json`. Models saved before the model had its `front_end`, `conv_kernel`,
-/// `activation` and `inter_ctc_weight` options stacked frames, had no convolution module, used
-/// GELU and had no intermediate loss: those options are filled in as such.
-fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
+/// Burn's default file recorder ([`NamedMpkFileRecorder`], named MessagePack, `.mpk`), with
+/// each file written whole or not at all ([`write_atomic`]): a checkpoint that burn-train
+/// was writing when the process was killed is absent, not truncated. Files it writes load
+/// with `NamedMpkFileRecorder` and the other way round.
+#[derive(Debug, Clone, Default)]
+pub struct AtomicMpkFileRecorder<S: PrecisionSettings> {
+    settings: PhantomData<S>,
+}
+
+impl<S: PrecisionSettings> AtomicMpkFileRecorder<S> {
+    /// The recorder.
+    pub fn new() -> Self {
+        Self {
+            settings: PhantomData,
+        }
+    }
+}
+
+impl<S: PrecisionSettings, B: Backend> FileRecorder<B> for AtomicMpkFileRecorder<S> {
+    fn file_extension() -> &'static str {
+        "mpk"
+    }
+}
+
+impl<S: PrecisionSettings, B: Backend> Recorder<B> for AtomicMpkFileRecorder<S> {
+    type Settings = S;
+    type RecordArgs = PathBuf;
+    type RecordOutput = ();
+    type LoadArgs = PathBuf;
+
+    fn save_item<I: Serialize>(&self, item: I, mut file: PathBuf) -> Result<(), RecorderError> {
+        file.set_extension(<Self as FileRecorder<B>>::file_extension());
+        let bytes = <NamedMpkBytesRecorder<S> as Recorder<B>>::save_item(
+            &NamedMpkBytesRecorder::new(),
+            item,
+            (),
+        )?;
+        write_atomic(&file, &bytes).map_err(|e| RecorderError::Unknown(e.to_string()))
+    }
+
+    fn load_item<I: DeserializeOwned>(&self, file: &mut PathBuf) -> Result<I, RecorderError> {
+        <NamedMpkFileRecorder<S> as Recorder<B>>::load_item(&NamedMpkFileRecorder::new(), file)
+    }
+}
+
+/// Reads a `model.json`: the configuration and the weights file it names, if it names one.
+/// Models saved before the model had its `front_end`, `conv_kernel`, `activation` and
+/// `inter_ctc_weight` options stacked frames, had no convolution module, used GELU and had
+/// no intermediate loss: those options are filled in as such.
+fn parse_saved_model(json: &str) -> anyhow::Result<(SavedModel, Option<String>)> {
     let mut value: serde_json::Value = serde_json::from_str(json)?;
+    let weights = match value.as_object_mut().and_then(|v| v.remove(WEIGHTS_KEY)) {
+        None => None,
+        Some(serde_json::Value::String(name)) => Some(name),
+        Some(other) => anyhow::bail!("\"{WEIGHTS_KEY}\" is {other}, expected a file name"),
+    };
     if let Some(model) = value.get_mut("model").and_then(|m| m.as_object_mut()) {
         let defaults = AsrModelConfig::new(2);
         for (key, default) in [
@@ -73,7 +200,7 @@ fn parse_saved_model(json: &str) -> serde_json::Result<SavedModel> {
             model.entry(key).or_insert(default);
         }
     }
-    serde_json::from_value(value)
+    Ok((serde_json::from_value(value)?, weights))
 }
 
 #[cfg(test)]
@@ -97,7 +224,8 @@ mod tests {
             phones: vec!["a".into()],
         };
         let json = serde_json::to_string(&saved).unwrap();
-        let read = parse_saved_model(&json).unwrap();
+        let (read, weights) = parse_saved_model(&json).unwrap();
+        assert_eq!(weights, None);
         assert_eq!(read.model.front_end, FrontEnd::Conv { channels: 8 });
         assert_eq!(read.model.conv_kernel, 5);
         assert_eq!(read.model.activation, Activation::Relu);
@@ -108,7 +236,7 @@ mod tests {
         model.remove("conv_kernel").unwrap();
         model.remove("activation").unwrap();
         model.remove("inter_ctc_weight").unwrap();
-        let read = parse_saved_model(&value.to_string()).unwrap();
+        let (read, _) = parse_saved_model(&value.to_string()).unwrap();
         assert_eq!(read.model.front_end, FrontEnd::Stack);
         assert_eq!(read.model.conv_kernel, 0);
         assert_eq!(read.model.activation, Activation::Gelu);

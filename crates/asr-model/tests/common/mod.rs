@@ -105,6 +105,17 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
     }
 }
 
+/// The weights file that `dir/model.json` names (`model-N.mpk`).
+pub fn weights_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let json = std::fs::read_to_string(dir.join("model.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    dir.join(
+        json["weights"]
+            .as_str()
+            .expect("model.json names its weights"),
+    )
+}
+
 /// Every float parameter of `model`, in visiting order, on the host.
 pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
     let mut parameters = Parameters(Vec::new());
