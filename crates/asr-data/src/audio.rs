@@ -144,14 +144,28 @@ fn decode_flac(bytes: &[u8], path: &Path) -> Result<Vec<f32>, AudioError> {
     resample(&mono, info.sample_rate as usize, SAMPLE_RATE_HZ).map_err(decode)
 }
 
+/// The sample rates [`resample`] takes: 1 kHz to 768 kHz. A file's header can give any
+/// 32-bit rate, and the FFT resampler's buffers grow with the rates' ratio in lowest terms
+/// (a rate of tens of MHz asked for hundreds of MB).
+pub const RESAMPLED_RATES_HZ: std::ops::RangeInclusive<usize> = 1_000..=768_000;
+
 /// Resamples mono audio from `from_hz` to `to_hz` (FFT resampler; the output has
 /// `round(len · to_hz / from_hz)` samples, aligned with the input).
 ///
 /// # Errors
-/// When a rate is 0.
+/// When the rates differ and one is outside [`RESAMPLED_RATES_HZ`].
 pub fn resample(samples: &[f32], from_hz: usize, to_hz: usize) -> Result<Vec<f32>, String> {
     if from_hz == to_hz {
         return Ok(samples.to_vec());
+    }
+    for rate in [from_hz, to_hz] {
+        if !RESAMPLED_RATES_HZ.contains(&rate) {
+            return Err(format!(
+                "sample rate {rate} Hz: only {} to {} Hz is resampled",
+                RESAMPLED_RATES_HZ.start(),
+                RESAMPLED_RATES_HZ.end()
+            ));
+        }
     }
     let mut resampler =
         FftFixedInOut::<f32>::new(from_hz, to_hz, 1024, 1).map_err(|e| e.to_string())?;

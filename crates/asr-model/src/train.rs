@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
@@ -444,6 +445,21 @@ pub trait TrainingBackend: burn::tensor::backend::distributed::DistributedBacken
 #[cfg(feature = "ddp")]
 impl<B: burn::tensor::backend::distributed::DistributedBackend> TrainingBackend for B {}
 
+/// Creates `dir` if needed and checks that a file can be written in it (an empty temporary
+/// file, written and removed), so that an output directory that cannot take the model,
+/// checkpoints and logs is reported before any work, not when the first checkpoint is due.
+///
+/// # Errors
+/// When `dir` cannot be created or written in; the message names it.
+pub fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create the output directory", dir.display()))?;
+    let probe = dir.join(".write-check");
+    asr_data::files::write_atomic(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .with_context(|| format!("{}: cannot write in the output directory", dir.display()))
+}
+
 /// The last epoch with a model checkpoint in `dir/checkpoint`.
 pub fn last_checkpoint(dir: &Path) -> Option<usize> {
     checkpoints(dir).into_iter().max()
@@ -558,7 +574,7 @@ where
     if valid.is_empty() {
         anyhow::bail!("the validation split is empty: training needs at least one dev utterance");
     }
-    std::fs::create_dir_all(&options.dir)?;
+    check_output_dir(&options.dir)?;
     B::seed(device, options.seed);
     let model: AsrModel<B> = saved.model.init(device);
     let dataset = BucketDataset::new(deal(bucket(train, options.batch_frames), devices.len()));

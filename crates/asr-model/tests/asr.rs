@@ -638,6 +638,31 @@ fn cli_training_killed_anywhere_resumes_to_the_end() {
     }
 }
 
+/// `asr train --out` where no directory can be made (below a plain file; file permissions
+/// would not stop a test run as root) is refused before any work: the message names
+/// `--out` and the path, not the corpus, which does not exist either.
+#[test]
+fn cli_refuses_an_output_directory_it_cannot_write_before_any_work() {
+    let dir = tempdir("unwritable-out");
+    std::fs::write(dir.join("a-file"), b"").unwrap();
+    let out = dir.join("a-file").join("run");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_asr"))
+        .arg("train")
+        .arg("--corpus")
+        .arg(dir.join("no-corpus"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--out") && stderr.contains(&*out.to_string_lossy()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no-corpus"), "{stderr}");
+}
+
 /// `asr train --strategy ddp` off CUDA is refused before any work, naming the devices, and
 /// `--devices` that do not fit `--backend` are too.
 #[test]

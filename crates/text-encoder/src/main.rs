@@ -118,11 +118,13 @@ fn run_embed<B: ClusteredAttentionBackend>(
 ) -> anyhow::Result<()> {
     let model = load_pretrained::<B>(&args.model, args.attention, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
-    for text in &args.texts {
+    for (i, text) in args.texts.iter().enumerate() {
         let ids = tokenizer.encode(text)?;
         if ids.len() > model.max_len() {
             bail!(
-                "{text:?} has {} tokens; the model takes at most {}",
+                "text {} ({} characters) has {} tokens; the model takes at most {}",
+                i + 1,
+                text.chars().count(),
                 ids.len(),
                 model.max_len()
             );

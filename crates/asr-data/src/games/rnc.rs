@@ -38,6 +38,12 @@ pub enum RncError {
         /// Stream byte.
         offset: usize,
     },
+    /// The header announces more unpacked bytes than a Sky file holds.
+    #[error(
+        "the header announces {0} unpacked bytes, over the limit of {max} (a Sky file's size is 24-bit)",
+        max = MAX_UNPACKED_LEN
+    )]
+    TooLong(usize),
     /// The output length or a CRC differs from the header's.
     #[error("{what}: header says {expected:#x}, the data gives {found:#x}")]
     Check {
@@ -52,6 +58,11 @@ pub enum RncError {
 
 /// Length of the header.
 pub const HEADER_LEN: usize = 18;
+
+/// The most unpacked bytes a stream may announce: 16 MiB, the most a *Beneath a Steel Sky*
+/// data file holds (`sky.dnr` and the files' headers give sizes in 24 bits). A header that
+/// announces more is refused before anything is allocated.
+pub const MAX_UNPACKED_LEN: usize = 1 << 24;
 
 /// CRC-16/ARC (reflected polynomial 0xA001, initial value 0), as the RNC header stores.
 pub fn crc16(bytes: &[u8]) -> u16 {
@@ -169,6 +180,9 @@ pub fn unpack(stream: &[u8]) -> Result<Vec<u8>, RncError> {
     let be32 =
         |o: usize| u32::from_be_bytes([stream[o], stream[o + 1], stream[o + 2], stream[o + 3]]);
     let unpacked_len = be32(4) as usize;
+    if unpacked_len > MAX_UNPACKED_LEN {
+        return Err(RncError::TooLong(unpacked_len));
+    }
     let packed_len = be32(8) as usize;
     let unpacked_crc = u16::from_be_bytes([stream[12], stream[13]]);
     let packed_crc = u16::from_be_bytes([stream[14], stream[15]]);

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use anyhow::Context;
 use asr_model::augment::{AugmentSet, Augmentation};
 use asr_model::ctc::CtcLossImpl;
 use asr_model::data::{load_corpus, load_split, mix};
@@ -10,7 +11,8 @@ use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::{Activation, AsrModelConfig, FrontEnd, check_inter_ctc_weight};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
-    SavedModel, Strategy, TrainOptions, TrainingBackend, evaluate, feasible, train_on_devices,
+    SavedModel, Strategy, TrainOptions, TrainingBackend, check_output_dir, evaluate, feasible,
+    train_on_devices,
 };
 use backend_select::BackendName;
 use burn::tensor::backend::AutodiffBackend;
@@ -283,6 +285,7 @@ impl TrainingTask for &TrainArgs {
         }
         check_inter_ctc_weight(args.inter_ctc, args.n_layers)
             .map_err(|message| anyhow::anyhow!("--inter-ctc (with --n-layers) {message}"))?;
+        check_output_dir(&args.out).context("--out")?;
         let mut inventory: Option<PhoneInventory> = None;
         let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
         let mut dropped = 0;
