@@ -15,7 +15,8 @@ use std::path::Path;
 pub const PARTIAL_SUFFIX: &str = ".partial";
 
 /// Writes `bytes` to `path`, replacing it whole or not at all: through a temporary file in
-/// the same directory (`.<file name>.<random>.partial`), renamed over `path`. The new file's permissions are those `std::fs::write` would give it.
+/// the same directory (`.<file name>.<random>.partial`), renamed over `path`. The new file's
+/// permissions are those `std::fs::write` would give it.
 ///
 /// One process at a time should write a given path: two writers each leave a whole file, the
 /// last rename wins.

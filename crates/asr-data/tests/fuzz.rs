@@ -327,6 +327,23 @@ fn fuzz_manifests() {
     });
 }
 
+/// A mono 16-bit WAV file of `samples` at 8 kHz (hound; its rate at bytes 24..28).
+fn wav_16bit(samples: impl IntoIterator<Item = i16>) -> Vec<u8> {
+    let mut wav = std::io::Cursor::new(Vec::new());
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 8_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::new(&mut wav, spec).unwrap();
+    for s in samples {
+        writer.write_sample(s).unwrap();
+    }
+    writer.finalize().unwrap();
+    wav.into_inner()
+}
+
 /// Mutations of audio files in three formats (16-bit WAV, FLAC, MP3), decoded as the front
 /// door decodes any file.
 #[test]
@@ -335,25 +352,8 @@ fn fuzz_audio() {
     let samples: Vec<f32> = (0..800).map(|i| (i as f32 * 0.07).sin() * 0.5).collect();
     let flac = dir.path().join("a.flac");
     write_flac(&flac, &samples, 16_000, 16).unwrap();
-    let mut wav = std::io::Cursor::new(Vec::new());
-    {
-        let spec = hound::WavSpec {
-            channels: 1,
-            sample_rate: 8_000,
-            bits_per_sample: 16,
-            sample_format: hound::SampleFormat::Int,
-        };
-        let mut writer = hound::WavWriter::new(&mut wav, spec).unwrap();
-        for &s in &samples {
-            writer.write_sample((s * 32_000.0) as i16).unwrap();
-        }
-        writer.finalize().unwrap();
-    }
-    let seeds = vec![
-        std::fs::read(&flac).unwrap(),
-        wav.into_inner(),
-        silent_mp3(4),
-    ];
+    let wav = wav_16bit(samples.iter().map(|&s| (s * 32_000.0) as i16));
+    let seeds = vec![std::fs::read(&flac).unwrap(), wav, silent_mp3(4)];
     fuzz("audio", seeds, |bytes| {
         let _ = decode_audio(bytes.to_vec(), Path::new("fuzzed"));
     });
@@ -364,19 +364,7 @@ fn fuzz_audio() {
 /// (this binary's allocator refuses over 256 MiB). Such a rate is an error naming it.
 #[test]
 fn audio_of_an_extreme_sample_rate_is_refused() {
-    let mut wav = std::io::Cursor::new(Vec::new());
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 8_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut writer = hound::WavWriter::new(&mut wav, spec).unwrap();
-    for i in 0..800 {
-        writer.write_sample((i % 100) as i16 * 300).unwrap();
-    }
-    writer.finalize().unwrap();
-    let mut bytes = wav.into_inner();
+    let mut bytes = wav_16bit((0..800).map(|i| (i % 100) as i16 * 300));
     assert_eq!(&bytes[24..28], &8_000u32.to_le_bytes());
     bytes[24..28].copy_from_slice(&45_000_001u32.to_le_bytes());
     let err = decode_audio(bytes, Path::new("x.wav"))

@@ -477,11 +477,7 @@ pub fn checkpoints(dir: &Path) -> Vec<usize> {
     entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            let epoch: usize = name
-                .strip_prefix("model-")?
-                .strip_suffix(".mpk")?
-                .parse()
-                .ok()?;
+            let epoch = usize::try_from(saved::weights_number(&name)?).ok()?;
             ["optim", "scheduler"]
                 .iter()
                 .all(|part| dir.join(format!("{part}-{epoch}.mpk")).is_file())

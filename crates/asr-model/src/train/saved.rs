@@ -40,8 +40,9 @@ fn weights_name(n: u64) -> String {
     format!("model-{n}.mpk")
 }
 
-/// The number of a weights file's name (`model-<n>.mpk`), if it is one.
-fn weights_number(name: &str) -> Option<u64> {
+/// The number of a weights file's name (`model-<n>.mpk`), if it is one; burn-train names a
+/// checkpoint's model weights alike, by epoch.
+pub(crate) fn weights_number(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("model-")?.strip_suffix(".mpk")?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
