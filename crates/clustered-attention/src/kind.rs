@@ -77,28 +77,44 @@ impl AttentionKind {
         matches!(self, Self::SharedFull | Self::Lsh { .. })
     }
 
-    /// Checks the kind's numbers.
+    /// Checks the kind's numbers: every cluster count, `topk`, `rounds` and `chunk_size` at
+    /// least 1.
+    ///
+    /// # Errors
+    /// A sentence naming the number that is 0, e.g. "clusters must be at least 1, got 0".
+    pub fn validate(&self) -> Result<(), String> {
+        let at_least_one = |name: &str, value: usize| {
+            if value > 0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be at least 1, got 0"))
+            }
+        };
+        match *self {
+            AttentionKind::Full | AttentionKind::SharedFull => Ok(()),
+            AttentionKind::Lsh { rounds, chunk_size } => {
+                at_least_one("rounds", rounds)?;
+                at_least_one("chunk_size", chunk_size)
+            }
+            AttentionKind::OracleTop { topk } => at_least_one("topk", topk),
+            AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
+                at_least_one("clusters", clusters)
+            }
+            AttentionKind::Improved { clusters, topk }
+            | AttentionKind::ImprovedBlocks { clusters, topk } => {
+                at_least_one("clusters", clusters)?;
+                at_least_one("topk", topk)
+            }
+        }
+    }
+
+    /// Checks the kind's numbers ([`Self::validate`]).
     ///
     /// # Panics
     /// If a cluster count, `topk`, `rounds` or `chunk_size` is 0.
     pub(crate) fn check(&self) {
-        match *self {
-            AttentionKind::Full | AttentionKind::SharedFull => {}
-            AttentionKind::Lsh { rounds, chunk_size } => {
-                assert!(rounds > 0, "rounds must be at least 1, got 0");
-                assert!(chunk_size > 0, "chunk_size must be at least 1, got 0");
-            }
-            AttentionKind::OracleTop { topk } => {
-                assert!(topk > 0, "topk must be at least 1, got 0")
-            }
-            AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
-                assert!(clusters > 0, "clusters must be at least 1, got 0")
-            }
-            AttentionKind::Improved { clusters, topk }
-            | AttentionKind::ImprovedBlocks { clusters, topk } => {
-                assert!(clusters > 0, "clusters must be at least 1, got 0");
-                assert!(topk > 0, "topk must be at least 1, got 0");
-            }
+        if let Err(message) = self.validate() {
+            panic!("{message}");
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::attention::{
 };
 use crate::clustering::{ClusteringOptions, QueryGrouping};
 use crate::kind::AttentionKind;
-use crate::ops::checks::check_bits;
+use crate::ops::checks::validate_bits;
 
 /// Configuration of a [`MultiHeadClusteredAttention`] layer.
 #[derive(Config, Debug)]
@@ -116,25 +116,38 @@ pub struct MultiHeadClusteredAttention<B: Backend> {
 }
 
 impl ClusteredAttentionConfig {
+    /// Checks the configuration without building anything: what [`Self::init`] would panic
+    /// on, as an error (for a configuration read from a file).
+    ///
+    /// # Errors
+    /// A sentence naming the setting and its value, when `d_model` is not divisible by
+    /// `n_heads` (or `n_heads` is 0), `bits` is outside `1..=32`, a cluster count, `topk`,
+    /// `rounds` or `chunk_size` is 0 ([`AttentionKind::validate`]), or `dropout` is outside
+    /// `[0, 1)`.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
+            return Err(format!(
+                "d_model ({}) must be divisible by n_heads ({})",
+                self.d_model, self.n_heads
+            ));
+        }
+        self.attention.validate()?;
+        validate_bits(self.bits)?;
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(format!("dropout must be in [0, 1), got {}", self.dropout));
+        }
+        Ok(())
+    }
+
     /// Creates the layer.
     ///
     /// # Panics
     /// If `d_model` is not divisible by `n_heads`, `bits` is outside `1..=32`, a cluster count
     /// or `topk` is 0, or `dropout` is outside `[0, 1)`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadClusteredAttention<B> {
-        assert!(
-            self.n_heads > 0 && self.d_model.is_multiple_of(self.n_heads),
-            "d_model ({}) must be divisible by n_heads ({})",
-            self.d_model,
-            self.n_heads
-        );
-        self.attention.check();
-        check_bits(self.bits);
-        assert!(
-            (0.0..1.0).contains(&self.dropout),
-            "dropout must be in [0, 1), got {}",
-            self.dropout
-        );
+        if let Err(message) = self.validate() {
+            panic!("{message}");
+        }
         let linear = || {
             LinearConfig::new(self.d_model, self.d_model)
                 .with_initializer(self.initializer.clone())

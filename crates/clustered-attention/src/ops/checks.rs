@@ -8,12 +8,25 @@ use burn::tensor::{Int, Tensor, TensorMetadata};
 use super::ClusteredAttentionBackend;
 use super::{MAX_BITS, QueryClusters};
 
-/// Panics unless `1 ≤ bits ≤ 32`.
+/// Whether `1 ≤ bits ≤ 32`.
+///
+/// # Errors
+/// A sentence naming `bits` and the range.
+pub(crate) fn validate_bits(bits: usize) -> Result<(), String> {
+    if (1..=MAX_BITS).contains(&bits) {
+        Ok(())
+    } else {
+        Err(format!(
+            "bits must be in 1..={MAX_BITS} (codes are u32 words), got {bits}"
+        ))
+    }
+}
+
+/// Panics unless `1 ≤ bits ≤ 32` ([`validate_bits`]).
 pub(crate) fn check_bits(bits: usize) {
-    assert!(
-        (1..=MAX_BITS).contains(&bits),
-        "bits must be in 1..={MAX_BITS} (codes are u32 words), got {bits}"
-    );
+    if let Err(message) = validate_bits(bits) {
+        panic!("{message}");
+    }
 }
 
 /// Checks `bits` ([`check_bits`]) and that `planes [bits, E + 1]` fit `queries [batch, heads, L,

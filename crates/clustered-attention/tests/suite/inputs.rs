@@ -130,6 +130,77 @@ fn d_model_not_divisible() {
     ClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init::<B>(&Default::default());
 }
 
+/// `ClusteredAttentionConfig::validate` accepts what `init` builds, and for each setting that
+/// `init` panics on returns that panic's message.
+#[test]
+fn validate_reports_what_init_panics_on() {
+    let good = ClusteredAttentionConfig::new(
+        8,
+        2,
+        AttentionKind::Improved {
+            clusters: 3,
+            topk: 2,
+        },
+    );
+    assert_eq!(good.validate(), Ok(()));
+    good.init::<B>(&Default::default());
+    let bad = [
+        (
+            ClusteredAttentionConfig::new(30, 4, AttentionKind::Full),
+            "d_model (30) must be divisible by n_heads (4)",
+        ),
+        (
+            ClusteredAttentionConfig::new(8, 0, AttentionKind::Full),
+            "d_model (8) must be divisible by n_heads (0)",
+        ),
+        (
+            ClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 0 }),
+            "clusters must be at least 1, got 0",
+        ),
+        (
+            ClusteredAttentionConfig::new(
+                8,
+                2,
+                AttentionKind::Improved {
+                    clusters: 2,
+                    topk: 0,
+                },
+            ),
+            "topk must be at least 1, got 0",
+        ),
+        (
+            ClusteredAttentionConfig::new(
+                8,
+                2,
+                AttentionKind::Lsh {
+                    rounds: 1,
+                    chunk_size: 0,
+                },
+            ),
+            "chunk_size must be at least 1, got 0",
+        ),
+        (
+            ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_bits(33),
+            "bits must be in 1..=32 (codes are u32 words), got 33",
+        ),
+        (
+            ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_dropout(1.0),
+            "dropout must be in [0, 1), got 1",
+        ),
+    ];
+    for (config, message) in bad {
+        assert_eq!(config.validate(), Err(message.to_string()), "{config:?}");
+        let init = || config.init::<B>(&Default::default());
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
+            .expect_err("init must panic where validate fails");
+        let text = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied());
+        assert_eq!(text, Some(message), "{config:?}");
+    }
+}
+
 #[test]
 #[should_panic(expected = "query must have shape [batch, seq, d_model = 8], got [1, 5, 6]")]
 fn layer_input_width() {
