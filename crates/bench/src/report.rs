@@ -2,8 +2,11 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::io::Write;
+use std::path::Path;
 
 use anyhow::{Context, Result};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -180,8 +183,9 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
     out
 }
 
-/// Log-log plot of time against length, one line per (attention, backend).
-fn plot(path: &std::path::Path, records: &[Record]) -> Result<()> {
+/// Log-log plot of time against length, one line per (attention, backend), as SVG text;
+/// `None` when no record was timed.
+fn plot(records: &[Record]) -> Result<Option<String>> {
     let timed: Vec<&Record> = records
         .iter()
         .filter(|r| {
@@ -190,8 +194,18 @@ fn plot(path: &std::path::Path, records: &[Record]) -> Result<()> {
         })
         .collect();
     if timed.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
+    let mut svg = String::new();
+    draw_plot(
+        SVGBackend::with_string(&mut svg, (900, 600)).into_drawing_area(),
+        &timed,
+    )?;
+    Ok(Some(svg))
+}
+
+/// Draws [`plot`]'s lines of `timed` (at least one record) on `root`.
+fn draw_plot(root: DrawingArea<SVGBackend<'_>, Shift>, timed: &[&Record]) -> Result<()> {
     let (min_l, max_l) = timed.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
         (lo.min(r.length as f64), hi.max(r.length as f64))
     });
@@ -199,7 +213,6 @@ fn plot(path: &std::path::Path, records: &[Record]) -> Result<()> {
         let t = r.median_s.unwrap();
         (lo.min(t), hi.max(t))
     });
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let mode = format!("{:?}", timed[0].mode).to_lowercase();
     let mut chart = ChartBuilder::on(&root)
@@ -220,7 +233,7 @@ fn plot(path: &std::path::Path, records: &[Record]) -> Result<()> {
         .y_desc("seconds (median)")
         .draw()?;
     let mut series: Vec<(String, String)> = Vec::new();
-    for r in &timed {
+    for r in timed {
         let key = (r.op.clone(), r.backend.clone());
         if !series.contains(&key) {
             series.push(key);
@@ -276,22 +289,47 @@ pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<(
         .unwrap_or_else(|| format!("{:?}", args.mode).to_lowercase());
     let base = args.out_dir.join(&name);
 
-    fs::write(base.with_extension("md"), &table)?;
-    let mut csv = csv::Writer::from_path(base.with_extension("csv"))?;
+    write_whole(&base.with_extension("md"), table.as_bytes())?;
+    let mut csv = csv::Writer::from_writer(Vec::new());
     for r in records {
         csv.serialize(r)?;
     }
-    csv.flush()?;
+    let csv = csv
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("encoding the CSV: {}", e.error()))?;
+    write_whole(&base.with_extension("csv"), &csv)?;
     let output = Output {
         machine,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         records,
     };
-    fs::write(
-        base.with_extension("json"),
-        serde_json::to_string_pretty(&output)?,
+    write_whole(
+        &base.with_extension("json"),
+        serde_json::to_string_pretty(&output)?.as_bytes(),
     )?;
-    plot(&base.with_extension("svg"), records).context("drawing the SVG plot")?;
+    if let Some(svg) = plot(records).context("drawing the SVG plot")? {
+        write_whole(&base.with_extension("svg"), svg.as_bytes())?;
+    }
     eprintln!("wrote {}.{{md,csv,json,svg}}", base.display());
+    Ok(())
+}
+
+/// Writes `bytes` to `path` whole or not at all, so that a bench killed while writing leaves
+/// the previous results or the new ones: through a temporary file in the same directory
+/// (tempfile), renamed over `path`.
+///
+/// # Errors
+/// When the directory cannot be written or the rename fails; the error names the path.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing into {}", dir.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
