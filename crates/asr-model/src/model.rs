@@ -275,30 +275,67 @@ pub struct AsrModel<B: Backend> {
 }
 
 impl AsrModelConfig {
+    /// Checks the configuration without building anything: what [`Self::init`] would panic
+    /// on, as an error (for a configuration read from a file).
+    ///
+    /// # Errors
+    /// A sentence naming the setting and its value, when `subsampling` is not 1, 2 or 4,
+    /// `n_outputs < 2`, `n_mels`, `d_model` or `d_ff` is 0, the front end has 0 channels,
+    /// `conv_kernel` is even, `inter_ctc_weight` is outside `[0, 1)` or positive with fewer
+    /// than 2 layers, or the attention's settings are invalid
+    /// ([`ClusteredAttentionConfig::validate`]: `d_model` not divisible by `n_heads`, a
+    /// count of the attention 0, `dropout` outside `[0, 1)`).
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.subsampling, 1 | 2 | 4) {
+            return Err(format!(
+                "subsampling must be 1, 2 or 4, got {}",
+                self.subsampling
+            ));
+        }
+        if self.n_outputs < 2 {
+            return Err(format!(
+                "n_outputs must count phones + blank, got {}",
+                self.n_outputs
+            ));
+        }
+        for (name, value) in [
+            ("n_mels", self.n_mels),
+            ("d_model", self.d_model),
+            ("d_ff", self.d_ff),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1, got 0"));
+            }
+        }
+        if self.front_end == (FrontEnd::Conv { channels: 0 }) {
+            return Err("the conv front end needs channels ≥ 1, got 0".into());
+        }
+        if self.conv_kernel.is_multiple_of(2) && self.conv_kernel != 0 {
+            return Err(format!(
+                "conv_kernel must be odd (or 0 for none), got {}",
+                self.conv_kernel
+            ));
+        }
+        check_inter_ctc_weight(self.inter_ctc_weight, self.n_layers)
+            .map_err(|message| format!("inter_ctc_weight {message}"))?;
+        self.attention_config(0).validate()
+    }
+
+    /// The attention of layer `layer`: its hashing planes seeded by `seed + layer`.
+    fn attention_config(&self, layer: usize) -> ClusteredAttentionConfig {
+        ClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
+            .with_dropout(self.dropout)
+            .with_seed(self.seed.wrapping_add(layer as u64))
+    }
+
     /// Builds the model on `device`.
     ///
     /// # Panics
-    /// When `subsampling` is not 1, 2 or 4, `n_outputs < 2`, `d_model` is not divisible by
-    /// `n_heads`, the front end has 0 channels, `conv_kernel` is even, or `inter_ctc_weight`
-    /// is outside `[0, 1)` or positive with fewer than 2 layers.
+    /// When the configuration is invalid: see [`Self::validate`], whose message it panics
+    /// with.
     pub fn init<B: Backend>(&self, device: &B::Device) -> AsrModel<B> {
-        assert!(
-            matches!(self.subsampling, 1 | 2 | 4),
-            "subsampling must be 1, 2 or 4, got {}",
-            self.subsampling
-        );
-        assert!(
-            self.n_outputs >= 2,
-            "n_outputs must count phones + blank, got {}",
-            self.n_outputs
-        );
-        assert!(
-            self.conv_kernel % 2 == 1 || self.conv_kernel == 0,
-            "conv_kernel must be odd (or 0 for none), got {}",
-            self.conv_kernel
-        );
-        if let Err(message) = check_inter_ctc_weight(self.inter_ctc_weight, self.n_layers) {
-            panic!("inter_ctc_weight {message}");
+        if let Err(message) = self.validate() {
+            panic!("{message}");
         }
         let conv_module = || {
             (self.conv_kernel > 0).then(|| ConvModule {
@@ -318,14 +355,7 @@ impl AsrModelConfig {
         let layers = (0..self.n_layers)
             .map(|i| EncoderLayer {
                 norm_attention: LayerNormConfig::new(self.d_model).init(device),
-                attention: ClusteredAttentionConfig::new(
-                    self.d_model,
-                    self.n_heads,
-                    self.attention,
-                )
-                .with_dropout(self.dropout)
-                .with_seed(self.seed + i as u64)
-                .init(device),
+                attention: self.attention_config(i).init(device),
                 conv: conv_module(),
                 norm_ff: LayerNormConfig::new(self.d_model).init(device),
                 ff_in: LinearConfig::new(self.d_model, self.d_ff).init(device),
@@ -336,7 +366,6 @@ impl AsrModelConfig {
         let (conv, input_width) = match self.front_end {
             FrontEnd::Stack => (None, self.n_mels * self.subsampling),
             FrontEnd::Conv { channels } => {
-                assert!(channels > 0, "the conv front end needs channels ≥ 1, got 0");
                 let conv = |input, stride| {
                     Conv1dConfig::new(input, channels, 3)
                         .with_stride(stride)

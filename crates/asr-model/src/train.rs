@@ -477,7 +477,7 @@ pub fn checkpoints(dir: &Path) -> Vec<usize> {
     entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            let epoch = usize::try_from(saved::weights_number(&name)?).ok()?;
+            let epoch = usize::try_from(saved::model_file_number(&name, "mpk")?).ok()?;
             ["optim", "scheduler"]
                 .iter()
                 .all(|part| dir.join(format!("{part}-{epoch}.mpk")).is_file())
@@ -512,8 +512,8 @@ impl Dataset<Vec<Example>> for StopAfter {
 }
 
 /// Trains `config` on `train` (validating on `valid` each epoch) with burn-train on `device`;
-/// returns the trained model (on the inner backend) and saves it as `dir/model.mpk` +
-/// `dir/model.json`. [`train_on_devices`] with one device.
+/// returns the trained model (on the inner backend) and saves it in `dir` ([`save_model`]:
+/// `model-N.safetensors` and `model.json`). [`train_on_devices`] with one device.
 ///
 /// # Errors
 /// When the directory cannot be written or a checkpoint cannot be read.

@@ -283,6 +283,79 @@ fn saved_model_loads_back_identical() {
         .assert_eq(&expected, true);
 }
 
+/// A model directory whose `model.json` does not fit its weights, or is itself invalid, is
+/// refused with an error saying what does not fit, before any layer is built: a changed width
+/// names the tensor of the wrong shape, an extra layer its missing tensors, a layer count
+/// beyond the file's tensors, an invalid setting and a foreign or absent weights file are
+/// each named. The model is never returned with some weights left at their random values.
+#[test]
+fn model_json_that_does_not_fit_its_weights_is_refused_naming_why() {
+    let _rng = process_rng();
+    let device = Default::default();
+    let saved = SavedModel {
+        model: toy_config(AttentionKind::Full),
+        features: LogMelConfig::new().with_n_mels(16),
+        phones: PhoneInventory::standard().phones()[..8].to_vec(),
+    };
+    let dir = tempdir("misfit");
+    save_model(&saved.model.init::<Cpu>(&device), &saved, &dir).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap();
+    let weights = json["weights"].as_str().unwrap().to_string();
+    let cases: [(&str, serde_json::Value, &str); 6] = [
+        ("d_ff", 48.into(), "layers.0.ff_in.weight"),
+        ("n_layers", 2.into(), "missing tensors layers.1."),
+        (
+            "n_layers",
+            1_000_000_000_000u64.into(),
+            "asks for 1000000000000 layers",
+        ),
+        (
+            "subsampling",
+            3.into(),
+            "model.json: subsampling must be 1, 2 or 4, got 3",
+        ),
+        (
+            "n_heads",
+            3.into(),
+            "model.json: d_model (32) must be divisible by n_heads (3)",
+        ),
+        (
+            "attention",
+            serde_json::json!({"Clustered": {"clusters": 0}}),
+            "model.json: clusters must be at least 1, got 0",
+        ),
+    ];
+    let load_error = |json: &serde_json::Value| {
+        std::fs::write(dir.join("model.json"), json.to_string()).unwrap();
+        match load_model::<Cpu>(&dir, &device) {
+            Ok(_) => panic!("{json} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    for (key, value, expected) in cases {
+        let mut changed = json.clone();
+        changed["model"][key] = value;
+        let error = load_error(&changed);
+        assert!(error.contains(expected), "{key}: {error}");
+    }
+    let mut foreign = json.clone();
+    foreign["weights"] = "../model-1.safetensors".into();
+    let error = load_error(&foreign);
+    assert!(error.contains("expected model-<N>.safetensors"), "{error}");
+    let mut older = json.clone();
+    older.as_object_mut().unwrap().remove("weights");
+    let error = load_error(&older);
+    assert!(error.contains("model.mpk"), "{error}");
+    let bytes = std::fs::read(dir.join(&weights)).unwrap();
+    std::fs::write(dir.join(&weights), &bytes[..bytes.len() / 2]).unwrap();
+    let error = load_error(&json);
+    assert!(error.contains("not a safetensors file"), "{error}");
+    std::fs::write(dir.join(&weights), &bytes).unwrap();
+    std::fs::write(dir.join("model.json"), json.to_string()).unwrap();
+    load_model::<Cpu>(&dir, &device).expect("the restored directory loads");
+}
+
 /// Makes [`model_directory_killed_while_saving_holds_one_model`] the saving child: it saves
 /// its two models into the directory this names, in turn, until it is killed.
 const SAVE_LOOP_DIR: &str = "ASR_TEST_SAVE_LOOP_DIR";

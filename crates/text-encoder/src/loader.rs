@@ -127,6 +127,19 @@ pub enum LoadError {
         /// The cause.
         source: SafetensorsStoreError,
     },
+    /// `config.json` asks for more layers than the checkpoint has tensors (each layer has
+    /// tensors of its own): refused before any layer is built.
+    #[error("{path}: num_hidden_layers is {layers}, more than the {tensors} tensors of {weights}")]
+    TooManyLayers {
+        /// `config.json`.
+        path: PathBuf,
+        /// Its `num_hidden_layers`.
+        layers: usize,
+        /// The checkpoint.
+        weights: PathBuf,
+        /// The checkpoint's number of tensors.
+        tensors: usize,
+    },
     /// The checkpoint's tensors do not match the encoder's: tensors missing from the file,
     /// tensors in the file that the encoder does not use, and tensors of the wrong shape or
     /// type. Tensors are named as in the checkpoint.
@@ -267,7 +280,9 @@ impl HfBertConfig {
 /// layout, e.g. sentence-transformers/all-MiniLM-L6-v2) into an encoder computing `attention`.
 ///
 /// # Errors
-/// See [`HfBertConfig::read`] and [`load_safetensors`].
+/// See [`HfBertConfig::read`] and [`load_safetensors`]; [`LoadError::TooManyLayers`] when
+/// `config.json` asks for more layers than `model.safetensors` has tensors (checked before
+/// any layer is built, so a corrupt layer count cannot size an allocation).
 ///
 /// # Panics
 /// If `attention` is invalid for the layer (a cluster count or `topk` of 0).
@@ -276,7 +291,28 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
     attention: AttentionKind,
     device: &B::Device,
 ) -> Result<TextEncoder<B>, LoadError> {
-    let config = HfBertConfig::read(&dir.join("config.json"))?;
+    let path = dir.join("config.json");
+    let config = HfBertConfig::read(&path)?;
+    let weights = dir.join("model.safetensors");
+    let bytes = std::fs::read(&weights).map_err(|source| LoadError::Io {
+        path: weights.clone(),
+        source,
+    })?;
+    let tensors = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| LoadError::Store {
+            path: weights.clone(),
+            source: SafetensorsStoreError::Safetensors(e),
+        })?
+        .len();
+    drop(bytes);
+    if config.num_hidden_layers > tensors {
+        return Err(LoadError::TooManyLayers {
+            path,
+            layers: config.num_hidden_layers,
+            weights,
+            tensors,
+        });
+    }
     let mut model = config.encoder_config(attention).init::<B>(device);
     load_safetensors(&mut model, &dir.join("model.safetensors"))?;
     Ok(model)

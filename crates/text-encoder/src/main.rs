@@ -118,6 +118,7 @@ fn run_embed<B: ClusteredAttentionBackend>(
 ) -> anyhow::Result<()> {
     let model = load_pretrained::<B>(&args.model, args.attention, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
+    tokenizer.check_fits(model.vocab_size())?;
     for (i, text) in args.texts.iter().enumerate() {
         let ids = tokenizer.encode(text)?;
         if ids.len() > model.max_len() {
@@ -148,6 +149,7 @@ where
 {
     let model = load_pretrained::<B::InnerBackend>(&args.model, AttentionKind::Full, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
+    tokenizer.check_fits(model.vocab_size())?;
     let snippets = read_snippets(&args.data)?;
     let options = ApproxOptions {
         lengths: args.lengths.clone(),

@@ -158,6 +158,11 @@ impl<B: ClusteredAttentionBackend> TextEncoder<B> {
         self.embeddings.position_embeddings.weight.dims()[0]
     }
 
+    /// The token ids the word embeddings cover: `0..vocab_size`.
+    pub fn vocab_size(&self) -> usize {
+        self.embeddings.word_embeddings.weight.dims()[0]
+    }
+
     /// Hidden states of the last layer.
     ///
     /// # Shapes

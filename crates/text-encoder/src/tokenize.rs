@@ -26,6 +26,18 @@ pub enum TokenizeError {
         /// The token.
         token: &'static str,
     },
+    /// The tokenizer gives ids beyond the encoder's word embeddings (the tokenizer of
+    /// another model).
+    #[error(
+        "the tokenizer's ids go up to {}, beyond the encoder's {embeddings} word embeddings",
+        vocab_size - 1
+    )]
+    VocabularyTooLarge {
+        /// One more than the tokenizer's largest id.
+        vocab_size: usize,
+        /// The encoder's word embeddings.
+        embeddings: usize,
+    },
     /// Encoding failed.
     #[error("cannot tokenize {text:?}: {message}")]
     Encode {
@@ -48,15 +60,26 @@ pub struct WordPieceTokenizer {
 }
 
 impl WordPieceTokenizer {
-    /// Reads `tokenizer.json`.
+    /// Reads `tokenizer.json`, without its decoder: the encoder never turns ids back into
+    /// text, and `tokenizers` 0.22 panics on a malformed decoder entry (a file cut inside it,
+    /// as by an interrupted download) instead of returning an error, so the file is parsed
+    /// as JSON first and the decoder dropped before the tokenizer is built from it.
     ///
     /// # Errors
     /// If the file cannot be read or parsed, or has no `[CLS]`, `[SEP]` or `[PAD]` token.
     pub fn from_file(path: &Path) -> Result<Self, TokenizeError> {
-        let mut inner = Tokenizer::from_file(path).map_err(|e| TokenizeError::Load {
+        let load_error = |message: String| TokenizeError::Load {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| load_error(e.to_string()))?;
+        let mut json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| load_error(e.to_string()))?;
+        if let Some(object) = json.as_object_mut() {
+            object.insert("decoder".into(), serde_json::Value::Null);
+        }
+        let mut inner: Tokenizer =
+            serde_json::from_value(json).map_err(|e| load_error(e.to_string()))?;
         inner.with_padding(None);
         inner
             .with_truncation(None)
@@ -125,6 +148,34 @@ impl WordPieceTokenizer {
     /// The `[PAD]` id.
     pub fn pad_id(&self) -> u32 {
         self.pad
+    }
+
+    /// One more than the largest id the tokenizer gives (added tokens included): its ids are
+    /// in `0..vocab_size`.
+    pub fn vocab_size(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1)
+    }
+
+    /// Checks that every id the tokenizer gives has a row in an encoder's word embeddings of
+    /// `embeddings` rows ([`TextEncoder::vocab_size`](crate::TextEncoder::vocab_size)), as
+    /// when the tokenizer and the checkpoint come from the same model.
+    ///
+    /// # Errors
+    /// [`TokenizeError::VocabularyTooLarge`], giving both sizes.
+    pub fn check_fits(&self, embeddings: usize) -> Result<(), TokenizeError> {
+        let vocab_size = self.vocab_size();
+        if vocab_size <= embeddings {
+            Ok(())
+        } else {
+            Err(TokenizeError::VocabularyTooLarge {
+                vocab_size,
+                embeddings,
+            })
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! The encoder against an independent numpy reference on the real all-MiniLM-L6-v2 weights
 //! (skipped, with a `skipped:` line on stderr, when `bash scripts/get-minilm.sh` has not run,
 //! unless `TEXT_ENCODER_REQUIRE_MINILM=1`, as `scripts/test.sh` sets), the checkpoint loader on
-//! random checkpoints written here, the document joining and the probe.
+//! random checkpoints written here, the document joining and the probe; in `fuzz.rs`, the
+//! checkpoint's readers under random mutations (this test binary's allocations are capped
+//! there).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -477,3 +479,6 @@ fn probe_separates_linearly_separable_labels() {
     );
     assert_eq!(probe.accuracy(test, &test_labels), 1.0);
 }
+
+#[path = "fuzz.rs"]
+mod fuzz;

@@ -16,7 +16,7 @@ use clustered_attention::ClusteredAttentionBackend;
 /// Arguments of `asr compare`.
 #[derive(Args, Debug)]
 pub struct CompareArgs {
-    /// Trained model directories (each with model.json, model.mpk and training.json).
+    /// Trained model directories (each with model.json, its weights file and training.json).
     #[arg(long = "model", required_unless_present = "saved")]
     models: Vec<PathBuf>,
     /// Rows measured earlier (`--save`), tabulated after the models measured now.

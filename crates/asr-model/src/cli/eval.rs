@@ -21,7 +21,7 @@ use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
 /// Arguments of `asr eval`.
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// Trained model directories (each with model.json and model.mpk).
+    /// Trained model directories (each with model.json and its weights file).
     #[arg(long = "model", required_unless_present = "saved")]
     models: Vec<PathBuf>,
     /// Corpus directory; repeat it to evaluate on the union of the corpora's splits (their

@@ -1,17 +1,17 @@
-//! A trained model on disk: its weights (`model-N.mpk`, Burn's named MessagePack) and what
-//! rebuilds it (`model.json`, which names the weights file).
+//! A trained model on disk: its weights (`model-N.safetensors`, written and read with
+//! burn-store) and what rebuilds it (`model.json`, which names the weights file).
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use asr_data::files::{remove_partial_files, write_atomic};
-use burn::module::Module;
 use burn::record::{
-    FileRecorder, FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRecorder,
-    PrecisionSettings, Recorder, RecorderError,
+    FileRecorder, NamedMpkBytesRecorder, NamedMpkFileRecorder, PrecisionSettings, Recorder,
+    RecorderError,
 };
 use burn::tensor::backend::Backend;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
 use clustered_attention::ClusteredAttentionBackend;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -32,27 +32,35 @@ pub struct SavedModel {
 
 /// The key of `model.json` that names the weights file.
 const WEIGHTS_KEY: &str = "weights";
-/// The weights of a directory saved before its `model.json` named them.
-const UNNUMBERED_WEIGHTS: &str = "model.mpk";
+/// The extension of the weights files.
+const WEIGHTS_EXTENSION: &str = "safetensors";
 
-/// The weights file of number `n`: `model-<n>.mpk`.
+/// The weights file of number `n`: `model-<n>.safetensors`.
 fn weights_name(n: u64) -> String {
-    format!("model-{n}.mpk")
+    format!("model-{n}.{WEIGHTS_EXTENSION}")
 }
 
-/// The number of a weights file's name (`model-<n>.mpk`), if it is one; burn-train names a
-/// checkpoint's model weights alike, by epoch.
-pub(crate) fn weights_number(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("model-")?.strip_suffix(".mpk")?;
+/// The number `n` of a file named `model-<n>.<extension>`, if `name` is one.
+pub(crate) fn model_file_number(name: &str, extension: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix("model-")?
+        .strip_suffix(extension)?
+        .strip_suffix('.')?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok()
 }
 
+/// The number of a weights file's name (`model-<n>.safetensors`), if it is one.
+fn weights_number(name: &str) -> Option<u64> {
+    model_file_number(name, WEIGHTS_EXTENSION)
+}
+
 /// Saves weights and configuration in `dir` so that it always holds one whole model, the one
 /// it held before or the new one, even when the process is killed while saving: the weights
-/// go to a file of a new number (`dir/model-N.mpk`, N one more than any there), then
+/// go to a file of a new number (`dir/model-N.safetensors`, N one more than any there, the
+/// tensors named by their module paths, e.g. `layers.0.ff_in.weight`), then
 /// `dir/model.json`, which names that file, replaces the old one in one rename; the weights
 /// files it no longer names are removed last. Each file is written through a temporary file
 /// renamed into place ([`write_atomic`]). One process at a time saves into a directory.
@@ -79,10 +87,14 @@ pub fn save_model<B: Backend>(
         .checked_add(1)
         .with_context(|| format!("{}: no weights number after {number}", dir.display()))?;
     let weights = weights_name(number);
-    let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
-        .record(model.clone().into_record(), ())
-        .with_context(|| format!("{}: cannot encode the model's weights", dir.display()))?;
-    write_atomic(&dir.join(&weights), &bytes).context("cannot save the model's weights")?;
+    let mut store = SafetensorsStore::from_bytes(None);
+    model
+        .save_into(&mut store)
+        .and_then(|()| store.get_bytes())
+        .with_context(|| format!("{}: cannot encode the model's weights", dir.display()))
+        .and_then(|bytes| {
+            write_atomic(&dir.join(&weights), &bytes).context("cannot save the model's weights")
+        })?;
     let mut json = serde_json::to_value(saved)?;
     json.as_object_mut()
         .expect("a SavedModel is a JSON object")
@@ -95,7 +107,7 @@ pub fn save_model<B: Backend>(
     // `model.json` names the new weights from here on: the others are garbage, as are the
     // temporary files of a save that was killed.
     for name in listing().with_context(|| format!("{}: cannot list", dir.display()))? {
-        if name != weights && (name == UNNUMBERED_WEIGHTS || weights_number(&name).is_some()) {
+        if name != weights && weights_number(&name).is_some() {
             std::fs::remove_file(dir.join(&name))
                 .with_context(|| format!("{}: cannot remove {name}", dir.display()))?;
         }
@@ -105,13 +117,22 @@ pub fn save_model<B: Backend>(
     Ok(())
 }
 
-/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`. A
-/// directory whose `model.json` names no weights file (saved before they were numbered) has
-/// them in `model.mpk`.
+/// Loads a model saved by [`save_model`] (weights and configuration) onto `device`.
+///
+/// Everything read is checked before it is used: `model.json`'s configuration
+/// ([`AsrModelConfig::validate`]), the weights file's header against the file's bytes (the
+/// safetensors format), its number of tensors against the layers `model.json` asks for
+/// (before any layer is built), and then every tensor against the parameter of the model it
+/// goes to, name and shape. So a directory whose files do not belong together is an error,
+/// not a model with some of its weights left at random.
 ///
 /// # Errors
-/// When a file is missing or does not match, or `model.json` names a weights file that is
-/// not `model-<N>.mpk` or `model.mpk` in the directory itself.
+/// When a file is missing or cannot be read; when `model.json` is not valid JSON, lacks a
+/// setting, has an invalid one or names a weights file that is not `model-<N>.safetensors`
+/// in the directory itself (a directory saved by an older version, with `model.mpk`, is
+/// refused as such); when the weights file is not a safetensors file; or when its tensors
+/// do not fit the model: the error names the tensors missing, the tensors unused and the
+/// tensors of the wrong shape or type.
 pub fn load_model<B: ClusteredAttentionBackend>(
     dir: &Path,
     device: &B::Device,
@@ -120,18 +141,63 @@ pub fn load_model<B: ClusteredAttentionBackend>(
         .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
     let (saved, weights) = parse_saved_model(&json)
         .with_context(|| format!("{}: malformed model.json", dir.display()))?;
-    let weights = weights.unwrap_or_else(|| UNNUMBERED_WEIGHTS.to_string());
+    let weights = weights.with_context(|| {
+        format!(
+            "{}: model.json names no weights file (\"{WEIGHTS_KEY}\"): saved by an older \
+             version, whose model.mpk this version does not read; train the model again",
+            dir.display()
+        )
+    })?;
     anyhow::ensure!(
-        weights == UNNUMBERED_WEIGHTS || weights_number(&weights).is_some(),
-        "{}: model.json names the weights file {weights:?}, expected model-<N>.mpk",
+        weights_number(&weights).is_some(),
+        "{}: model.json names the weights file {weights:?}, expected model-<N>.{WEIGHTS_EXTENSION}",
         dir.display()
     );
-    let bytes = std::fs::read(dir.join(&weights))
-        .with_context(|| format!("{}: cannot read {weights}", dir.display()))?;
-    let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
-        .load(bytes, device)
-        .with_context(|| format!("{}: cannot load {weights}", dir.display()))?;
-    Ok((saved.model.init::<B>(device).load_record(record), saved))
+    saved
+        .model
+        .validate()
+        .map_err(|message| anyhow::anyhow!("{}: model.json: {message}", dir.display()))?;
+    let path = dir.join(&weights);
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let tensors = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{}: not a safetensors file", path.display()))?
+        .len();
+    // Each layer has tensors of its own: no more layers are built than the file could fill.
+    anyhow::ensure!(
+        saved.model.n_layers <= tensors,
+        "{}: model.json asks for {} layers, more than the {tensors} tensors of {weights}",
+        dir.display(),
+        saved.model.n_layers
+    );
+    let mut model = saved.model.init::<B>(device);
+    let mut store = SafetensorsStore::from_bytes(Some(bytes))
+        .validate(false)
+        .allow_partial(true);
+    let result = model
+        .load_from(&mut store)
+        .with_context(|| format!("{}: cannot read the weights", path.display()))?;
+    let mut problems = Vec::new();
+    if !result.missing.is_empty() {
+        let names: Vec<&str> = result
+            .missing
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        problems.push(format!("missing tensors {}", names.join(", ")));
+    }
+    if !result.unused.is_empty() {
+        problems.push(format!("unused tensors {}", result.unused.join(", ")));
+    }
+    for error in &result.errors {
+        problems.push(error.to_string());
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "{} does not fit the model of model.json: {}",
+        path.display(),
+        problems.join("; ")
+    );
+    Ok((model, saved))
 }
 
 /// Burn's default file recorder ([`NamedMpkFileRecorder`], named MessagePack, `.mpk`), with

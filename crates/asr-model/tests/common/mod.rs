@@ -105,7 +105,7 @@ impl<B: Backend> ModuleVisitor<B> for Parameters {
     }
 }
 
-/// The weights file that `dir/model.json` names (`model-N.mpk`).
+/// The weights file that `dir/model.json` names (`model-N.safetensors`).
 pub fn weights_file(dir: &std::path::Path) -> std::path::PathBuf {
     let json = std::fs::read_to_string(dir.join("model.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
