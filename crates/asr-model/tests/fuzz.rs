@@ -24,9 +24,10 @@ use common::{tempdir, toy_config, weights_file};
 #[global_allocator]
 static ALLOCATOR: CappedAllocator = CappedAllocator;
 
-/// Two saved models: one layer of full attention on stacked frames, and two layers of
-/// improved clustered attention on the convolutional front end with a convolution module.
-fn saved_models() -> Vec<PathBuf> {
+/// Two saved models, in directories of target `name`'s own: one layer of full attention on
+/// stacked frames, and two layers of improved clustered attention on the convolutional front
+/// end with a convolution module.
+fn saved_models(name: &str) -> Vec<PathBuf> {
     let phones = PhoneInventory::standard().phones()[..8].to_vec();
     let models = [
         toy_config(AttentionKind::Full),
@@ -47,7 +48,7 @@ fn saved_models() -> Vec<PathBuf> {
                 features: LogMelConfig::new().with_n_mels(16),
                 phones: phones.clone(),
             };
-            let dir = tempdir(&format!("fuzz-seed-{i}"));
+            let dir = tempdir(&format!("fuzz-{name}-seed-{i}"));
             let model = saved.model.init::<NdArray>(&Default::default());
             save_model(&model, &saved, &dir).unwrap();
             dir
@@ -59,7 +60,7 @@ fn saved_models() -> Vec<PathBuf> {
 /// each input replaces that file in a copy of each directory in turn, which `load_model`
 /// then reads.
 fn fuzz_file(name: &'static str, file: fn(&Path) -> PathBuf) {
-    let dirs = saved_models();
+    let dirs = saved_models(name);
     let seeds = dirs
         .iter()
         .map(|dir| std::fs::read(file(dir)).unwrap())
