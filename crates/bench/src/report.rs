@@ -325,7 +325,15 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut file = tempfile::NamedTempFile::new_in(dir)
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // As `std::fs::write` (0o666 less the umask), not tempfile's private 0o600.
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut file = builder
+        .tempfile_in(dir)
         .with_context(|| format!("writing into {}", dir.display()))?;
     file.write_all(bytes)
         .with_context(|| format!("writing {}", path.display()))?;

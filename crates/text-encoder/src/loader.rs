@@ -304,7 +304,6 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
             source: SafetensorsStoreError::Safetensors(e),
         })?
         .len();
-    drop(bytes);
     if config.num_hidden_layers > tensors {
         return Err(LoadError::TooManyLayers {
             path,
@@ -314,7 +313,7 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
         });
     }
     let mut model = config.encoder_config(attention).init::<B>(device);
-    load_safetensors(&mut model, &dir.join("model.safetensors"))?;
+    load_safetensors_bytes(&mut model, &weights, bytes)?;
     Ok(model)
 }
 
@@ -325,14 +324,28 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
 /// model, except [`IGNORED_TENSORS`].
 ///
 /// # Errors
-/// [`LoadError::Store`] if the file cannot be read; [`LoadError::Mismatch`], naming the
-/// tensors, if tensors are missing, unused or of the wrong shape or type. On error `model` may
-/// hold some of the file's tensors: drop it.
+/// [`LoadError::Io`] if the file cannot be read, [`LoadError::Store`] if it is not a
+/// safetensors file; [`LoadError::Mismatch`], naming the tensors, if tensors are missing,
+/// unused or of the wrong shape or type. On error `model` may hold some of the file's
+/// tensors: drop it.
 pub fn load_safetensors<B: ClusteredAttentionBackend>(
     model: &mut TextEncoder<B>,
     path: &Path,
 ) -> Result<(), LoadError> {
-    let mut store = SafetensorsStore::from_file(path)
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    load_safetensors_bytes(model, path, bytes)
+}
+
+/// [`load_safetensors`] of the file `path` already read into `bytes`.
+fn load_safetensors_bytes<B: ClusteredAttentionBackend>(
+    model: &mut TextEncoder<B>,
+    path: &Path,
+    bytes: Vec<u8>,
+) -> Result<(), LoadError> {
+    let mut store = SafetensorsStore::from_bytes(Some(bytes))
         .with_from_adapter(PyTorchToBurnAdapter)
         .validate(false)
         .allow_partial(true);
