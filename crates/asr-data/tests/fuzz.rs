@@ -1,7 +1,8 @@
 //! Fuzzing of the readers of bytes from outside: the RNC unpacker, *Beneath a Steel Sky*'s
 //! `sky.dnr` index and `sky.dsk` files (texts and voices), *Flight of the Amazon Queen*'s
-//! `queen.1c` bundle (its table, cutscenes, dialogues and voices), corpus manifests, and the
-//! audio front door (WAV, FLAC, MP3 through symphonia).
+//! `queen.1c` bundle (its table, cutscenes, dialogues and voices), corpus manifests, the
+//! transcript files of `asr manifest`'s LibriSpeech, Kaldi and TSV layouts with the
+//! transcripts' normalisation, and the audio front door (WAV, FLAC, MP3 through symphonia).
 //!
 //! Each target starts from seed inputs, the fixtures the tests build from the formats'
 //! descriptions (`common/`), and reads them mutated at random ([`fuzz_harness`]). A target
@@ -18,6 +19,7 @@ use std::path::Path;
 
 use asr_data::audio::{decode_audio, write_flac};
 use asr_data::games::{queen, rnc, sky};
+use asr_data::manifest::import::{Source, normalize_text, scan};
 use asr_data::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_data::phones::PhoneInventory;
 use fuzz_harness::CappedAllocator;
@@ -148,6 +150,79 @@ fn fuzz_manifests() {
         let _ = read_manifest(&path, &inventory, true);
         let _ = std::fs::remove_file(&path);
     });
+}
+
+/// The transcript files of `asr manifest`'s three layouts (LibriSpeech's `*.trans.txt`,
+/// Kaldi's `wav.scp`, `text` and `utt2spk`, a TSV), one target each, written with their
+/// audio's names beside them: the transcripts hold numbers, ordinals, decimals, years,
+/// abbreviations and symbols, for [`normalize_text`].
+const IMPORT_SEEDS: [(&str, &str, &str); 5] = [
+    (
+        "librispeech",
+        "1-2/1-2.trans.txt",
+        "1-2-0001 IT WAS THE 25TH OF MAY 1999\n1-2-0002 D.N.A. & 3.5 PERCENT, SAID MR. O'HARA\n",
+    ),
+    (
+        "kaldi-wav.scp",
+        "wav.scp",
+        "a audio/a.flac\nb /abs/b.wav\nc sox c.wav -t wav - |\n",
+    ),
+    (
+        "kaldi-text",
+        "text",
+        "a the 1st of 2,000 days\nb we'll go at 10 + 2 @ home\nc 42%\n",
+    ),
+    ("kaldi-utt2spk", "utt2spk", "a s1\nb s2\nc s1\n"),
+    (
+        "tsv",
+        "list.tsv",
+        "path\ttranscript\tspeaker\na.wav\tthe 3rd and 1,234th\ts1\nsub/a.wav\t9.75 — yes\n",
+    ),
+];
+
+/// Mutations of each layout's transcript file, scanned as `asr manifest` scans a source (the
+/// Kaldi layout's other files unchanged), every transcript found then normalised. Besides
+/// giving a value or an error, every problem reported must name its file and line.
+#[test]
+fn fuzz_import_sources() {
+    for (name, path, text) in IMPORT_SEEDS {
+        fuzz(name, vec![text.as_bytes().to_vec()], move |bytes| {
+            let dir = tempfile::tempdir().unwrap();
+            for (_, other, text) in IMPORT_SEEDS {
+                let other = dir.path().join(other);
+                std::fs::create_dir_all(other.parent().unwrap()).unwrap();
+                std::fs::write(other, text).unwrap();
+            }
+            for audio in ["1-2/1-2-0001.flac", "1-2/1-2-0002.wav"] {
+                std::fs::write(dir.path().join(audio), b"").unwrap();
+            }
+            let file = dir.path().join(path);
+            std::fs::write(&file, bytes).unwrap();
+            let source = match name {
+                "librispeech" => Source::LibriSpeech(dir.path().to_path_buf()),
+                "tsv" => Source::Tsv(file.clone()),
+                _ => Source::Kaldi(dir.path().to_path_buf()),
+            };
+            let Ok((found, problems)) = scan(&source) else {
+                return;
+            };
+            for problem in &problems {
+                let (at, _) = problem.split_once(": ").unwrap_or_else(|| {
+                    panic!("{name}: a problem without its file and line: {problem:?}")
+                });
+                let line = at
+                    .rsplit_once(':')
+                    .and_then(|(_, n)| n.parse::<usize>().ok());
+                assert!(
+                    at.starts_with(&*dir.path().to_string_lossy()) && line.is_some_and(|n| n > 0),
+                    "{name}: a problem without its file and line: {problem:?}"
+                );
+            }
+            for utterance in &found {
+                let _ = normalize_text(&utterance.transcript);
+            }
+        });
+    }
 }
 
 /// A mono 16-bit WAV file of `samples` at 8 kHz (hound; its rate at bytes 24..28).

@@ -630,6 +630,17 @@ where
             builder
         }
     };
+    // The temporary files of checkpoints that a killed run was writing (`write_atomic` leaves
+    // them behind; burn-train does not know them).
+    let checkpoint_dir = options.dir.join("checkpoint");
+    if checkpoint_dir.is_dir() {
+        asr_data::files::remove_partial_files(&checkpoint_dir, "").with_context(|| {
+            format!(
+                "{}: cannot remove temporary files",
+                checkpoint_dir.display()
+            )
+        })?;
+    }
     let resume_from = if options.resume {
         resume_point(&options.dir, &checkpoints(&options.dir))?
     } else {

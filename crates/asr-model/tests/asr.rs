@@ -711,6 +711,103 @@ fn cli_training_killed_anywhere_resumes_to_the_end() {
     }
 }
 
+/// The file names in `dir` (none when it does not exist).
+fn file_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).map_or_else(
+        |_| Vec::new(),
+        |entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        },
+    )
+}
+
+/// `asr train` killed (SIGKILL) while it writes the checkpoint of epoch 1, then of epoch 2 —
+/// a temporary file of that checkpoint in `checkpoint/` at the kill and still there after
+/// it — holds the checkpoints before it, whole; `--resume` goes on from the last of them
+/// (from scratch for epoch 1), finishes the run, removes the temporary files, and the model
+/// loads. The model has 0.8 M parameters, so that a checkpoint's files (the model and Adam's
+/// two moments, about 10 MB) take milliseconds to write; the test watches the directory
+/// without pause and kills the run as soon as a temporary file of the aimed checkpoint shows.
+/// A run where the write ended before the kill is retried, up to 10 times.
+#[test]
+fn cli_training_killed_inside_a_checkpoint_write_resumes_from_the_last_whole_one() {
+    let corpus = small_corpus("checkpoint-kill-corpus");
+    let training = |out: &Path, extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_asr"));
+        command
+            .arg("train")
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(out)
+            .args(["--d-model", "128", "--n-heads", "2", "--n-layers", "4"])
+            .args(["--d-ff", "512", "--augment", "none", "--epochs", "3"])
+            .args(["--batch-frames", "1500", "--warmup-steps", "2"])
+            .args(extra);
+        command
+    };
+    for epoch in [1usize, 2] {
+        let aimed = format!("-{epoch}.mpk.");
+        let mut landed = false;
+        for attempt in 0..10 {
+            let out = tempdir(&format!("checkpoint-kill-{epoch}-{attempt}"));
+            let checkpoint = out.join("checkpoint");
+            let mut child = training(&out, &[])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            while child.try_wait().unwrap().is_none() {
+                let writing = file_names(&checkpoint)
+                    .iter()
+                    .any(|name| name.ends_with(".partial") && name.contains(&aimed));
+                if writing {
+                    child.kill().unwrap();
+                    break;
+                }
+            }
+            child.wait().unwrap();
+            let left: Vec<String> = file_names(&checkpoint)
+                .into_iter()
+                .filter(|name| name.ends_with(".partial"))
+                .collect();
+            if !left.iter().any(|name| name.contains(&aimed)) {
+                continue;
+            }
+            landed = true;
+            let before = (epoch > 1).then_some(epoch - 1);
+            assert_eq!(last_checkpoint(&out), before, "killed in {left:?}");
+            let output = training(&out, &["--resume"]).output().unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "killed in {left:?}: {stderr}");
+            let resumed = match before {
+                Some(n) => format!("resuming after epoch {n}"),
+                None => "no checkpoint in".to_string(),
+            };
+            assert!(stderr.contains(&resumed), "killed in {left:?}: {stderr}");
+            assert_eq!(last_checkpoint(&out), Some(3), "killed in {left:?}");
+            let partial: Vec<String> = file_names(&checkpoint)
+                .into_iter()
+                .filter(|name| name.ends_with(".partial"))
+                .collect();
+            assert!(
+                partial.is_empty(),
+                "left after the resumed run: {partial:?}"
+            );
+            load_model::<Cpu>(&out, &Default::default())
+                .unwrap_or_else(|e| panic!("killed in {left:?}: {e:#}"));
+            eprintln!("killed inside {left:?} (run {attempt}), resumed from {before:?} to 3");
+            break;
+        }
+        assert!(
+            landed,
+            "no kill landed inside the checkpoint of epoch {epoch} in 10 runs"
+        );
+    }
+}
+
 /// `asr train --out` where no directory can be made (below a plain file; file permissions
 /// would not stop a test run as root) is refused before any work: the message names
 /// `--out` and the path, not the corpus, which does not exist either.
