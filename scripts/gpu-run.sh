@@ -297,7 +297,7 @@ bench_table() {
 for mode in forward train; do
     for heads in 4 8; do
         bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --backends cuda --mode "$mode" \
-            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
+            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --count-launches
     done
 done
 # f32 against bf16 and f16 for the clustered attentions, at the lengths they are for: first on

@@ -12,6 +12,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod backends;
+mod launches;
 mod measure;
 mod report;
 
@@ -88,6 +89,12 @@ pub struct Args {
     /// Name of the output files (default: `<mode>`).
     #[arg(long)]
     pub name: Option<String>,
+    /// Count the kernel launches of one run of each measurement on the Cube backends (`wgpu`,
+    /// `vulkan`, `cuda` and their unfused forms), through CubeCL's profiling logger at its
+    /// `minimal` level, and print them beside the times. The logger then formats and queues
+    /// one line per launch during the timed runs too (no device synchronisation).
+    #[arg(long)]
+    pub count_launches: bool,
 }
 
 /// What is timed.
@@ -180,6 +187,19 @@ fn main() -> Result<()> {
         );
     }
 
+    if args.count_launches {
+        let cube = args
+            .backends
+            .iter()
+            .any(|b| !matches!(b, BackendName::Ndarray | BackendName::Flex));
+        if !cube {
+            bail!(
+                "--count-launches counts the kernels of the Cube backends (wgpu, vulkan, cuda and their unfused forms); --backends lists none"
+            );
+        }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        launches::enable()?;
+    }
     let machine = report::Machine::detect();
     eprintln!("machine: {}", machine.describe());
     let mut records = Vec::new();
@@ -187,4 +207,37 @@ fn main() -> Result<()> {
         records.extend(backends::run(backend, &args)?);
     }
     report::write_all(&args, &machine, &records)
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use burn::tensor::{Distribution, Tensor};
+
+    use crate::launches;
+
+    /// The launch count on WGPU against kernels known beforehand: on the unfused backend each
+    /// element-wise op is one kernel (one, then three in a row), and on Burn's fused `Wgpu`
+    /// the same three in a row are one fused kernel. A result tensor that is never read still
+    /// counts (the device is synchronised). This test is the binary's only one that uses a
+    /// device: CubeCL's configuration must be set before the first.
+    #[test]
+    fn launches_are_counted_kernel_by_kernel() {
+        launches::enable().unwrap();
+        type Unfused = backend_select::types::WgpuUnfused;
+        let device = Default::default();
+        let x = Tensor::<Unfused, 2>::random([64, 64], Distribution::Default, &device);
+        let chain = |x: Tensor<Unfused, 2>| ((x + 1.0) * 2.0).exp();
+        // Compiled once before they are counted.
+        let _ = launches::count::<Unfused, _>(&device, || chain(x.clone()));
+        let one = launches::count::<Unfused, _>(&device, || x.clone() + 1.0);
+        assert_eq!(one, Some(1), "one element-wise op on the unfused backend");
+        let three = launches::count::<Unfused, _>(&device, || chain(x.clone()));
+        assert_eq!(three, Some(3), "three element-wise ops on the unfused backend");
+        type Fused = burn::backend::Wgpu;
+        let y = Tensor::<Fused, 2>::random([64, 64], Distribution::Default, &device);
+        let chain = |y: Tensor<Fused, 2>| ((y + 1.0) * 2.0).exp();
+        let _ = launches::count::<Fused, _>(&device, || chain(y.clone()));
+        let fused = launches::count::<Fused, _>(&device, || chain(y.clone()));
+        assert_eq!(fused, Some(1), "three element-wise ops fused by Burn's Wgpu");
+    }
 }

@@ -13,7 +13,7 @@ use clustered_attention::{
 };
 use serde::Serialize;
 
-use crate::{Args, Mode};
+use crate::{Args, Mode, launches};
 
 /// Everything that can be timed, in table order.
 pub const OPS: [&str; 6] = [
@@ -65,6 +65,12 @@ pub struct Record {
     /// the same run (each timed forward pass right before a timed forward + backward), so that
     /// `median_s / forward_median_s` compares the two under the same conditions.
     pub forward_median_s: Option<f64>,
+    /// `--count-launches` on a Cube backend: the kernel launches of one run (the forward
+    /// pass, or in `--mode train` the forward + backward pass), counted by CubeCL's profiling
+    /// logger after the timed runs ([`crate::launches`]).
+    pub launches: Option<usize>,
+    /// `--count-launches`, `--mode train`: the kernel launches of the forward pass alone.
+    pub forward_launches: Option<usize>,
     /// Why the measurement was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -152,6 +158,10 @@ struct Stats {
     max: f64,
     /// The forward pass's median where it was timed beside (`--mode train`).
     forward_median: Option<f64>,
+    /// Kernel launches of one run, and of the forward pass alone in `--mode train`, where
+    /// counted.
+    launches: Option<usize>,
+    forward_launches: Option<usize>,
 }
 
 /// Median, minimum and maximum of `times` (not empty).
@@ -163,6 +173,8 @@ fn stats(mut times: Vec<f64>) -> Stats {
         min: times[0],
         max: times[times.len() - 1],
         forward_median: None,
+        launches: None,
+        forward_launches: None,
     }
 }
 
@@ -203,6 +215,19 @@ fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R
         times[times.len() - 1]
     });
     stats(times)
+}
+
+/// [`time`], then the kernel launches of one more call ([`launches::count`], where counted).
+fn time_and_count<B: Backend, R>(
+    device: &B::Device,
+    args: &Args,
+    mut f: impl FnMut() -> R,
+) -> Stats {
+    let stats = time::<B, _>(device, args, &mut f);
+    Stats {
+        launches: launches::count::<B, _>(device, f),
+        ..stats
+    }
 }
 
 /// [`time`] for `train`, with `forward` timed right before each run of it (and warmed up
@@ -396,6 +421,8 @@ fn run_all(
                 peak_device_mib: None,
                 peak_rss_mib: None,
                 forward_median_s: None,
+                launches: None,
+                forward_launches: None,
                 skipped: None,
             };
             let largest = largest_tensor_bytes(op, args, limits.gpu, len);
@@ -431,7 +458,7 @@ fn run_all(
                     .as_ref()
                     .map(|memory| (memory.reserved)() as f64 / 1024f64.powi(2));
                 eprintln!(
-                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}{}",
+                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}{}{}",
                     stats.median,
                     stats.min,
                     stats.max,
@@ -439,6 +466,11 @@ fn run_all(
                         .forward_median
                         .map(|f| format!(", forward alone {f:.4} s"))
                         .unwrap_or_default(),
+                    match (stats.launches, stats.forward_launches) {
+                        (Some(n), Some(f)) => format!(", {n} kernel launches ({f} forward)"),
+                        (Some(n), None) => format!(", {n} kernel launches"),
+                        _ => String::new(),
+                    },
                     record
                         .peak_device_mib
                         .map(|mib| format!(", device memory {mib:.0} MiB"))
@@ -452,6 +484,8 @@ fn run_all(
                 record.min_s = Some(stats.min);
                 record.max_s = Some(stats.max);
                 record.forward_median_s = stats.forward_median;
+                record.launches = stats.launches;
+                record.forward_launches = stats.forward_launches;
                 record.gflops_per_s = Some(flops / stats.median / 1e9);
                 if stats.median > args.time_limit_s {
                     slow.push((op, stats.median));
@@ -480,16 +514,16 @@ pub fn run_forward<B: ClusteredAttentionBackend>(
         match op {
             "lsh_hash" => {
                 let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
-                time::<B, _>(&device, args, || lsh_hash(q.clone(), planes.clone()))
+                time_and_count::<B, _>(&device, args, || lsh_hash(q.clone(), planes.clone()))
             }
             "hamming_kmeans" => {
                 let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
                 let codes = lsh_hash(q, planes);
-                time::<B, _>(&device, args, || {
+                time_and_count::<B, _>(&device, args, || {
                     hamming_kmeans(codes.clone(), None, args.clusters, args.iterations, 0)
                 })
             }
-            _ => time::<B, _>(&device, args, || {
+            _ => time_and_count::<B, _>(&device, args, || {
                 attend(op, args, q.clone(), k.clone(), v.clone())
             }),
         }
@@ -512,15 +546,17 @@ pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
             cache = Some((len, inputs::<B>(args, len, &device)));
         }
         let [q, k, v] = cache.as_ref().unwrap().1.clone();
-        time_beside::<B, _, _>(
-            &device,
-            args,
-            || attend(op, args, q.clone(), k.clone(), v.clone()),
-            || {
-                let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
-                attend(op, args, q, k, v).sum().backward()
-            },
-        )
+        let mut forward = || attend(op, args, q.clone(), k.clone(), v.clone());
+        let mut train = || {
+            let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
+            attend(op, args, q, k, v).sum().backward()
+        };
+        let stats = time_beside::<B, _, _>(&device, args, &mut forward, &mut train);
+        Stats {
+            launches: launches::count::<B, _>(&device, train),
+            forward_launches: launches::count::<B, _>(&device, forward),
+            ..stats
+        }
     }))
 }
 

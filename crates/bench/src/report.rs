@@ -90,9 +90,14 @@ fn cell(record: Option<&Record>) -> String {
                     Some(mib) => format!("{time} ({mib:.0} MiB)"),
                     None => time,
                 };
-                match r.forward_median_s {
+                let time = match r.forward_median_s {
                     Some(forward) => format!("{time}, {:.2}×", t / forward),
                     None => time,
+                };
+                match (r.launches, r.forward_launches) {
+                    (Some(n), Some(f)) => format!("{time}; {n} launches ({f} forward)"),
+                    (Some(n), None) => format!("{time}; {n} launches"),
+                    _ => time,
                 }
             }
             (None, Some(_)) => "skipped".into(),
@@ -117,7 +122,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             _ => "no".into(),
         };
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} timed runs{}{}. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} timed runs{}{}{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -137,6 +142,11 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             },
             if records.iter().any(|r| r.forward_median_s.is_some()) {
                 "; after the comma, the time over the forward pass's median, the forward pass timed in the same run right before each forward + backward"
+            } else {
+                ""
+            },
+            if records.iter().any(|r| r.launches.is_some()) {
+                "; after the semicolon, the kernel launches of one run (and of its forward pass), counted by CubeCL's profiling logger"
             } else {
                 ""
             },
