@@ -211,13 +211,15 @@ fn main() -> Result<()> {
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
+    use burn::tensor::backend::Backend;
     use burn::tensor::{Distribution, Tensor};
 
     use crate::launches;
 
     /// The launch count on WGPU against kernels known beforehand: on the unfused backend each
     /// element-wise op is one kernel (one, then three in a row), and on Burn's fused `Wgpu`
-    /// the same three in a row are one fused kernel. A result tensor that is never read still
+    /// the same three in a row are one fused kernel. Then the launches of an improved
+    /// clustered forward, against their budget. A result tensor that is never read still
     /// counts (the device is synchronised). This test is the binary's only one that uses a
     /// device: CubeCL's configuration must be set before the first.
     #[test]
@@ -232,12 +234,40 @@ mod tests {
         let one = launches::count::<Unfused, _>(&device, || x.clone() + 1.0);
         assert_eq!(one, Some(1), "one element-wise op on the unfused backend");
         let three = launches::count::<Unfused, _>(&device, || chain(x.clone()));
-        assert_eq!(three, Some(3), "three element-wise ops on the unfused backend");
+        assert_eq!(
+            three,
+            Some(3),
+            "three element-wise ops on the unfused backend"
+        );
         type Fused = burn::backend::Wgpu;
         let y = Tensor::<Fused, 2>::random([64, 64], Distribution::Default, &device);
         let chain = |y: Tensor<Fused, 2>| ((y + 1.0) * 2.0).exp();
         let _ = launches::count::<Fused, _>(&device, || chain(y.clone()));
         let fused = launches::count::<Fused, _>(&device, || chain(y.clone()));
-        assert_eq!(fused, Some(1), "three element-wise ops fused by Burn's Wgpu");
+        assert_eq!(
+            fused,
+            Some(1),
+            "three element-wise ops fused by Burn's Wgpu"
+        );
+
+        // An improved clustered forward at the bench's defaults (4 heads, E = D = 64,
+        // C = 100, topk = 32, 32 bits, 10 Lloyd iterations), shorter: 15 launches at most on
+        // Burn's Wgpu (hashing, the whole Lloyd loop in one, the grouping, the centroid
+        // attention, the top-k attention and Burn's own ops around them).
+        let [q, k, v] = [1, 2, 3].map(|seed| {
+            Fused::seed(&device, seed);
+            Tensor::<Fused, 4>::random([1, 4, 512, 64], Distribution::Default, &device)
+        });
+        let improved = || {
+            clustered_attention::ImprovedClusteredAttention::new(100, 32).forward(
+                clustered_attention::AttentionInput::new(q.clone(), k.clone(), v.clone()),
+            )
+        };
+        let _ = launches::count::<Fused, _>(&device, improved);
+        let launches = launches::count::<Fused, _>(&device, improved).unwrap();
+        assert!(
+            launches <= 15,
+            "an improved forward took {launches} kernel launches, over 15"
+        );
     }
 }

@@ -1,10 +1,15 @@
-//! Lloyd's algorithm in Hamming space (paper §3.2.2), one launch per step.
+//! Lloyd's algorithm in Hamming space (paper §3.2.2).
 //!
 //! The definition is
 //! [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend); all arithmetic
-//! is on integers, so every backend agrees bit for bit. The assignment step gives each query its
-//! own thread; the update step tallies the members' bits with integer atomics, one thread per
-//! query, then gives each `(row, cluster)` a thread to take the majority.
+//! is on integers, so every backend agrees bit for bit. Two forms:
+//!
+//! - up to [`LOOP_CLUSTERS`] (120) clusters, the whole loop in one launch ([`kmeans_loop_kernel`]):
+//!   one cube per `(batch, head)` row keeps the row's centroids and votes in shared memory and
+//!   runs every round, its threads striding over the queries;
+//! - beyond, one launch per step: the assignment step gives each query its own thread; the
+//!   update step tallies the members' bits with integer atomics, one thread per query, then
+//!   gives each `(row, cluster)` a thread to take the majority.
 
 use burn::tensor::{Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
@@ -27,6 +32,10 @@ const VOTES: usize = 33;
 /// Largest number of clusters whose votes one cube tallies in shared memory (16 KiB of
 /// `u32`, the smallest limit among the runtimes); beyond, the votes go to global memory.
 const SHARED_VOTES: usize = 4096 / VOTES;
+
+/// Largest number of clusters whose Lloyd loop runs in one launch ([`kmeans_loop_kernel`]):
+/// the row's votes and centroids (`34` words per cluster) within 16 KiB of shared memory.
+const LOOP_CLUSTERS: usize = 4096 / (VOTES + 1);
 
 /// Assignment step: `assignments[row, i]` = the nearest centroid of query `i` in Hamming
 /// distance, ties to the lowest index; `-1` for padded queries (`i ≥ lengths[row]`); `i`
@@ -221,12 +230,128 @@ fn kmeans_update_kernel<I: Int>(
     }
 }
 
+/// The whole Lloyd loop of one row per cube, from the initial centroids' positions to the
+/// assignments and counts: `iterations` rounds of assignment and majority
+/// update, then a last assignment and the member counts, with the same rules as
+/// [`kmeans_assign_kernel`], [`kmeans_votes_kernel`] and [`kmeans_update_kernel`] (ties to the
+/// lowest index, an exact tie of the votes keeps the bit, `-1` for padded queries, the
+/// identity clustering for rows with no more valid queries than clusters). The row's centroids
+/// and votes stay in shared memory (`clusters · 34` words, at most 16 KiB); each round is
+/// separated from the next by cube barriers.
+///
+/// Grid: one cube per row (Z), its threads striding over `L`.
+///
+/// - `codes`, `assignments`: `[rows, L]`
+/// - `positions`: `[rows · clusters]`, the queries whose codes are the initial centroids
+/// - `counts`: `[rows, clusters]`
+/// - `lengths`: `[rows]`
+#[cube(launch)]
+fn kmeans_loop_kernel<I: Int>(
+    codes: &Tensor<I>,
+    positions: &Tensor<I>,
+    lengths: &Tensor<I>,
+    assignments: &mut Tensor<I>,
+    counts: &mut Tensor<I>,
+    iterations: u32,
+    #[comptime] clusters: usize,
+    #[define(I)] _dtype: StorageType,
+) {
+    let len = codes.shape(1);
+    let row = CUBE_POS_Z as usize;
+    let unit = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let n = u32::cast_from(lengths[row]) as usize;
+    let base = row * clusters;
+    let identity = n <= clusters;
+    let size = comptime!(clusters * VOTES);
+
+    let mut cache = SharedMemory::<u32>::new(clusters);
+    let tally = SharedMemory::<Atomic<u32>>::new(size);
+    let mut c = unit;
+    while c < clusters {
+        let position = u32::cast_from(positions[base + c]) as usize;
+        cache[c] = u32::cast_from(codes[row * len + position]);
+        c += threads;
+    }
+
+    for round in 0..iterations + 1 {
+        let last = round == iterations;
+        let mut at = unit;
+        while at < size {
+            tally[at].store(0u32);
+            at += threads;
+        }
+        sync_cube();
+
+        let mut i = unit;
+        while i < len {
+            let mut assigned = i32::new(-1);
+            if i < n {
+                if identity {
+                    assigned = i32::cast_from(i);
+                } else {
+                    let code = u32::cast_from(codes[row * len + i]);
+                    let mut best = 33u32;
+                    for c in 0..clusters {
+                        let distance = (code ^ cache[c]).count_ones();
+                        if distance < best {
+                            best = distance;
+                            assigned = i32::cast_from(c);
+                        }
+                    }
+                }
+            }
+            if last {
+                assignments[row * len + i] = I::cast_from(assigned);
+            }
+            if assigned >= 0 {
+                let first = (u32::cast_from(assigned) as usize) * VOTES;
+                tally[first + 32].fetch_add(1u32);
+                if !last {
+                    let code = u32::cast_from(codes[row * len + i]);
+                    for b in 0..32usize {
+                        if (code >> u32::cast_from(b)) & 1u32 == 1u32 {
+                            tally[first + b].fetch_add(1u32);
+                        }
+                    }
+                }
+            }
+            i += threads;
+        }
+        sync_cube();
+
+        let mut c = unit;
+        while c < clusters {
+            let first = c * VOTES;
+            let count = tally[first + 32].load();
+            if last {
+                counts[base + c] = I::cast_from(count);
+            } else if !identity {
+                let mut centroid = cache[c];
+                for b in 0..32usize {
+                    let twice = 2u32 * tally[first + b].load();
+                    let bit = 1u32 << u32::cast_from(b);
+                    if twice > count {
+                        centroid |= bit;
+                    } else if twice < count {
+                        centroid &= !bit;
+                    }
+                }
+                cache[c] = centroid;
+            }
+            c += threads;
+        }
+        sync_cube();
+    }
+}
+
 /// Threads per cube of the K-means kernels.
 const CUBE_THREADS: usize = 256;
 
 /// The whole Lloyd loop on the device: the host only draws the initial centroid positions
-/// (and reads the query lengths, to do so), then enqueues `iterations` assignment and update
-/// launches and a final assignment and count.
+/// (and reads the query lengths, to do so), then enqueues one launch of the whole loop (up to
+/// [`LOOP_CLUSTERS`] clusters), or a gather of the initial centroids, `iterations` assignment
+/// and update launches and a final assignment and count.
 pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     codes: CubeTensor<R>,
     query_lengths: Option<CubeTensor<R>>,
@@ -251,11 +376,23 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
     let options = (&device, dtype);
     let codes = BurnTensor::<B<R, F, I, BT>, 3, IntKind>::from_primitive(into_contiguous(codes))
         .reshape([rows, len]);
-    let positions = BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_data(
-        TensorData::new(initial, [rows, clusters]),
-        options,
-    );
-    let centroids = into_contiguous(codes.clone().gather(1, positions).into_primitive());
+    let one_launch = clusters <= LOOP_CLUSTERS;
+    // The initial centroids: the loop kernel reads the codes at these positions itself
+    // (uploaded flat, so never pitched); the step kernels start from the gathered codes.
+    let start = if one_launch {
+        BurnTensor::<B<R, F, I, BT>, 1, IntKind>::from_data(
+            TensorData::new(initial, [rows * clusters]),
+            options,
+        )
+        .into_primitive()
+    } else {
+        let positions = BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_data(
+            TensorData::new(initial, [rows, clusters]),
+            options,
+        );
+        codes.clone().gather(1, positions).into_primitive()
+    };
+    let start = into_contiguous(start);
     let codes = into_contiguous(codes.into_primitive());
     let row_lengths = into_contiguous(
         BurnTensor::<B<R, F, I, BT>, 1, IntKind>::from_data(
@@ -276,6 +413,29 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         Shape::new([rows, clusters]),
         dtype,
     );
+
+    let reshape = |x: CubeTensor<R>, last: usize| {
+        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_primitive(x)
+            .reshape([batch, heads, last])
+            .into_primitive()
+    };
+    if one_launch {
+        kmeans_loop_kernel::launch::<R>(
+            &client,
+            cube_count(1, rows),
+            CubeDim::new_1d(CUBE_THREADS as u32),
+            linear(codes.clone()),
+            linear(start),
+            linear(row_lengths.clone()),
+            linear(assignments.clone()),
+            linear(counts.clone()),
+            u32::try_from(iterations).expect("iterations fit in 32 bits"),
+            clusters,
+            dtype.into(),
+        );
+        return (reshape(assignments, len), reshape(counts, clusters));
+    }
+    let centroids = start;
 
     // Burn's `zeros` may pitch its rows (CUDA does); the kernels index `votes` linearly.
     let votes = into_contiguous(
@@ -330,10 +490,5 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
     assign();
     update(false);
 
-    let reshape = |x: CubeTensor<R>, last: usize| {
-        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_primitive(x)
-            .reshape([batch, heads, last])
-            .into_primitive()
-    };
     (reshape(assignments, len), reshape(counts, clusters))
 }
