@@ -297,8 +297,15 @@ bench_table() {
 for mode in forward train; do
     for heads in 4 8; do
         bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --backends cuda --mode "$mode" \
-            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --count-launches
+            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
     done
+done
+# The kernel launches of each attention, fused and unfused, in a table of their own (the
+# counting logs one line per launch during its timed runs too, so these times are not the
+# tables' above).
+for mode in forward train; do
+    bench_table "cuda-launches-$mode" "kernel launches, $mode, 8 heads, L = 16384" \
+        --backends cuda,cuda-unfused --mode "$mode" --heads 8 --lengths 16384 --count-launches
 done
 # f32 against bf16 and f16 for the clustered attentions, at the lengths they are for: first on
 # the unfused CubeBackend, then on Burn's fused Cuda, each table a process of its own, so that a

@@ -69,8 +69,9 @@ pub fn enable() -> anyhow::Result<()> {
 }
 
 /// How long the count must stay unchanged to be read: CubeCL's logger thread receives the
-/// launches after the device has run them, asynchronously.
-const SETTLE: Duration = Duration::from_millis(20);
+/// launches after the device has run them, asynchronously (a busy machine may hold it back
+/// for tens of milliseconds).
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// The count once it has not changed for [`SETTLE`].
 fn settled() -> usize {

@@ -217,15 +217,17 @@ fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R
     stats(times)
 }
 
-/// [`time`], then the kernel launches of one more call ([`launches::count`], where counted).
+/// [`time`], then the kernel launches of one more call on a GPU backend
+/// ([`launches::count`], where counted).
 fn time_and_count<B: Backend, R>(
     device: &B::Device,
     args: &Args,
+    gpu: bool,
     mut f: impl FnMut() -> R,
 ) -> Stats {
     let stats = time::<B, _>(device, args, &mut f);
     Stats {
-        launches: launches::count::<B, _>(device, f),
+        launches: gpu.then(|| launches::count::<B, _>(device, f)).flatten(),
         ..stats
     }
 }
@@ -506,6 +508,7 @@ pub fn run_forward<B: ClusteredAttentionBackend>(
 ) -> Result<Vec<Record>> {
     check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    let gpu = limits.gpu;
     Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
@@ -514,16 +517,16 @@ pub fn run_forward<B: ClusteredAttentionBackend>(
         match op {
             "lsh_hash" => {
                 let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
-                time_and_count::<B, _>(&device, args, || lsh_hash(q.clone(), planes.clone()))
+                time_and_count::<B, _>(&device, args, gpu, || lsh_hash(q.clone(), planes.clone()))
             }
             "hamming_kmeans" => {
                 let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
                 let codes = lsh_hash(q, planes);
-                time_and_count::<B, _>(&device, args, || {
+                time_and_count::<B, _>(&device, args, gpu, || {
                     hamming_kmeans(codes.clone(), None, args.clusters, args.iterations, 0)
                 })
             }
-            _ => time_and_count::<B, _>(&device, args, || {
+            _ => time_and_count::<B, _>(&device, args, gpu, || {
                 attend(op, args, q.clone(), k.clone(), v.clone())
             }),
         }
@@ -541,6 +544,7 @@ pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
 ) -> Result<Vec<Record>> {
     check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    let gpu = limits.gpu;
     Ok(run_all(backend, limits, args, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
@@ -552,6 +556,9 @@ pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
             attend(op, args, q, k, v).sum().backward()
         };
         let stats = time_beside::<B, _, _>(&device, args, &mut forward, &mut train);
+        if !gpu {
+            return stats;
+        }
         Stats {
             launches: launches::count::<B, _>(&device, train),
             forward_launches: launches::count::<B, _>(&device, forward),

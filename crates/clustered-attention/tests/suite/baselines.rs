@@ -197,6 +197,11 @@ fn device_buckets<B: ClusteredAttentionBackend>(
     let device = Default::default();
     let [_, heads, len, dim] = case.q.dims;
     let buckets = options.buckets_for(len);
+    assert_eq!(
+        buckets,
+        self::reference_rotations(case, options).0,
+        "LshOptions::buckets_for({len}) differs from the documented count"
+    );
     (0..options.rounds)
         .map(|r| {
             let rotations = lsh_rotations::<B>(dim, buckets, options.round_seed(r), &device);

@@ -429,7 +429,10 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
             linear(row_lengths.clone()),
             linear(assignments.clone()),
             linear(counts.clone()),
-            u32::try_from(iterations).expect("iterations fit in 32 bits"),
+            u32::try_from(iterations)
+                .ok()
+                .filter(|&i| i < u32::MAX)
+                .expect("iterations must be below 2^32 - 1"),
             clusters,
             dtype.into(),
         );
