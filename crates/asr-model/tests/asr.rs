@@ -438,10 +438,7 @@ fn model_directory_killed_while_saving_holds_one_model() {
         seen[0], seen[1]
     );
     save_model(&models[1], &saved, &dir).unwrap();
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut names = file_names(&dir);
     names.sort();
     assert_eq!(names.len(), 2, "{names:?}");
     assert_eq!(names[1], "model.json", "{names:?}");
@@ -723,6 +720,14 @@ fn file_names(dir: &Path) -> Vec<String> {
     )
 }
 
+/// The temporary files of interrupted writes in `dir` (`write_atomic`'s `….partial`).
+fn partial_files(dir: &Path) -> Vec<String> {
+    file_names(dir)
+        .into_iter()
+        .filter(|name| name.ends_with(".partial"))
+        .collect()
+}
+
 /// `asr train` killed (SIGKILL) while it writes the checkpoint of epoch 1, then of epoch 2 —
 /// a temporary file of that checkpoint in `checkpoint/` at the kill and still there after
 /// it — holds the checkpoints before it, whole; `--resume` goes on from the last of them
@@ -769,10 +774,7 @@ fn cli_training_killed_inside_a_checkpoint_write_resumes_from_the_last_whole_one
                 }
             }
             child.wait().unwrap();
-            let left: Vec<String> = file_names(&checkpoint)
-                .into_iter()
-                .filter(|name| name.ends_with(".partial"))
-                .collect();
+            let left = partial_files(&checkpoint);
             if !left.iter().any(|name| name.contains(&aimed)) {
                 continue;
             }
@@ -788,10 +790,7 @@ fn cli_training_killed_inside_a_checkpoint_write_resumes_from_the_last_whole_one
             };
             assert!(stderr.contains(&resumed), "killed in {left:?}: {stderr}");
             assert_eq!(last_checkpoint(&out), Some(3), "killed in {left:?}");
-            let partial: Vec<String> = file_names(&checkpoint)
-                .into_iter()
-                .filter(|name| name.ends_with(".partial"))
-                .collect();
+            let partial = partial_files(&checkpoint);
             assert!(
                 partial.is_empty(),
                 "left after the resumed run: {partial:?}"
