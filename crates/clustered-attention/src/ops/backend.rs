@@ -139,7 +139,11 @@ pub trait ClusteredAttentionBackend: Backend {
     /// the host loops of the CPU backends take `Aᶜ` from the scores and `forward`'s
     /// log-sum-exp, and `rowsum(Aᶜ ⊙ dA)` from `forward`'s outputs (`grad_values · values` of
     /// the rest plus `grad_top_weights · weights`), so that one pass over the keys, a block of
-    /// cluster rows against a part of the keys at a time, gives the three gradients.
+    /// cluster rows against a part of the keys at a time, gives the three gradients. The
+    /// CubeCL kernels take `rowsum(Aᶜ ⊙ dA)` the same way and recompute `Aᶜ` tile by tile in
+    /// shared memory, one pass over the keys for the centroids' gradient and one over the
+    /// cluster rows for the keys' and values' (`E, D ≤ 128`, `k ≤ 64`; the default body
+    /// otherwise).
     ///
     /// # Shapes
     /// As [`Self::centroid_attention`]; `forward`: its result for these inputs,

@@ -263,7 +263,9 @@ pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
 /// a gather, a scatter): both outputs weighted (the rest of `Aᶜ V` and the top-k weights),
 /// padded keys, `topk` 0 and above 0, more clusters than one block of the host loops (128
 /// rows), more keys than one of their parts (512 keys) and than one task of their backward
-/// (2048 keys). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
+/// (2048 keys); more clusters than keys with `topk = S`, padded keys in the top-k; and the
+/// bench's widths (`E = D = 64`, `topk` 32) over several row blocks and key blocks of the
+/// CubeCL kernels. The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
 /// rounds to TF32 ([`matmul_tolerance`]).
 pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend>() {
     type A<B> = Autodiff<B>;
@@ -271,12 +273,14 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
     let tolerance = matmul_tolerance::<B>(1e-4) as f32;
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 5] = [
+    let cases: [Case; 7] = [
         ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
         ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
         ([1, 1, 130, 8], 40, 5, &[33], 3),
         ([2, 1, 9, 8], 1300, 6, &[1300, 700], 5),
         ([2, 2, 7, 8], 4700, 6, &[4700, 2100], 5),
+        ([2, 1, 12, 8], 6, 4, &[6, 3], 6),
+        ([1, 2, 70, 64], 300, 64, &[251], 32),
     ];
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
@@ -287,13 +291,15 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
             normal([batch, heads, keys_len, dim_v], seed + 2),
         ];
         let outer_values = normal([batch, heads, clusters, dim_v], seed + 3);
-        let outer_top = normal([batch, heads, clusters, topk], seed + 4);
+        // A weight per key, gathered at each row's top-k: the loss does not depend on the order
+        // of the top-k (by score on the backends, in key order in the default body at topk = S).
+        let outer_top = normal([batch, heads, clusters, keys_len], seed + 4);
         type Forward<B> = fn(
             [FloatTensor<A<B>>; 3],
             Option<burn::tensor::ops::IntTensor<A<B>>>,
             usize,
         ) -> clustered_attention::ops::CentroidAttention<A<B>>;
-        // Gradients of Σ Aᶜ V ⊙ outer_values + Σ top weights ⊙ outer_top.
+        // Gradients of Σ Aᶜ V ⊙ outer_values + Σ top weights ⊙ outer_top at the top-k keys.
         let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
             let x: Vec<Tensor<A<B>, 4>> = inputs
                 .iter()
@@ -307,8 +313,11 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
             );
             let mut loss =
                 (float::<A<B>>(out.values) * outer_values.to_tensor::<A<B>>(&device)).sum();
-            if let Some((_, weights)) = out.top {
-                loss = loss + (float::<A<B>>(weights) * outer_top.to_tensor::<A<B>>(&device)).sum();
+            if let Some((top, weights)) = out.top {
+                let outer = outer_top
+                    .to_tensor::<A<B>>(&device)
+                    .gather(3, Tensor::from_primitive(top));
+                loss = loss + (float::<A<B>>(weights) * outer).sum();
             }
             let grads = loss.backward();
             x.iter()
@@ -328,6 +337,7 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
                 Some(lengths::<B>(key_lengths, &device).into_primitive()),
                 topk,
             );
+            let top = forward.top.as_ref().map(|(top, _)| top.clone());
             let grads = reference::centroid_attention_backward::<B>(
                 float_in(0),
                 float_in(1),
@@ -338,7 +348,13 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
                     .to_tensor::<B>(&device)
                     .into_primitive()
                     .tensor(),
-                (topk > 0).then(|| outer_top.to_tensor::<B>(&device).into_primitive().tensor()),
+                top.map(|top| {
+                    outer_top
+                        .to_tensor::<B>(&device)
+                        .gather(3, Tensor::from_primitive(top))
+                        .into_primitive()
+                        .tensor()
+                }),
             );
             [grads.centroids, grads.keys, grads.values]
                 .into_iter()

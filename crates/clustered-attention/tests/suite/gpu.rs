@@ -198,8 +198,10 @@ fn half_precision_matches_reference<F: ClusteredAttentionBackend, U: ClusteredAt
     crate::half::exact_regime_equals_full::<F>(dtype);
     crate::baselines::half_baselines_match_reference::<F>(dtype);
     crate::half::hashing_and_kmeans_match_reference::<F>(dtype);
+    crate::half::centroid_gradients_match_reference::<F>(dtype);
     crate::half::attention_matches_reference::<U>(dtype);
     crate::half::hashing_and_kmeans_match_reference::<U>(dtype);
+    crate::half::centroid_gradients_match_reference::<U>(dtype);
 }
 
 #[cfg(feature = "wgpu")]

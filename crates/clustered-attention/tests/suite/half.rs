@@ -8,10 +8,13 @@
 //! scores, the centroids, the weights and the outputs are each rounded to the half type, and
 //! the errors found on Flex are 1.4e-3 and 1.2e-2.
 
+use burn::backend::Autodiff;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Distribution, ElementConversion, FloatDType, Int, Tensor};
+use burn::tensor::{
+    DType, Distribution, ElementConversion, FloatDType, Int, Tensor, TensorPrimitive,
+};
 use clustered_attention::ops::reference;
 use clustered_attention::{
     AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
@@ -117,6 +120,96 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
     fn assignments(&self, clustering: &ClusteringOptions) -> Vec<i64> {
         let [ql, _] = self.lengths();
         host_ints(cluster_queries(self.tensors[0].clone(), ql, clustering).assignments)
+    }
+}
+
+/// The gradients of the centroid attention in `dtype` on `B` under Autodiff (both outputs
+/// weighted: the rest of `Aᶜ V` and the top-k weights; padded keys; `topk` 4 and 0), against
+/// Autodiff through the default forward body on NdArray in `f32` with the same inputs and outer
+/// gradients rounded to `dtype`: each input's gradient within [`tolerance`] of its largest
+/// reference entry. The backward passes compute in `f32` from the half-type inputs, forward
+/// outputs and outer gradients, and round their results once.
+pub fn centroid_gradients_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
+    type Reference = Autodiff<NdArrayBackend>;
+    let device = Default::default();
+    let rounded =
+        |host: Host4| Host4::from_tensor(host.to_tensor::<B>(&device).cast(dtype).cast(DType::F32));
+    let (clusters, keys_len, key_lengths) = (9, 70, [70, 33]);
+    // Centroids of a quarter of the keys' scale, so that the weights spread over many keys.
+    let mut centroids = normal([2, 2, clusters, 16], 300);
+    centroids.data.iter_mut().for_each(|x| *x *= 0.25);
+    let inputs = [
+        rounded(centroids),
+        rounded(normal([2, 2, keys_len, 16], 301)),
+        rounded(normal([2, 2, keys_len, 8], 302)),
+    ];
+    for topk in [4, 0] {
+        let outer_values = rounded(normal([2, 2, clusters, 8], 303));
+        let outer_top = rounded(normal([2, 2, clusters, topk], 304));
+        let expected = {
+            let x: Vec<Tensor<Reference, 4>> = inputs
+                .iter()
+                .map(|h| h.to_tensor::<Reference>(&Default::default()).require_grad())
+                .collect();
+            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
+            let out = reference::centroid_attention::<Reference>(
+                float_in(0),
+                float_in(1),
+                float_in(2),
+                Some(lengths::<Reference>(&key_lengths, &Default::default()).into_primitive()),
+                topk,
+            );
+            let float = |t| Tensor::<Reference, 4>::from_primitive(TensorPrimitive::Float(t));
+            let mut loss = (float(out.values) * outer_values.to_tensor(&Default::default())).sum();
+            if let Some((_, weights)) = out.top {
+                loss = loss + (float(weights) * outer_top.to_tensor(&Default::default())).sum();
+            }
+            let grads = loss.backward();
+            x.iter()
+                .map(|x| Host4::from_tensor(x.grad(&grads).expect("a gradient")))
+                .collect::<Vec<_>>()
+        };
+        let got = {
+            let half = |h: &Host4| h.to_tensor::<Autodiff<B>>(&device).cast(dtype);
+            let x: Vec<Tensor<Autodiff<B>, 4>> =
+                inputs.iter().map(|h| half(h).require_grad()).collect();
+            let (values, top) = clustered_attention::ops::centroid_attention(
+                x[0].clone(),
+                x[1].clone(),
+                x[2].clone(),
+                Some(lengths(&key_lengths, &device)),
+                topk,
+            );
+            let mut loss = (values * half(&outer_values)).sum();
+            if let Some((_, weights)) = top {
+                loss = loss + (weights * half(&outer_top)).sum();
+            }
+            let grads = loss.backward();
+            x.iter()
+                .map(|x| {
+                    let grad = x.grad(&grads).expect("a gradient");
+                    assert_eq!(grad.dtype(), dtype, "the gradient's dtype");
+                    Host4::from_tensor(grad.cast(DType::F32))
+                })
+                .collect::<Vec<_>>()
+        };
+        for ((name, got), expected) in ["centroids", "keys", "values"]
+            .iter()
+            .zip(got)
+            .zip(expected)
+        {
+            let largest = expected.data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            let error = got
+                .data
+                .iter()
+                .zip(&expected.data)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .fold(0.0, f64::max);
+            assert!(
+                error <= tolerance(dtype) * largest,
+                "{dtype:?}, topk {topk}: the gradient of {name} is off by {error} (largest {largest})"
+            );
+        }
     }
 }
 
@@ -358,5 +451,11 @@ mod flex {
     #[test]
     fn layer_trains_one_batch_in_bf16() {
         super::layer_trains_one_batch::<Autodiff<Flex>>(FloatDType::BF16);
+    }
+
+    #[test]
+    fn centroid_gradients_match_reference() {
+        super::centroid_gradients_match_reference::<Flex>(DType::F16);
+        super::centroid_gradients_match_reference::<Flex>(DType::BF16);
     }
 }

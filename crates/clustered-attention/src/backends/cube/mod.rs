@@ -4,7 +4,8 @@
 //!
 //! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
 //!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
-//!   `sparse_scatter`; `centroid.rs`: `centroid_attention`, flash-style (no `[C, S]` tensor);
+//!   `sparse_scatter`; `centroid.rs`: `centroid_attention` and its backward, flash-style (no
+//!   `[C, S]` tensor);
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
 //!   `improved_attention_forward` sorts once for both.
 //! - `fusion.rs`: the same ops registered as Fusion custom operations.
@@ -44,7 +45,10 @@ use burn_cubecl::kernel::into_contiguous;
 
 use crate::ClusteredAttentionBackend;
 use crate::ops::checks::{check_cluster_top, check_query_clusters};
-use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, reference};
+use crate::ops::{
+    CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
+    reference,
+};
 
 impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
 where
@@ -87,6 +91,46 @@ where
             );
         }
         centroid::centroid_attention::<R, F, I, BT>(centroids, keys, values, key_lengths, topk)
+    }
+
+    fn centroid_attention_backward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        forward: CentroidAttention<Self>,
+        grad_values: FloatTensor<Self>,
+        grad_top_weights: Option<FloatTensor<Self>>,
+    ) -> CentroidAttentionGrads<Self> {
+        let dim = centroids.meta.shape()[3];
+        let dim_v = values.meta.shape()[3];
+        let topk = forward
+            .top
+            .as_ref()
+            .map_or(0, |(top, _)| top.meta.shape()[3]);
+        let empty = [&centroids, &keys]
+            .iter()
+            .any(|x| x.meta.shape().num_elements() == 0);
+        if empty || !centroid::supported(dim, dim_v, topk) {
+            return reference::centroid_attention_backward::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                forward,
+                grad_values,
+                grad_top_weights,
+            );
+        }
+        centroid::centroid_attention_backward::<R, F, I, BT>(
+            centroids,
+            keys,
+            values,
+            key_lengths,
+            forward,
+            grad_values,
+            grad_top_weights,
+        )
     }
 
     fn top_attention(
