@@ -516,21 +516,22 @@ fn top_gradient<F: Float, I: Int>(
     gradient
 }
 
-/// Backward pass 1. One unit per row, [`PREPARE_UNITS`] rows per cube: the row's
-/// `δ = rowsum(Aᶜ ⊙ dA) = grad_values · rest + grad_top · top weights` (the forward outputs
-/// stand for `Aᶜ`) and, with `topk > 0`, its k-th key and that key's score computed as `scan`
-/// computes it (by [`tile_score`], the key in shared memory), `f32::MIN` for a padded key as
-/// `scan` scores it.
+/// Backward pass 1. One unit per row, [`PREPARE_UNITS`] rows per cube: the row's log-sum-exp
+/// `M + ln Z`, its `δ = rowsum(Aᶜ ⊙ dA) = grad_values · rest + grad_top · top weights` (the
+/// forward outputs stand for `Aᶜ`) and, with `topk > 0`, its k-th key and that key's score
+/// computed as `scan` computes it (by [`tile_score`], the key in shared memory), `f32::MIN`
+/// for a padded key as `scan` scores it.
 ///
-/// - `grad_values`, `rest`: `[B, H, C, D]`; `top_indices`, `top_weights`, `grad_top`:
-///   `[B, H, C, topk]` (unused with `topk = 0`)
-/// - `row_stats`: `[B·H·C, 2]`: `δ`, the k-th score; `kth_keys`: `[B·H·C]`
+/// - `stats`: from [`centroid_merge_kernel`]; `grad_values`, `rest`: `[B, H, C, D]`;
+///   `top_indices`, `top_weights`, `grad_top`: `[B, H, C, topk]` (unused with `topk = 0`)
+/// - `row_stats`: `[B·H·C, 3]`: the log-sum-exp, `δ`, the k-th score; `kth_keys`: `[B·H·C]`
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn centroid_grad_prepare_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
     key_lengths: &Tensor<I>,
+    stats: &Tensor<f32>,
     grad_values: &Tensor<F>,
     rest: &Tensor<F>,
     top_indices: &Tensor<I>,
@@ -584,20 +585,20 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
         }
     }
     if active {
-        row_stats[flat * 2] = delta;
-        row_stats[flat * 2 + 1] = kth;
+        row_stats[flat * 3] = stats[flat * 3] + stats[flat * 3 + 1].ln();
+        row_stats[flat * 3 + 1] = delta;
+        row_stats[flat * 3 + 2] = kth;
         kth_keys[flat] = kth_key;
     }
 }
 
 /// Backward pass 2, the centroids' gradient `dS · keys`. Grid as [`centroid_rest_kernel`]: each
 /// unit holds its row's centroid and `grad_values` row in registers and streams the chunk's
-/// keys and values through shared memory, recomputing `Aᶜ = exp(s − M) / Z` key by key;
+/// keys and values through shared memory, recomputing `Aᶜ = exp(s − (M + ln Z))` key by key;
 /// `dA = grad_values · value` outside the row's top-k and the top-k weight's gradient at it,
 /// `dS = Aᶜ (dA − δ)`. `partial[row, chunk] = Σ dS · key` over the chunk's valid keys.
 ///
-/// - `stats`: from [`centroid_merge_kernel`]; `row_stats`, `kth_keys`: from
-///   [`centroid_grad_prepare_kernel`]
+/// - `row_stats`, `kth_keys`: from [`centroid_grad_prepare_kernel`]
 /// - `partial`: `[B·H·C, chunks · E]`
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -609,7 +610,6 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
     grad_values: &Tensor<F>,
     top_indices: &Tensor<I>,
     grad_top: &Tensor<F>,
-    stats: &Tensor<f32>,
     row_stats: &Tensor<f32>,
     kth_keys: &Tensor<u32>,
     partial: &mut Tensor<f32>,
@@ -630,17 +630,15 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
     let query = load_query::<F>(centroids, bh, row, active, dim);
     let gradient = load_query::<F>(grad_values, bh, row, active, dim_v);
     let flat = bh * clusters + row;
-    let mut maximum = 0.0f32;
-    let mut denominator = 1.0f32;
+    let mut log_sum_exp = 0.0f32;
     let mut delta = 0.0f32;
     let mut kth = 0.0f32;
     let mut kth_key = 0u32;
     if active {
-        maximum = stats[flat * 3];
-        denominator = stats[flat * 3 + 1];
-        delta = row_stats[flat * 2];
+        log_sum_exp = row_stats[flat * 3];
+        delta = row_stats[flat * 3 + 1];
         if topk > 0 {
-            kth = row_stats[flat * 2 + 1];
+            kth = row_stats[flat * 3 + 2];
             kth_key = kth_keys[flat];
         }
     }
@@ -664,7 +662,7 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
                 let mut key = start;
                 while key < end {
                     let score = tile_score(&query, &shared_keys, key - start, dim);
-                    let weight = (score - maximum).exp() / denominator;
+                    let weight = (score - log_sum_exp).exp();
                     let mut top = false;
                     if topk > 0 {
                         top = in_top(score, key as u32, kth, kth_key);
@@ -703,9 +701,9 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
 /// Backward pass 3, the keys' gradient `dSᵀ · centroids` and the values' `Rᵀ · grad_values`.
 /// Grid: X (and Y) over blocks of `CUBE_DIM_X` keys, Z over `bh`. Each unit holds its key and
 /// value in registers and streams the rows' centroids and `grad_values` through shared memory,
-/// `tile` rows at a time, recomputing `Aᶜ`, `dA` and `dS` as [`centroid_grad_rows_kernel`]
-/// does; a row's top-k keys take no part in its `R`. Keys at or past `key_lengths[b]` get
-/// zeros.
+/// `tile` rows at a time with their log-sum-exps, `δ`s and k-th scores and keys, recomputing
+/// `Aᶜ`, `dA` and `dS` as [`centroid_grad_rows_kernel`] does; a row's top-k keys take no part
+/// in its `R`. Keys at or past `key_lengths[b]` get zeros.
 ///
 /// - `grad_keys`: `[B, H, S, E]`, `grad_vals`: `[B, H, S, D]`
 #[allow(clippy::too_many_arguments)]
@@ -718,7 +716,6 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     grad_values: &Tensor<F>,
     top_indices: &Tensor<I>,
     grad_top: &Tensor<F>,
-    stats: &Tensor<f32>,
     row_stats: &Tensor<f32>,
     kth_keys: &Tensor<u32>,
     grad_keys: &mut Tensor<F>,
@@ -750,25 +747,41 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     }
     let mut shared_centroids = SharedMemory::<f32>::new(comptime!(tile * dim));
     let mut shared_grads = SharedMemory::<f32>::new(comptime!(tile * dim_v));
+    let mut shared_rows = SharedMemory::<f32>::new(comptime!(tile * 3));
+    let mut shared_kth_keys = SharedMemory::<u32>::new(tile);
     let mut start = 0usize;
     while start < clusters {
         load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
         load_tile::<F>(grad_values, &mut shared_grads, bh, start, tile, dim_v);
+        let mut i = UNIT_POS_X as usize;
+        while i < tile {
+            if start + i < clusters {
+                let flat = bh * clusters + start + i;
+                #[unroll]
+                for j in 0..3 {
+                    shared_rows[i * 3 + j] = row_stats[flat * 3 + j];
+                }
+                shared_kth_keys[i] = kth_keys[flat];
+            }
+            i += CUBE_DIM_X as usize;
+        }
         sync_cube();
         if active {
             let end = min(start + tile, clusters);
             let mut row = start;
             while row < end {
                 let flat = bh * clusters + row;
+                let local = row - start;
                 // The product in the order `scan` takes it (each term `centroid · key` is the
                 // same float either way round), so that the k-th key compares equal.
-                let score = tile_score(&key_row, &shared_centroids, row - start, dim);
-                let weight = (score - stats[flat * 3]).exp() / stats[flat * 3 + 1];
+                let score = tile_score(&key_row, &shared_centroids, local, dim);
+                let weight = (score - shared_rows[local * 3]).exp();
                 let mut top = false;
                 if topk > 0 {
-                    top = in_top(score, key as u32, row_stats[flat * 2 + 1], kth_keys[flat]);
+                    let (kth, kth_key) = (shared_rows[local * 3 + 2], shared_kth_keys[local]);
+                    top = in_top(score, key as u32, kth, kth_key);
                 }
-                let base = (row - start) * dim_v;
+                let base = local * dim_v;
                 let mut grad_weight = 0.0f32;
                 if top {
                     grad_weight = top_gradient::<F, I>(top_indices, grad_top, flat, key, topk);
@@ -782,8 +795,8 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
                         sums_v[d] += weight * shared_grads[base + d];
                     }
                 }
-                let grad_score = weight * (grad_weight - row_stats[flat * 2]);
-                let centroid = (row - start) * dim;
+                let grad_score = weight * (grad_weight - shared_rows[local * 3 + 1]);
+                let centroid = local * dim;
                 #[unroll]
                 for e in 0..dim {
                     sums_k[e] += grad_score * shared_centroids[centroid + e];
@@ -1149,7 +1162,7 @@ where
     };
     let Scan { stats, .. } = scan_and_merge(&centroids, &keys, &key_lengths, 0, int_dtype);
 
-    let row_stats = empty(vec![rows, 2], DType::F32);
+    let row_stats = empty(vec![rows, 3], DType::F32);
     let kth_keys = empty(vec![rows], DType::U32);
     centroid_grad_prepare_kernel::launch::<R>(
         &client,
@@ -1158,6 +1171,7 @@ where
         linear(centroids.clone()),
         linear(keys.clone()),
         linear(key_lengths.clone()),
+        linear(stats.clone()),
         linear(grad_values.clone()),
         linear(rest),
         linear(top_indices.clone()),
@@ -1187,7 +1201,6 @@ where
         linear(grad_values.clone()),
         linear(top_indices.clone()),
         linear(grad_top.clone()),
-        linear(stats.clone()),
         linear(row_stats.clone()),
         linear(kth_keys.clone()),
         linear(partial.clone()),
@@ -1224,7 +1237,6 @@ where
         linear(grad_values),
         linear(top_indices),
         linear(grad_top),
-        linear(stats),
         linear(row_stats),
         linear(kth_keys),
         linear(grad_keys.clone()),
@@ -1232,7 +1244,8 @@ where
         dim,
         dim_v,
         topk,
-        tile,
+        // Each row's centroid, gradient, three statistics and k-th key.
+        tile_keys(dim + dim_v + 4),
         dtypes,
     );
     CentroidAttentionGrads {
