@@ -21,7 +21,8 @@ use crate::sparse::{Indices, float, indices, max_diff};
 /// ([`matmul_tolerance`]), with padded
 /// keys, `topk` from 0 to S, shapes small enough for one thread and large enough for several,
 /// and one (batch, head) with enough clusters for the host loops to split its rows between
-/// threads (on a machine with two or more).
+/// threads (on a machine with two or more); in the last case the centroids and keys are in
+/// `{-1, 0, 1}`, so that many scores tie with the k-th best (ties go to the lower key).
 pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
     let device = Default::default();
     let tolerance = matmul_tolerance::<B>(1e-5);
@@ -35,17 +36,20 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
     };
     // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
     type Case = ([usize; 4], usize, usize, &'static [usize], &'static [usize]);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
         ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
         ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
         ([1, 1, 45, 16], 1100, 5, &[1050], &[0, 6]),
+        ([1, 2, 9, 4], 60, 3, &[50], &[7, 13]),
     ];
+    let ties = cases.len() - 1;
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
         let seed = 90 + 3 * n as u64;
-        let centroids = normal(centroid_dims, seed);
-        let keys = normal([batch, heads, keys_len, dim], seed + 1);
+        let ternary = |x: Host4| if n == ties { ternary(x) } else { x };
+        let centroids = ternary(normal(centroid_dims, seed));
+        let keys = ternary(normal([batch, heads, keys_len, dim], seed + 1));
         let values = normal([batch, heads, keys_len, dim_v], seed + 2);
         for &topk in topks {
             let (out, top) = centroid_attention(
@@ -125,6 +129,14 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
             }
         }
     }
+}
+
+/// `x` with each entry rounded to the nearest of -1, 0 and 1: small integer scores, which tie.
+fn ternary(mut x: Host4) -> Host4 {
+    x.data
+        .iter_mut()
+        .for_each(|v| *v = v.round().clamp(-1.0, 1.0));
+    x
 }
 
 /// The backend's per-query top-k attention and its default body against plain f64 loops:
@@ -265,7 +277,8 @@ pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
 /// rows), more keys than one of their parts (512 keys) and than one task of their backward
 /// (2048 keys); more clusters than keys with `topk = S`, padded keys in the top-k; and the
 /// bench's widths (`E = D = 64`, `topk` 32) over several row blocks and key blocks of the
-/// CubeCL kernels. The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
+/// CubeCL kernels; and centroids and keys in `{-1, 0, 1}`, whose scores tie with the k-th best
+/// (the last case). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
 /// rounds to TF32 ([`matmul_tolerance`]).
 pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend>() {
     type A<B> = Autodiff<B>;
@@ -273,7 +286,7 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
     let tolerance = matmul_tolerance::<B>(1e-4) as f32;
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
         ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
         ([1, 1, 130, 8], 40, 5, &[33], 3),
@@ -281,13 +294,16 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
         ([2, 2, 7, 8], 4700, 6, &[4700, 2100], 5),
         ([2, 1, 12, 8], 6, 4, &[6, 3], 6),
         ([1, 2, 70, 64], 300, 64, &[251], 32),
+        ([1, 2, 9, 4], 60, 3, &[50], 7),
     ];
+    let ties = cases.len() - 1;
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topk)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
         let seed = 110 + 7 * n as u64;
+        let ternary = |x: Host4| if n == ties { ternary(x) } else { x };
         let inputs = [
-            normal(centroid_dims, seed),
-            normal([batch, heads, keys_len, dim], seed + 1),
+            ternary(normal(centroid_dims, seed)),
+            ternary(normal([batch, heads, keys_len, dim], seed + 1)),
             normal([batch, heads, keys_len, dim_v], seed + 2),
         ];
         let outer_values = normal([batch, heads, clusters, dim_v], seed + 3);

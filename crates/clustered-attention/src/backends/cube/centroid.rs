@@ -11,9 +11,11 @@
 //!    denominator `Z`, the row's top-k (by score, descending, ties to the lower index, as the
 //!    top-k kernel orders them) and their weights `exp(s − M) / Z`.
 //! 3. `rest`: the same grid as `scan`, with keys and values in shared memory: each unit sums
-//!    `exp(s − M) · v` over the chunk's valid keys outside its row's top-k, in `f32`. A key's
-//!    score is recomputed by the same code as in `scan`, so it compares bit for bit with the
-//!    k-th best score: the rest is summed without the top-k keys, not as a difference.
+//!    `exp(s − M) · v` over the chunk's valid keys outside its row's top-k, in `f32`: the rest
+//!    is summed without the top-k keys, not as a difference. A key's score, recomputed by the
+//!    same code as in `scan`, is compared with the k-th best score; a key that ranks before it
+//!    or comes within a relative `1e-3` of it is looked up in the row's top-k list, so that a
+//!    score rounded differently from `scan`'s cannot move a key in or out of the top-k.
 //! 4. `finish`: `values = Σ_chunks rest / Z`, cast to the float type.
 //!
 //! The backward pass (`centroid_attention_backward`) recomputes `Aᶜ` in the same way, tile by
@@ -22,8 +24,7 @@
 //! the k-th best score, recomputed as `scan` computes it; `grad_rows`, the grid of `rest`, for
 //! the centroids' gradient per chunk of keys, summed by `finish`; and `grad_keys`, one unit per
 //! key with the rows streamed through shared memory, for the keys' and values' gradients. A
-//! key is in its row's top-k when its score, computed by the same code, ranks at or before the
-//! k-th: the same test as `rest`'s.
+//! key's place in its row's top-k is found as in `rest`.
 //!
 //! Scores, sums and products accumulate in `f32` whatever the float type; every tensor is
 //! contiguous; `bh` is the flattened `(batch, head)` index. Padded keys (at or past
@@ -384,6 +385,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     key_lengths: &Tensor<I>,
     stats: &Tensor<f32>,
     kth_keys: &Tensor<u32>,
+    top_indices: &Tensor<I>,
     partial: &mut Tensor<f32>,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
@@ -433,7 +435,9 @@ fn centroid_rest_kernel<F: Float, I: Int>(
                     let score = tile_score(&query, &shared_keys, key - start, dim);
                     let mut outside = true;
                     if topk > 0 {
-                        outside = score < kth || (score == kth && key as u32 > kth_key);
+                        let slot =
+                            top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
+                        outside = slot == u32::new(EMPTY as i64);
                     }
                     if outside {
                         let weight = (score - maximum).exp();
@@ -488,32 +492,33 @@ fn centroid_finish_kernel<F: Float>(
     output[id] = F::cast_from(sum);
 }
 
-/// Whether `(score, key)` is among its row's top-k, given the row's k-th best `(kth, kth_key)`:
-/// it ranks at or before that one. The score must be computed by [`tile_score`], as `scan`
-/// computed the k-th, so that the k-th key compares equal to itself.
+/// The slot of `key` in row `flat`'s top-k list (`top_indices`, `[rows, topk]`), or [`EMPTY`]
+/// when it is not in the list. The row's k-th best `(kth, kth_key)` decides without reading the
+/// list when the score is far from the k-th: a key that ranks after it is not in the top-k.
+/// Within a relative `1e-3` of it (plus `1e-3`), or ranking before it, the list is read: a
+/// score recomputed here may round differently from `scan`'s (a multiply-add fused in one
+/// kernel and not in another), and that must not move a key in or out of the top-k.
 #[cube]
-fn in_top(score: f32, key: u32, kth: f32, kth_key: u32) -> bool {
-    !ranks_after(score, key, kth, kth_key)
-}
-
-/// The gradient of the top-k weight of `key` in row `flat` (`[rows, topk]` lists): the entry of
-/// `grad_top` where `top_indices` holds `key`.
-#[cube]
-fn top_gradient<F: Float, I: Int>(
+fn top_slot<I: Int>(
     top_indices: &Tensor<I>,
-    grad_top: &Tensor<F>,
     flat: usize,
-    key: usize,
+    score: f32,
+    key: u32,
+    kth: f32,
+    kth_key: u32,
     #[comptime] topk: usize,
-) -> f32 {
-    let base = flat * topk;
-    let mut gradient = 0.0f32;
-    for r in 0..topk {
-        if u32::cast_from(top_indices[base + r]) as usize == key {
-            gradient = f32::cast_from(grad_top[base + r]);
+) -> u32 {
+    let mut slot = u32::new(EMPTY as i64);
+    let margin = 0.001f32 * (f32::abs(score) + f32::abs(kth)) + 0.001f32;
+    if f32::abs(score - kth) <= margin || !ranks_after(score, key, kth, kth_key) {
+        let base = flat * topk;
+        for r in 0..topk {
+            if u32::cast_from(top_indices[base + r]) == key {
+                slot = r as u32;
+            }
         }
     }
-    gradient
+    slot
 }
 
 /// Backward pass 1. One unit per row, [`PREPARE_UNITS`] rows per cube: the row's log-sum-exp
@@ -663,13 +668,14 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
                 while key < end {
                     let score = tile_score(&query, &shared_keys, key - start, dim);
                     let weight = (score - log_sum_exp).exp();
-                    let mut top = false;
+                    let mut slot = u32::new(EMPTY as i64);
                     if topk > 0 {
-                        top = in_top(score, key as u32, kth, kth_key);
+                        slot =
+                            top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
                     }
                     let mut grad_weight = 0.0f32;
-                    if top {
-                        grad_weight = top_gradient::<F, I>(top_indices, grad_top, flat, key, topk);
+                    if slot != u32::new(EMPTY as i64) {
+                        grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                     } else {
                         let base = (key - start) * dim_v;
                         #[unroll]
@@ -773,18 +779,18 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
                 let flat = bh * clusters + row;
                 let local = row - start;
                 // The product in the order `scan` takes it (each term `centroid · key` is the
-                // same float either way round), so that the k-th key compares equal.
+                // same float either way round).
                 let score = tile_score(&key_row, &shared_centroids, local, dim);
                 let weight = (score - shared_rows[local * 3]).exp();
-                let mut top = false;
+                let mut slot = u32::new(EMPTY as i64);
                 if topk > 0 {
                     let (kth, kth_key) = (shared_rows[local * 3 + 2], shared_kth_keys[local]);
-                    top = in_top(score, key as u32, kth, kth_key);
+                    slot = top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
                 }
                 let base = local * dim_v;
                 let mut grad_weight = 0.0f32;
-                if top {
-                    grad_weight = top_gradient::<F, I>(top_indices, grad_top, flat, key, topk);
+                if slot != u32::new(EMPTY as i64) {
+                    grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                 } else {
                     #[unroll]
                     for d in 0..dim_v {
@@ -1031,6 +1037,7 @@ where
         linear(key_lengths),
         linear(stats.clone()),
         linear(kth_keys),
+        linear(top_indices.clone()),
         linear(partial.clone()),
         dim,
         dim_v,
