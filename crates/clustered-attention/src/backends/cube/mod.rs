@@ -4,8 +4,8 @@
 //!
 //! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
 //!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
-//!   `sparse_scatter`; `centroid.rs`: `centroid_attention` and its backward, flash-style (no
-//!   `[C, S]` tensor);
+//!   `sparse_scatter`; `centroid.rs`: `centroid_attention`, and its backward in
+//!   `centroid/backward.rs`, flash-style (no `[C, S]` tensor);
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
 //!   `improved_attention_forward` sorts once for both.
 //! - `fusion.rs`: the same ops registered as Fusion custom operations.

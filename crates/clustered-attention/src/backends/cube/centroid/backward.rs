@@ -1,0 +1,525 @@
+//! The centroid attention's backward on the device: the kernels and their launcher described
+//! in the parent module's docs (`prepare`, `grad_rows`, `grad_keys`), over the forward's
+//! `scan`, `merge` and `finish`.
+
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+
+use super::super::linear;
+use super::{
+    EMPTY, Scan, centroid_finish_kernel, load_query, load_tile, row_units, scan_and_merge,
+    supported, tile_keys, tile_score, tiles_per_chunk, top_slot,
+};
+use crate::ops::checks::check_centroid_attention;
+use crate::ops::{CentroidAttention, CentroidAttentionGrads};
+
+/// Backward pass 1. One unit per row, [`PREPARE_UNITS`] rows per cube: the row's log-sum-exp
+/// `M + ln Z`, its `δ = rowsum(Aᶜ ⊙ dA) = grad_values · rest + grad_top · top weights` (the
+/// forward outputs stand for `Aᶜ`) and, with `topk > 0`, its k-th key and that key's score
+/// computed as `scan` computes it (by [`tile_score`], the key in shared memory), `f32::MIN`
+/// for a padded key as `scan` scores it.
+///
+/// - `stats`: from [`centroid_merge_kernel`]; `grad_values`, `rest`: `[B, H, C, D]`;
+///   `top_indices`, `top_weights`, `grad_top`: `[B, H, C, topk]` (unused with `topk = 0`)
+/// - `row_stats`: `[B·H·C, 3]`: the log-sum-exp, `δ`, the k-th score; `kth_keys`: `[B·H·C]`
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn centroid_grad_prepare_kernel<F: Float, I: Int>(
+    centroids: &Tensor<F>,
+    keys: &Tensor<F>,
+    key_lengths: &Tensor<I>,
+    stats: &Tensor<f32>,
+    grad_values: &Tensor<F>,
+    rest: &Tensor<F>,
+    top_indices: &Tensor<I>,
+    top_weights: &Tensor<F>,
+    grad_top: &Tensor<F>,
+    row_stats: &mut Tensor<f32>,
+    kth_keys: &mut Tensor<u32>,
+    #[comptime] dim: usize,
+    #[comptime] topk: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
+    let rows = centroids.shape(0) * heads * clusters;
+    let keys_len = keys.shape(2);
+    let dim_v = grad_values.shape(3);
+    let unit = UNIT_POS_X as usize;
+    let flat = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * CUBE_DIM_X as usize + unit;
+    let active = flat < rows;
+    let bh = flat / clusters;
+    let mut delta = 0.0f32;
+    let mut kth = 0.0f32;
+    let mut kth_key = 0u32;
+    if active {
+        let base = flat * dim_v;
+        for d in 0..dim_v {
+            delta += f32::cast_from(grad_values[base + d]) * f32::cast_from(rest[base + d]);
+        }
+    }
+    if topk > 0 {
+        let mut shared = SharedMemory::<f32>::new(comptime!(PREPARE_UNITS * dim));
+        if active {
+            let base = flat * topk;
+            for r in 0..topk {
+                delta += f32::cast_from(top_weights[base + r]) * f32::cast_from(grad_top[base + r]);
+            }
+            kth_key = u32::cast_from(top_indices[base + comptime!(topk - 1)]);
+            let key_base = (bh * keys_len + kth_key as usize) * dim;
+            #[unroll]
+            for e in 0..dim {
+                shared[unit * dim + e] = f32::cast_from(keys[key_base + e]);
+            }
+        }
+        sync_cube();
+        if active {
+            let query = load_query::<F>(centroids, bh, flat % clusters, true, dim);
+            kth = tile_score(&query, &shared, unit, dim);
+            let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
+            if kth_key as usize >= valid {
+                kth = f32::min_value();
+            }
+        }
+    }
+    if active {
+        row_stats[flat * 3] = stats[flat * 3] + stats[flat * 3 + 1].ln();
+        row_stats[flat * 3 + 1] = delta;
+        row_stats[flat * 3 + 2] = kth;
+        kth_keys[flat] = kth_key;
+    }
+}
+
+/// Backward pass 2, the centroids' gradient `dS · keys`. Grid as [`centroid_rest_kernel`]: each
+/// unit holds its row's centroid and `grad_values` row in registers and streams the chunk's
+/// keys and values through shared memory, recomputing `Aᶜ = exp(s − (M + ln Z))` key by key;
+/// `dA = grad_values · value` outside the row's top-k and the top-k weight's gradient at it,
+/// `dS = Aᶜ (dA − δ)`. `partial[row, chunk] = Σ dS · key` over the chunk's valid keys.
+///
+/// - `row_stats`, `kth_keys`: from [`centroid_grad_prepare_kernel`]
+/// - `partial`: `[B·H·C, chunks · E]`
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn centroid_grad_rows_kernel<F: Float, I: Int>(
+    centroids: &Tensor<F>,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    key_lengths: &Tensor<I>,
+    grad_values: &Tensor<F>,
+    top_indices: &Tensor<I>,
+    grad_top: &Tensor<F>,
+    row_stats: &Tensor<f32>,
+    kth_keys: &Tensor<u32>,
+    partial: &mut Tensor<f32>,
+    #[comptime] dim: usize,
+    #[comptime] dim_v: usize,
+    #[comptime] topk: usize,
+    #[comptime] tile: usize,
+    #[comptime] tiles: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
+    let keys_len = keys.shape(2);
+    let (chunk, chunks) = (CUBE_POS_X as usize, CUBE_COUNT_X as usize);
+    let bh = CUBE_POS_Z as usize;
+    let row = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let active = row < clusters;
+    let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
+    let query = load_query::<F>(centroids, bh, row, active, dim);
+    let gradient = load_query::<F>(grad_values, bh, row, active, dim_v);
+    let flat = bh * clusters + row;
+    let mut log_sum_exp = 0.0f32;
+    let mut delta = 0.0f32;
+    let mut kth = 0.0f32;
+    let mut kth_key = 0u32;
+    if active {
+        log_sum_exp = row_stats[flat * 3];
+        delta = row_stats[flat * 3 + 1];
+        if topk > 0 {
+            kth = row_stats[flat * 3 + 2];
+            kth_key = kth_keys[flat];
+        }
+    }
+
+    let mut shared_keys = SharedMemory::<f32>::new(comptime!(tile * dim));
+    let mut shared_values = SharedMemory::<f32>::new(comptime!(tile * dim_v));
+    let mut sums = Array::<f32>::new(dim);
+    #[unroll]
+    for e in 0..dim {
+        sums[e] = 0.0f32;
+    }
+    let first = chunk * comptime!(tile * tiles);
+    for t in 0..tiles {
+        let start = first + t * tile;
+        if start < keys_len {
+            load_tile::<F>(keys, &mut shared_keys, bh, start, tile, dim);
+            load_tile::<F>(values, &mut shared_values, bh, start, tile, dim_v);
+            sync_cube();
+            if active {
+                let end = min(min(start + tile, keys_len), valid);
+                let mut key = start;
+                while key < end {
+                    let score = tile_score(&query, &shared_keys, key - start, dim);
+                    let weight = (score - log_sum_exp).exp();
+                    let mut slot = u32::new(EMPTY as i64);
+                    if topk > 0 {
+                        slot =
+                            top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
+                    }
+                    let mut grad_weight = 0.0f32;
+                    if slot != u32::new(EMPTY as i64) {
+                        grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
+                    } else {
+                        let base = (key - start) * dim_v;
+                        #[unroll]
+                        for d in 0..dim_v {
+                            grad_weight += gradient[d] * shared_values[base + d];
+                        }
+                    }
+                    let grad_score = weight * (grad_weight - delta);
+                    let base = (key - start) * dim;
+                    #[unroll]
+                    for e in 0..dim {
+                        sums[e] += grad_score * shared_keys[base + e];
+                    }
+                    key += 1;
+                }
+            }
+            sync_cube();
+        }
+    }
+    if active {
+        let out = (flat * chunks + chunk) * dim;
+        #[unroll]
+        for e in 0..dim {
+            partial[out + e] = sums[e];
+        }
+    }
+}
+
+/// Backward pass 3, the keys' gradient `dSᵀ · centroids` and the values' `Rᵀ · grad_values`.
+/// Grid: X (and Y) over blocks of `CUBE_DIM_X` keys, Z over `bh`. Each unit holds its key and
+/// value in registers and streams the rows' centroids and `grad_values` through shared memory,
+/// `tile` rows at a time with their log-sum-exps, `δ`s and k-th scores and keys, recomputing
+/// `Aᶜ`, `dA` and `dS` as [`centroid_grad_rows_kernel`] does; a row's top-k keys take no part
+/// in its `R`. Keys at or past `key_lengths[b]` get zeros.
+///
+/// - `grad_keys`: `[B, H, S, E]`, `grad_vals`: `[B, H, S, D]`
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn centroid_grad_keys_kernel<F: Float, I: Int>(
+    centroids: &Tensor<F>,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    key_lengths: &Tensor<I>,
+    grad_values: &Tensor<F>,
+    top_indices: &Tensor<I>,
+    grad_top: &Tensor<F>,
+    row_stats: &Tensor<f32>,
+    kth_keys: &Tensor<u32>,
+    grad_keys: &mut Tensor<F>,
+    grad_vals: &mut Tensor<F>,
+    #[comptime] dim: usize,
+    #[comptime] dim_v: usize,
+    #[comptime] topk: usize,
+    #[comptime] tile: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
+    let keys_len = keys.shape(2);
+    let bh = CUBE_POS_Z as usize;
+    let block = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let key = block * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
+    let active = key < valid;
+    let key_row = load_query::<F>(keys, bh, key, active, dim);
+    let value_row = load_query::<F>(values, bh, key, active, dim_v);
+    let mut sums_k = Array::<f32>::new(dim);
+    let mut sums_v = Array::<f32>::new(dim_v);
+    #[unroll]
+    for e in 0..dim {
+        sums_k[e] = 0.0f32;
+    }
+    #[unroll]
+    for d in 0..dim_v {
+        sums_v[d] = 0.0f32;
+    }
+    let mut shared_centroids = SharedMemory::<f32>::new(comptime!(tile * dim));
+    let mut shared_grads = SharedMemory::<f32>::new(comptime!(tile * dim_v));
+    let mut shared_rows = SharedMemory::<f32>::new(comptime!(tile * 3));
+    let mut shared_kth_keys = SharedMemory::<u32>::new(tile);
+    let mut start = 0usize;
+    while start < clusters {
+        load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
+        load_tile::<F>(grad_values, &mut shared_grads, bh, start, tile, dim_v);
+        let mut i = UNIT_POS_X as usize;
+        while i < tile {
+            if start + i < clusters {
+                let flat = bh * clusters + start + i;
+                #[unroll]
+                for j in 0..3 {
+                    shared_rows[i * 3 + j] = row_stats[flat * 3 + j];
+                }
+                shared_kth_keys[i] = kth_keys[flat];
+            }
+            i += CUBE_DIM_X as usize;
+        }
+        sync_cube();
+        if active {
+            let end = min(start + tile, clusters);
+            let mut row = start;
+            while row < end {
+                let flat = bh * clusters + row;
+                let local = row - start;
+                // The product in the order `scan` takes it (each term `centroid · key` is the
+                // same float either way round).
+                let score = tile_score(&key_row, &shared_centroids, local, dim);
+                let weight = (score - shared_rows[local * 3]).exp();
+                let mut slot = u32::new(EMPTY as i64);
+                if topk > 0 {
+                    let (kth, kth_key) = (shared_rows[local * 3 + 2], shared_kth_keys[local]);
+                    slot = top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
+                }
+                let base = local * dim_v;
+                let mut grad_weight = 0.0f32;
+                if slot != u32::new(EMPTY as i64) {
+                    grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
+                } else {
+                    #[unroll]
+                    for d in 0..dim_v {
+                        grad_weight += shared_grads[base + d] * value_row[d];
+                    }
+                    #[unroll]
+                    for d in 0..dim_v {
+                        sums_v[d] += weight * shared_grads[base + d];
+                    }
+                }
+                let grad_score = weight * (grad_weight - shared_rows[local * 3 + 1]);
+                let centroid = local * dim;
+                #[unroll]
+                for e in 0..dim {
+                    sums_k[e] += grad_score * shared_centroids[centroid + e];
+                }
+                row += 1;
+            }
+        }
+        sync_cube();
+        start += tile;
+    }
+    if key < keys_len {
+        let base_k = (bh * keys_len + key) * dim;
+        #[unroll]
+        for e in 0..dim {
+            grad_keys[base_k + e] = F::cast_from(sums_k[e]);
+        }
+        let base_v = (bh * keys_len + key) * dim_v;
+        #[unroll]
+        for d in 0..dim_v {
+            grad_vals[base_v + d] = F::cast_from(sums_v[d]);
+        }
+    }
+}
+
+/// Rows per cube of [`centroid_grad_prepare_kernel`] (its shared memory holds one key per row).
+const PREPARE_UNITS: usize = 32;
+
+/// Keys per cube of [`centroid_grad_keys_kernel`].
+const KEY_UNITS: usize = 64;
+
+/// The centroid attention's backward by kernels that recompute `Aᶜ` tile by tile, as flash
+/// attention's backward does: `scan` and `merge` again for each row's softmax statistics
+/// (the forward's are not kept), then [`centroid_grad_prepare_kernel`],
+/// [`centroid_grad_rows_kernel`] with the finish pass for the centroids' gradient and
+/// [`centroid_grad_keys_kernel`] for the keys' and values'; no `[C, S]` tensor and no matrix
+/// product. See
+/// [`ClusteredAttentionBackend::centroid_attention_backward`](crate::ClusteredAttentionBackend::centroid_attention_backward)
+/// for the contract. Call only when [`supported`] (with `forward`'s `topk`).
+///
+/// # Panics
+/// As the default body: if the shapes disagree, or `forward.top` and `grad_top_weights` are
+/// not both given or both `None`.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::backends::cube) fn centroid_attention_backward<R, F, I, BT>(
+    centroids: CubeTensor<R>,
+    keys: CubeTensor<R>,
+    values: CubeTensor<R>,
+    key_lengths: Option<CubeTensor<R>>,
+    forward: CentroidAttention<CubeBackend<R, F, I, BT>>,
+    grad_values: CubeTensor<R>,
+    grad_top_weights: Option<CubeTensor<R>>,
+) -> CentroidAttentionGrads<CubeBackend<R, F, I, BT>>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let [batch, heads, clusters, dim] = centroids.shape().dims();
+    let [_, _, keys_len, dim_v] = values.shape().dims();
+    check_centroid_attention(
+        [batch, heads, clusters, dim],
+        keys.shape().dims(),
+        [batch, heads, keys_len, dim_v],
+        0,
+    );
+    for (name, x) in [
+        ("grad_values", &grad_values),
+        ("forward.values", &forward.values),
+    ] {
+        assert!(
+            x.shape().dims::<4>() == [batch, heads, clusters, dim_v],
+            "{name} {:?} must be [batch, heads, C, D] = {:?}",
+            x.shape().dims::<4>(),
+            [batch, heads, clusters, dim_v]
+        );
+    }
+    let top = match (forward.top, grad_top_weights) {
+        (Some((indices, weights)), Some(grad_top)) => {
+            let shape = indices.shape().dims::<4>();
+            assert!(
+                shape == weights.shape().dims::<4>()
+                    && shape == grad_top.shape().dims::<4>()
+                    && shape[..3] == [batch, heads, clusters]
+                    && shape[3] <= keys_len,
+                "forward.top {shape:?}, its weights {:?} and grad_top_weights {:?} must all be \
+                 [batch, heads, C, k] with [batch, heads, C] = {:?} and k ≤ S = {keys_len}",
+                weights.shape().dims::<4>(),
+                grad_top.shape().dims::<4>(),
+                [batch, heads, clusters]
+            );
+            Some((indices, weights, grad_top))
+        }
+        (None, None) => None,
+        _ => panic!("forward.top and grad_top_weights must be both given or both None"),
+    };
+    let topk = top.as_ref().map_or(0, |(indices, _, _)| indices.shape()[3]);
+    debug_assert!(supported(dim, dim_v, topk));
+    let (client, device) = (centroids.client.clone(), centroids.device.clone());
+    let float_dtype = centroids.dtype;
+    let int_dtype = I::dtype();
+    let dtypes = [float_dtype.into(), int_dtype.into()];
+    let key_lengths = super::super::key_lengths_or_all::<R, F, I, BT>(
+        key_lengths,
+        batch,
+        keys_len,
+        &device,
+        int_dtype,
+    );
+    let (centroids, keys, values) = (
+        into_contiguous(centroids),
+        into_contiguous(keys),
+        into_contiguous(values),
+    );
+    let grad_values = into_contiguous(grad_values);
+    let rest = into_contiguous(forward.values);
+    // With `topk = 0` the kernels read none of the top-k tensors: any of the right types.
+    let (top_indices, top_weights, grad_top) = match top {
+        Some((indices, weights, grad_top)) => (
+            into_contiguous(indices),
+            into_contiguous(weights),
+            into_contiguous(grad_top),
+        ),
+        None => (key_lengths.clone(), rest.clone(), grad_values.clone()),
+    };
+    let rows = batch * heads * clusters;
+    let empty = |shape: Vec<usize>, dtype: DType| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::from(shape), dtype)
+    };
+    let Scan { stats, .. } = scan_and_merge(&centroids, &keys, &key_lengths, 0, int_dtype);
+
+    let row_stats = empty(vec![rows, 3], DType::F32);
+    let kth_keys = empty(vec![rows], DType::U32);
+    centroid_grad_prepare_kernel::launch::<R>(
+        &client,
+        super::super::cube_count(rows.div_ceil(PREPARE_UNITS), 1),
+        CubeDim::new_1d(PREPARE_UNITS as u32),
+        linear(centroids.clone()),
+        linear(keys.clone()),
+        linear(key_lengths.clone()),
+        linear(stats.clone()),
+        linear(grad_values.clone()),
+        linear(rest),
+        linear(top_indices.clone()),
+        linear(top_weights),
+        linear(grad_top.clone()),
+        linear(row_stats.clone()),
+        linear(kth_keys.clone()),
+        dim,
+        topk,
+        dtypes,
+    );
+
+    let units = row_units(clusters);
+    let row_blocks = clusters.div_ceil(units);
+    let tile = tile_keys(dim + dim_v);
+    let tiles = tiles_per_chunk(keys_len, tile, row_blocks * batch * heads);
+    let chunks = keys_len.div_ceil(tile * tiles);
+    let partial = empty(vec![rows, chunks * dim], DType::F32);
+    centroid_grad_rows_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(chunks as u32, row_blocks as u32, (batch * heads) as u32),
+        CubeDim::new_1d(units as u32),
+        linear(centroids.clone()),
+        linear(keys.clone()),
+        linear(values.clone()),
+        linear(key_lengths.clone()),
+        linear(grad_values.clone()),
+        linear(top_indices.clone()),
+        linear(grad_top.clone()),
+        linear(row_stats.clone()),
+        linear(kth_keys.clone()),
+        linear(partial.clone()),
+        dim,
+        dim_v,
+        topk,
+        tile,
+        tiles,
+        dtypes,
+    );
+    let grad_centroids = empty(vec![rows, dim], float_dtype);
+    let finish_units = 256;
+    centroid_finish_kernel::launch::<R>(
+        &client,
+        super::super::cube_count((rows * dim).div_ceil(finish_units), 1),
+        CubeDim::new_1d(finish_units as u32),
+        linear(partial),
+        linear(stats.clone()),
+        linear(grad_centroids.clone()),
+        false,
+        float_dtype.into(),
+    );
+
+    let grad_keys = empty(vec![batch, heads, keys_len, dim], float_dtype);
+    let grad_vals = empty(vec![batch, heads, keys_len, dim_v], float_dtype);
+    centroid_grad_keys_kernel::launch::<R>(
+        &client,
+        super::super::cube_count(keys_len.div_ceil(KEY_UNITS), batch * heads),
+        CubeDim::new_1d(KEY_UNITS as u32),
+        linear(centroids),
+        linear(keys),
+        linear(values),
+        linear(key_lengths),
+        linear(grad_values),
+        linear(top_indices),
+        linear(grad_top),
+        linear(row_stats),
+        linear(kth_keys),
+        linear(grad_keys.clone()),
+        linear(grad_vals.clone()),
+        dim,
+        dim_v,
+        topk,
+        // Each row's centroid, gradient, three statistics and k-th key.
+        tile_keys(dim + dim_v + 4),
+        dtypes,
+    );
+    CentroidAttentionGrads {
+        centroids: reshape(grad_centroids, Shape::new([batch, heads, clusters, dim])),
+        keys: grad_keys,
+        values: grad_vals,
+    }
+}
