@@ -9,13 +9,13 @@
 //!    softmax) and, with `topk > 0`, its chunk's `topk` best scores, sorted, in registers.
 //! 2. `merge`: one unit per row combines its chunks: the row's maximum `M`, the softmax
 //!    denominator `Z`, the row's top-k (by score, descending, ties to the lower index, as the
-//!    top-k kernel orders them) and their weights `exp(s − M) / Z`.
+//!    top-k kernel orders them), their weights `exp(s − M) / Z` and the same keys sorted by
+//!    index.
 //! 3. `rest`: the same grid as `scan`, with keys and values in shared memory: each unit sums
 //!    `exp(s − M) · v` over the chunk's valid keys outside its row's top-k, in `f32`: the rest
-//!    is summed without the top-k keys, not as a difference. A key's score, recomputed by the
-//!    same code as in `scan`, is compared with the k-th best score; a key that ranks before it
-//!    or comes within a relative `1e-3` of it is looked up in the row's top-k list, so that a
-//!    score rounded differently from `scan`'s cannot move a key in or out of the top-k.
+//!    is summed without the top-k keys, not as a difference. The row's top-k keys, sorted by
+//!    index by `merge`, are walked in step with the chunk's keys (one comparison per key), so a
+//!    key's place in or out of the top-k is read from the list, never from a recomputed score.
 //! 4. `finish`: `values = Σ_chunks rest / Z`, cast to the float type.
 //!
 //! The backward pass (`centroid_attention_backward`) recomputes `Aᶜ` in the same way, tile by
@@ -23,8 +23,11 @@
 //! `Z`; `prepare`, one unit per row, for `δ = rowsum(Aᶜ ⊙ dA)` from the forward's outputs and
 //! the k-th best score, recomputed as `scan` computes it; `grad_rows`, the grid of `rest`, for
 //! the centroids' gradient per chunk of keys, summed by `finish`; and `grad_keys`, one unit per
-//! key with the rows streamed through shared memory, for the keys' and values' gradients. A
-//! key's place in its row's top-k is found as in `rest`.
+//! key with the rows streamed through shared memory, for the keys' and values' gradients. There
+//! a key's recomputed score is compared with the row's k-th best score, and a key that ranks
+//! before it or comes within a relative `1e-3` of it is looked up in the row's top-k list
+//! (`top_slot`), so that a score rounded differently from `scan`'s cannot move a key in or out
+//! of the top-k.
 //!
 //! Scores, sums and products accumulate in `f32` whatever the float type; every tensor is
 //! contiguous; `bh` is the flattened `(batch, head)` index. Padded keys (at or past
@@ -256,8 +259,9 @@ fn centroid_scan_kernel<F: Float, I: Int>(
 /// then merged pairwise in shared memory in `log2(units)` rounds.
 ///
 /// - `maxima`, `sums`: `[rows, chunks]`; `top_scores`, `top_keys`: `[rows, chunks · topk]`
-/// - `stats`: `[rows, 3]`: maximum, denominator, k-th best score; `kth_keys`: `[rows]`
-/// - `top_indices`, `top_weights`: `[rows, topk]` (unused with `topk = 0`)
+/// - `stats`: `[rows, 2]`: maximum, denominator
+/// - `top_indices`, `top_weights`: `[rows, topk]`, by score; `top_ascending`: `[rows, topk]`,
+///   the same keys by index (all three unused with `topk = 0`)
 /// - shared memory: `units · topk` scores and keys
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -267,9 +271,9 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     top_scores: &Tensor<f32>,
     top_keys: &Tensor<u32>,
     stats: &mut Tensor<f32>,
-    kth_keys: &mut Tensor<u32>,
     top_indices: &mut Tensor<I>,
     top_weights: &mut Tensor<F>,
+    top_ascending: &mut Tensor<u32>,
     #[comptime] topk: usize,
     #[comptime] units: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
@@ -291,8 +295,8 @@ fn centroid_merge_kernel<F: Float, I: Int>(
         for c in 0..chunks {
             denominator += sums[base + c] * (maxima[base + c] - maximum).exp();
         }
-        stats[row * 3] = maximum;
-        stats[row * 3 + 1] = denominator;
+        stats[row * 2] = maximum;
+        stats[row * 2 + 1] = denominator;
         shared_max[0usize] = maximum;
     }
     if topk > 0 {
@@ -359,25 +363,33 @@ fn centroid_merge_kernel<F: Float, I: Int>(
             stride /= 2;
         }
         let maximum = shared_max[0usize];
-        let denominator = stats[row * 3 + 1];
+        let denominator = stats[row * 2 + 1];
         let mut r = unit;
         while r < topk {
-            top_indices[row * topk + r] = I::cast_from(shared_keys[r]);
+            let key = shared_keys[r];
+            top_indices[row * topk + r] = I::cast_from(key);
             top_weights[row * topk + r] =
                 F::cast_from((shared_scores[r] - maximum).exp() / denominator);
+            // The keys are distinct (`topk ≤ S`, and padded keys are candidates too), so the
+            // ranks are a permutation.
+            let mut rank = 0usize;
+            for j in 0..topk {
+                if shared_keys[j] < key {
+                    rank += 1;
+                }
+            }
+            top_ascending[row * topk + rank] = key;
             r += units;
-        }
-        if unit == 0usize {
-            stats[row * 3 + 2] = shared_scores[topk - 1];
-            kth_keys[row] = shared_keys[topk - 1];
         }
     }
 }
 
 /// Pass 3. Grid as [`centroid_scan_kernel`] (its own chunks). `partial[row, chunk]` =
-/// `Σ exp(s − M) · values[key]` over the chunk's valid keys outside the row's top-k.
+/// `Σ exp(s − M) · values[key]` over the chunk's valid keys outside the row's top-k: the unit
+/// holds the next top-k key at or past the current one (from `top_ascending`) and skips the
+/// key that equals it.
 ///
-/// - `values`: `[B, H, S, D]`; `stats`, `kth_keys`: from [`centroid_merge_kernel`]
+/// - `values`: `[B, H, S, D]`; `stats`, `top_ascending`: from [`centroid_merge_kernel`]
 /// - `partial`: `[B·H·C, chunks · D]`
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -387,8 +399,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     values: &Tensor<F>,
     key_lengths: &Tensor<I>,
     stats: &Tensor<f32>,
-    kth_keys: &Tensor<u32>,
-    top_indices: &Tensor<I>,
+    top_ascending: &Tensor<u32>,
     partial: &mut Tensor<f32>,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
@@ -406,14 +417,22 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
     let query = load_query::<F>(centroids, bh, row, active, dim);
     let flat = bh * clusters + row;
+    let first = chunk * comptime!(tile * tiles);
     let mut maximum = 0.0f32;
-    let mut kth = 0.0f32;
-    let mut kth_key = 0u32;
+    // The next top-k key (by index) at or past the current key, and its slot in the sorted
+    // list; `EMPTY` past the last (and with `topk = 0`), which no key index equals.
+    let mut next = u32::new(EMPTY as i64);
+    let mut slot = 0usize;
     if active {
-        maximum = stats[flat * 3];
-        if topk > 0 {
-            kth = stats[flat * 3 + 2];
-            kth_key = kth_keys[flat];
+        maximum = stats[flat * 2];
+        let base = flat * topk;
+        for r in 0..topk {
+            if (top_ascending[base + r] as usize) < first {
+                slot += 1;
+            }
+        }
+        if slot < topk {
+            next = top_ascending[base + slot];
         }
     }
 
@@ -424,7 +443,6 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     for d in 0..dim_v {
         sums[d] = 0.0f32;
     }
-    let first = chunk * comptime!(tile * tiles);
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
@@ -435,14 +453,14 @@ fn centroid_rest_kernel<F: Float, I: Int>(
                 let end = min(min(start + tile, keys_len), valid);
                 let mut key = start;
                 while key < end {
-                    let score = tile_score(&query, &shared_keys, key - start, dim);
-                    let mut outside = true;
-                    if topk > 0 {
-                        let slot =
-                            top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
-                        outside = slot == u32::new(EMPTY as i64);
-                    }
-                    if outside {
+                    if key as u32 == next {
+                        slot += 1;
+                        next = u32::new(EMPTY as i64);
+                        if slot < topk {
+                            next = top_ascending[flat * topk + slot];
+                        }
+                    } else {
+                        let score = tile_score(&query, &shared_keys, key - start, dim);
                         let weight = (score - maximum).exp();
                         let base = (key - start) * dim_v;
                         #[unroll]
@@ -468,7 +486,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
 /// Pass 4. One unit per output element: `output[row, d] = Σ_chunks partial / Z`, or the sum
 /// alone without `normalize` (the centroids' gradient, from [`centroid_grad_rows_kernel`]).
 ///
-/// - `partial`: `[rows, chunks · D]`, `stats`: `[rows, 3]`, `output`: `[rows, D]`
+/// - `partial`: `[rows, chunks · D]`, `stats`: `[rows, 2]`, `output`: `[rows, D]`
 #[cube(launch)]
 fn centroid_finish_kernel<F: Float>(
     partial: &Tensor<f32>,
@@ -490,7 +508,7 @@ fn centroid_finish_kernel<F: Float>(
         sum += partial[(row * chunks + c) * dim_v + d];
     }
     if normalize {
-        sum /= stats[row * 3 + 1];
+        sum /= stats[row * 2 + 1];
     }
     output[id] = F::cast_from(sum);
 }
@@ -561,15 +579,16 @@ fn row_units(clusters: usize) -> usize {
 
 /// The results of [`scan_and_merge`].
 struct Scan<R: CubeRuntime> {
-    /// `[B·H·C, 3]` in `f32`: each row's maximum score `M`, its softmax denominator `Z` (of
-    /// `exp(s − M)` over the valid keys) and, with `topk > 0`, its k-th best score.
+    /// `[B·H·C, 2]` in `f32`: each row's maximum score `M` and its softmax denominator `Z` (of
+    /// `exp(s − M)` over the valid keys).
     stats: CubeTensor<R>,
-    /// `[B·H·C]` in `u32`: each row's k-th best key (unwritten with `topk = 0`).
-    kth_keys: CubeTensor<R>,
     /// `[B·H·C, max(topk, 1)]`, the top-k indices in the int type (unwritten with `topk = 0`).
     top_indices: CubeTensor<R>,
     /// `[B·H·C, max(topk, 1)]`, the top-k weights in the float type (unwritten with `topk = 0`).
     top_weights: CubeTensor<R>,
+    /// `[B·H·C, max(topk, 1)]` in `u32`: the top-k indices sorted ascending (unwritten with
+    /// `topk = 0`).
+    top_ascending: CubeTensor<R>,
 }
 
 /// Passes 1 and 2 (`scan`, `merge`) over contiguous inputs: each row's softmax statistics and,
@@ -627,10 +646,10 @@ fn scan_and_merge<R: CubeRuntime>(
         dtypes,
     );
 
-    let stats = empty(vec![rows, 3], DType::F32);
-    let kth_keys = empty(vec![rows], DType::U32);
+    let stats = empty(vec![rows, 2], DType::F32);
     let top_indices = empty(vec![rows, slots], int_dtype);
     let top_weights = empty(vec![rows, slots], float_dtype);
+    let top_ascending = empty(vec![rows, slots], DType::U32);
     // A power of two, at most the chunks, and one list of `topk` per unit in 16 KiB.
     let merge_units = MERGE_UNITS
         .min(scan_chunks.next_power_of_two())
@@ -645,18 +664,18 @@ fn scan_and_merge<R: CubeRuntime>(
         linear(top_scores),
         linear(top_keys),
         linear(stats.clone()),
-        linear(kth_keys.clone()),
         linear(top_indices.clone()),
         linear(top_weights.clone()),
+        linear(top_ascending.clone()),
         topk,
         merge_units,
         dtypes,
     );
     Scan {
         stats,
-        kth_keys,
         top_indices,
         top_weights,
+        top_ascending,
     }
 }
 
@@ -705,9 +724,9 @@ where
     let row_blocks = clusters.div_ceil(units);
     let Scan {
         stats,
-        kth_keys,
         top_indices,
         top_weights,
+        top_ascending,
     } = scan_and_merge(&centroids, &keys, &key_lengths, topk, int_dtype);
 
     let rest_tile = tile_keys(dim + dim_v);
@@ -727,8 +746,7 @@ where
         linear(values),
         linear(key_lengths),
         linear(stats.clone()),
-        linear(kth_keys),
-        linear(top_indices.clone()),
+        linear(top_ascending),
         linear(partial.clone()),
         dim,
         dim_v,

@@ -87,7 +87,7 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
         }
     }
     if active {
-        row_stats[flat * 3] = stats[flat * 3] + stats[flat * 3 + 1].ln();
+        row_stats[flat * 3] = stats[flat * 2] + stats[flat * 2 + 1].ln();
         row_stats[flat * 3 + 1] = delta;
         row_stats[flat * 3 + 2] = kth;
         kth_keys[flat] = kth_key;
