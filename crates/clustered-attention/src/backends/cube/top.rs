@@ -4,9 +4,9 @@
 //!
 //! - `top_attention`: one cube per (cluster, `bh`) loads the cluster's top-k keys and values
 //!   into shared memory once, then each unit takes member queries in turn: the `k` scores and
-//!   an online softmax over them (padded keys left out), `m̂ · Σ p_r v_r + rest`, all in
-//!   registers, written straight to the query's output row. Padded queries (cluster `-1`) get
-//!   zeros.
+//!   their maximum in a first pass (the scores in a shared-memory column of the unit's own),
+//!   then `m̂ · Σ p_r v_r + rest` in a second (padded keys left out), written straight to the
+//!   query's output row. Padded queries (cluster `-1`) get zeros.
 //! - `cluster_means`: one cube per (cluster, `bh`), one unit per feature, summing the members'
 //!   queries in sorted order, times the inverse count and the softmax scale.
 //!
@@ -29,6 +29,7 @@ use super::{MAX_DIM, SHARED_FLOATS, linear};
 /// - `topk`: `[B, H, C, k]`, `mass`: `[B, H, C, 1]`, `rest`: `[B, H, C, D]`
 /// - `key_lengths`: `[B]`; `order`: `[bh, L]`, `starts`: `[bh, C + 1]`
 /// - `output`: `[B, H, L, D]`, zero on entry (rows of padded queries are not written)
+/// - `units`: `CUBE_DIM_X`; shared memory: `k · (E + D)` keys and values, `k · units` scores
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn top_attention_kernel<F: Float, I: Int>(
@@ -46,6 +47,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
     #[comptime] k: usize,
+    #[comptime] units: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (heads, len) = (queries.shape(1), queries.shape(2));
@@ -93,6 +95,9 @@ fn top_attention_kernel<F: Float, I: Int>(
         i += threads;
     }
     let cluster_mass = f32::cast_from(mass[row]);
+    // Slot `r`'s score of this unit's query at `r · units + unit`: the units of a plane touch
+    // consecutive words.
+    let mut shared_scores = SharedMemory::<f32>::new(comptime!(k * units));
     sync_cube();
 
     let mut query = Array::<f32>::new(dim);
@@ -109,9 +114,9 @@ fn top_attention_kernel<F: Float, I: Int>(
         for d in 0..dim_v {
             sums[d] = 0.0f32;
         }
-        // An online softmax over the k keys: the sums are rescaled when the maximum grows.
+        // The softmax in two passes: the scores and their maximum, then the weights and the
+        // sums (one exponential per key, no rescaling).
         let mut maximum = f32::min_value();
-        let mut total = 0.0f32;
         for r in 0..k {
             if valid_slot[r] != 0 {
                 let mut score = 0.0f32;
@@ -119,15 +124,19 @@ fn top_attention_kernel<F: Float, I: Int>(
                 for e in 0..dim {
                     score += query[e] * shared_keys[r * dim + e];
                 }
-                let grown = max(maximum, score);
-                let factor = (maximum - grown).exp();
-                let weight = (score - grown).exp();
-                total = total * factor + weight;
+                shared_scores[r * units + unit] = score;
+                maximum = max(maximum, score);
+            }
+        }
+        let mut total = 0.0f32;
+        for r in 0..k {
+            if valid_slot[r] != 0 {
+                let weight = (shared_scores[r * units + unit] - maximum).exp();
+                total += weight;
                 #[unroll]
                 for d in 0..dim_v {
-                    sums[d] = sums[d] * factor + weight * shared_values[r * dim_v + d];
+                    sums[d] += weight * shared_values[r * dim_v + d];
                 }
-                maximum = grown;
             }
         }
         let factor = cluster_mass / total;
@@ -178,11 +187,29 @@ fn cluster_means_kernel<F: Float>(
     }
 }
 
-/// Units per cube of the two kernels.
+/// Units per cube of the two kernels (of [`top_attention_kernel`] at most).
 const UNITS: u32 = 64;
 
+/// Units per cube of [`top_attention_kernel`]: [`UNITS`], or [`MIN_TOP_UNITS`] where the
+/// scores of 64 units would take its shared memory past [`TOP_SHARED_FLOATS`].
+fn top_units(dim: usize, dim_v: usize, k: usize) -> usize {
+    if k * (dim + dim_v + UNITS as usize + 1) <= TOP_SHARED_FLOATS {
+        UNITS as usize
+    } else {
+        MIN_TOP_UNITS
+    }
+}
+
+/// The fewest units per cube of [`top_attention_kernel`].
+const MIN_TOP_UNITS: usize = 32;
+
+/// Most 4-byte words of shared memory [`top_attention_kernel`] takes: 32 KiB, the least of the
+/// drivers the crate runs on (lavapipe's; CUDA gives 48 KiB per block).
+const TOP_SHARED_FLOATS: usize = 2 * SHARED_FLOATS;
+
 /// Whether [`top_attention`] takes these sizes (`E, D ≤ 128`, the top-k keys and values in
-/// 16 KiB, at most [`SORT_CLUSTERS`] clusters); otherwise the caller uses the default body.
+/// 16 KiB, with the scores of [`MIN_TOP_UNITS`] units in 32 KiB, at most [`SORT_CLUSTERS`]
+/// clusters); otherwise the caller uses the default body.
 pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> bool {
     dim > 0
         && dim_v > 0
@@ -190,6 +217,7 @@ pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> 
         && dim_v <= MAX_DIM
         && k > 0
         && k * (dim + dim_v) <= SHARED_FLOATS
+        && k * (dim + dim_v + MIN_TOP_UNITS + 1) <= TOP_SHARED_FLOATS
         && clusters <= SORT_CLUSTERS
 }
 
@@ -280,10 +308,11 @@ where
         .tensor(),
     );
     let client = queries.client.clone();
+    let units = top_units(dim, dim_v, k);
     top_attention_kernel::launch::<R>(
         &client,
         cluster_grid(clusters, batch * heads),
-        CubeDim::new_1d(UNITS),
+        CubeDim::new_1d(units as u32),
         linear(into_contiguous(queries)),
         linear(into_contiguous(keys)),
         linear(into_contiguous(values)),
@@ -298,6 +327,7 @@ where
         dim,
         dim_v,
         k,
+        units,
         [float_dtype.into(), int_dtype.into()],
     );
     reshape(output, Shape::new([batch, heads, len, dim_v]))
