@@ -17,10 +17,10 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::ClusteredAttentionBackend;
-use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters};
+use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, ScoreProducts};
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -269,6 +269,10 @@ impl<B: ClusteredAttentionBackend> Backward<B, 3> for ImprovedAttention {
 impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBackend
     for Autodiff<B, C>
 {
+    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
+        B::score_products(device, dtype)
+    }
+
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match AttentionSoftmax
             .prepare::<C>([x.node.clone()])

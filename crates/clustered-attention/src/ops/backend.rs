@@ -1,13 +1,13 @@
 //! The backend extension trait and its deprecated former name.
 
-use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, TensorMetadata};
 
 use super::reference;
 use super::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
-    QueryClusters, TopAttentionGrads,
+    QueryClusters, ScoreProducts, TopAttentionGrads,
 };
 
 /// A backend that can hash and cluster queries and compute the sparse top-k products of
@@ -88,6 +88,19 @@ pub trait ClusteredAttentionBackend: Backend {
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let last = x.shape().num_dims() - 1;
         Self::softmax(x, last)
+    }
+
+    /// How [`Self::centroid_attention`] and [`Self::top_attention`] compute their scores in
+    /// `dtype` on `device`: [`ScoreProducts::Cmma`] where the CubeCL kernels run them on
+    /// cooperative matrices (the crate's `cmma` feature, `f16` or `bf16`, a device that reports
+    /// a tile shape for that type into `f32`), [`ScoreProducts::MultiplyAdd`] otherwise. Even
+    /// then, a call whose tiles would not fit the kernels' shared memory (wide `E` or `D`, a
+    /// large `topk`) computes its scores by multiply-adds.
+    ///
+    /// The default body answers [`ScoreProducts::MultiplyAdd`].
+    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
+        let _ = (device, dtype);
+        ScoreProducts::MultiplyAdd
     }
 
     /// The centroid attention of clustered and improved clustered attention in one op (paper

@@ -69,7 +69,7 @@ pub use tensor::{
 };
 pub use types::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, Clusters,
-    ImprovedForward, QueryClusters, TopAttentionGrads,
+    ImprovedForward, QueryClusters, ScoreProducts, TopAttentionGrads,
 };
 
 /// The CPU backends' host ops, now in [`crate::backends::cpu`].

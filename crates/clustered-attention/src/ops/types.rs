@@ -103,3 +103,35 @@ pub struct AttentionGrads<B: Backend> {
     /// `[batch, heads, S, D]`.
     pub values: FloatTensor<B>,
 }
+
+/// How a backend's fused attention kernels compute the scores, `centroids · keysᵀ` in
+/// [`ClusteredAttentionBackend::centroid_attention`] and `queries · keysᵀ` over each cluster's
+/// top-k keys in [`ClusteredAttentionBackend::top_attention`], in a given float type on a
+/// given device ([`ClusteredAttentionBackend::score_products`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScoreProducts {
+    /// Multiply-adds in `f32`, one score per unit: the CubeCL kernels of every backend by
+    /// default, and the host loops, the default bodies and whatever products they call.
+    MultiplyAdd,
+    /// Cooperative matrix multiply-accumulate (CubeCL `cmma`: tensor cores on CUDA,
+    /// `VK_KHR_cooperative_matrix` on Vulkan): `m × k` tiles of the inputs in the float type
+    /// times `k × n` tiles into `m × n` tiles of `f32` sums. Only with the crate's `cmma`
+    /// feature, in `f16` and `bf16`, where the device reports the tile shape.
+    Cmma {
+        /// Rows of a tile of the scores (queries or centroids).
+        m: usize,
+        /// Columns of a tile of the scores (keys).
+        n: usize,
+        /// The depth of one product (features of a query and a key).
+        k: usize,
+    },
+}
+
+impl std::fmt::Display for ScoreProducts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MultiplyAdd => write!(f, "multiply-add"),
+            Self::Cmma { m, n, k } => write!(f, "cmma {m}×{n}×{k}"),
+        }
+    }
+}

@@ -43,6 +43,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
 use super::{MAX_DIM, SHARED_FLOATS, linear};
 use crate::ops::CentroidAttention;
 use crate::ops::checks::check_centroid_attention;
@@ -170,6 +171,11 @@ fn load_tile<F: Float>(
 /// Pass 1. Grid: X over chunks of `tile · tiles` keys, Y over blocks of `CUBE_DIM_X` rows,
 /// Z over `bh`.
 ///
+/// With cooperative matrices (`mma`), the cube's `units` centroid rows and each tile of keys
+/// go to shared memory in the float type and [`score_tile`] computes the tile's scores there;
+/// otherwise each unit holds its centroid in registers and sums its scores from the keys in
+/// `f32` ([`tile_score`]).
+///
 /// - `centroids`: `[B, H, C, E]`, `keys`: `[B, H, S, E]`, `key_lengths`: `[B]`
 /// - `maxima`, `sums`: `[B·H·C, chunks]`
 /// - `top_scores`, `top_keys`: `[B·H·C, chunks · topk]` (unused with `topk = 0`)
@@ -187,18 +193,23 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     #[comptime] topk: usize,
     #[comptime] tile: usize,
     #[comptime] tiles: usize,
+    #[comptime] units: usize,
+    #[comptime] mma: Mma,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
     let (chunk, chunks) = (CUBE_POS_X as usize, CUBE_COUNT_X as usize);
     let bh = CUBE_POS_Z as usize;
-    let row = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let row = CUBE_POS_Y as usize * units + unit;
     let active = row < clusters;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
     let query = load_query::<F>(centroids, bh, row, active, dim);
+    let mut tiles_in = MmaTiles::<F>::new(centroids, bh, units, tile, dim, mma);
 
-    let mut shared = SharedMemory::<f32>::new(comptime!(tile * dim));
+    let mut shared =
+        SharedMemory::<f32>::new(comptime!(if mma.is_some() { 1 } else { tile * dim }));
     let mut maximum = f32::min_value();
     let mut sum = 0.0f32;
     let slots = comptime!(if topk > 0 { topk } else { 1 });
@@ -211,12 +222,20 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
-            load_tile::<F>(keys, &mut shared, bh, start, tile, dim);
+            if comptime!(mma.is_some()) {
+                tiles_in.scores(keys, bh, start);
+            } else {
+                load_tile::<F>(keys, &mut shared, bh, start, tile, dim);
+            }
             sync_cube();
             if active {
                 let end = min(start + tile, keys_len);
                 for key in start..end {
-                    let mut score = tile_score(&query, &shared, key - start, dim);
+                    let mut score = if comptime!(mma.is_some()) {
+                        tiles_in.score(key - start, unit)
+                    } else {
+                        tile_score(&query, &shared, key - start, dim)
+                    };
                     if key < valid {
                         if score > maximum {
                             sum = sum * (maximum - score).exp() + 1.0f32;
@@ -389,6 +408,8 @@ fn centroid_merge_kernel<F: Float, I: Int>(
 /// holds the next top-k key at or past the current one (from `top_ascending`) and skips the
 /// key that equals it.
 ///
+/// The scores as in [`centroid_scan_kernel`], by the same code.
+///
 /// - `values`: `[B, H, S, D]`; `stats`, `top_ascending`: from [`centroid_merge_kernel`]
 /// - `partial`: `[B·H·C, chunks · D]`
 #[allow(clippy::too_many_arguments)]
@@ -406,16 +427,20 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     #[comptime] topk: usize,
     #[comptime] tile: usize,
     #[comptime] tiles: usize,
+    #[comptime] units: usize,
+    #[comptime] mma: Mma,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
     let (chunk, chunks) = (CUBE_POS_X as usize, CUBE_COUNT_X as usize);
     let bh = CUBE_POS_Z as usize;
-    let row = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let row = CUBE_POS_Y as usize * units + unit;
     let active = row < clusters;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
     let query = load_query::<F>(centroids, bh, row, active, dim);
+    let mut tiles_in = MmaTiles::<F>::new(centroids, bh, units, tile, dim, mma);
     let flat = bh * clusters + row;
     let first = chunk * comptime!(tile * tiles);
     let mut maximum = 0.0f32;
@@ -436,7 +461,8 @@ fn centroid_rest_kernel<F: Float, I: Int>(
         }
     }
 
-    let mut shared_keys = SharedMemory::<f32>::new(comptime!(tile * dim));
+    let mut shared_keys =
+        SharedMemory::<f32>::new(comptime!(if mma.is_some() { 1 } else { tile * dim }));
     let mut shared_values = SharedMemory::<f32>::new(comptime!(tile * dim_v));
     let mut sums = Array::<f32>::new(dim_v);
     #[unroll]
@@ -446,7 +472,11 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
-            load_tile::<F>(keys, &mut shared_keys, bh, start, tile, dim);
+            if comptime!(mma.is_some()) {
+                tiles_in.scores(keys, bh, start);
+            } else {
+                load_tile::<F>(keys, &mut shared_keys, bh, start, tile, dim);
+            }
             load_tile::<F>(values, &mut shared_values, bh, start, tile, dim_v);
             sync_cube();
             if active {
@@ -460,7 +490,11 @@ fn centroid_rest_kernel<F: Float, I: Int>(
                             next = top_ascending[flat * topk + slot];
                         }
                     } else {
-                        let score = tile_score(&query, &shared_keys, key - start, dim);
+                        let score = if comptime!(mma.is_some()) {
+                            tiles_in.score(key - start, unit)
+                        } else {
+                            tile_score(&query, &shared_keys, key - start, dim)
+                        };
                         let weight = (score - maximum).exp();
                         let base = (key - start) * dim_v;
                         #[unroll]
@@ -577,6 +611,27 @@ fn row_units(clusters: usize) -> usize {
     if clusters <= 32 { 32 } else { 64 }
 }
 
+/// The tile shape and key tile of the `scan` (`extra` 0) or `rest` pass (`extra` the bytes of a
+/// key's value row) over `units` rows of `centroids`: cooperative matrices where
+/// [`mma_shape`] gives a shape for their float type and the tiles fit ([`centroid_tile`]);
+/// otherwise multiply-adds over `fallback` keys a tile.
+fn pass_tiles<R: CubeRuntime>(
+    centroids: &CubeTensor<R>,
+    units: usize,
+    dim: usize,
+    extra: usize,
+    fallback: usize,
+) -> (Mma, usize) {
+    let client = &centroids.client;
+    let mma = mma_shape(client, centroids.dtype);
+    if mma.is_some()
+        && let Some(tile) = centroid_tile(mma, units, dim, extra)
+    {
+        return (mma, tile);
+    }
+    (Mma::NONE, fallback)
+}
+
 /// The results of [`scan_and_merge`].
 struct Scan<R: CubeRuntime> {
     /// `[B·H·C, 2]` in `f32`: each row's maximum score `M` and its softmax denominator `Z` (of
@@ -613,7 +668,7 @@ fn scan_and_merge<R: CubeRuntime>(
     let row_blocks = clusters.div_ceil(units);
     let slots = topk.max(1);
 
-    let scan_tile = tile_keys(dim);
+    let (scan_mma, scan_tile) = pass_tiles(centroids, units, dim, 0, tile_keys(dim));
     // Chunks of at least `CHUNK_PER_TOPK · topk` keys, so that a unit's top-k list fills early
     // in its chunk and admits few keys after, and the merge has few lists per row.
     let scan_tiles = tiles_per_chunk(keys_len, scan_tile, row_blocks * batch * heads)
@@ -643,6 +698,8 @@ fn scan_and_merge<R: CubeRuntime>(
         topk,
         scan_tile,
         scan_tiles,
+        units,
+        scan_mma,
         dtypes,
     );
 
@@ -729,7 +786,8 @@ where
         top_ascending,
     } = scan_and_merge(&centroids, &keys, &key_lengths, topk, int_dtype);
 
-    let rest_tile = tile_keys(dim + dim_v);
+    let (rest_mma, rest_tile) =
+        pass_tiles(&centroids, units, dim, dim_v * 4, tile_keys(dim + dim_v));
     let rest_tiles = tiles_per_chunk(keys_len, rest_tile, row_blocks * batch * heads);
     let rest_chunks = keys_len.div_ceil(rest_tile * rest_tiles);
     let partial = empty(vec![rows, rest_chunks * dim_v], DType::F32);
@@ -753,6 +811,8 @@ where
         topk,
         rest_tile,
         rest_tiles,
+        units,
+        rest_mma,
         dtypes,
     );
 

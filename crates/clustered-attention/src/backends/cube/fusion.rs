@@ -20,7 +20,7 @@ use crate::ops::checks::{
 };
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
-    TopAttentionGrads,
+    ScoreProducts, TopAttentionGrads,
 };
 
 type Handles<B> =
@@ -393,6 +393,10 @@ fn like(tensor: &FusionTensor<impl FusionRuntime>) -> (Shape, DType) {
 }
 
 impl<B: FusionBackend + ClusteredAttentionBackend> ClusteredAttentionBackend for Fusion<B> {
+    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
+        B::score_products(device, dtype)
+    }
+
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         let [batch, heads, len, dim] = queries.shape().dims();
         let [bits, columns] = planes.shape().dims();

@@ -7,7 +7,8 @@
 //!   `sparse_scatter`; `centroid.rs`: `centroid_attention`, and its backward in
 //!   `centroid/backward.rs`, flash-style (no `[C, S]` tensor);
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
-//!   `improved_attention_forward` sorts once for both.
+//!   `improved_attention_forward` sorts once for both; `mma.rs`: the score tiles of both
+//!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`).
 //! - `fusion.rs`: the same ops registered as Fusion custom operations.
 //!
 //! The other ops keep their default bodies, made of Burn's own kernels. Nothing is read back
@@ -29,6 +30,7 @@ mod centroid;
 mod fusion;
 mod hash;
 mod kmeans;
+mod mma;
 mod sparse;
 mod top;
 mod topk;
@@ -47,7 +49,7 @@ use crate::ClusteredAttentionBackend;
 use crate::ops::checks::{check_cluster_top, check_query_clusters};
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
-    reference,
+    ScoreProducts, reference,
 };
 
 impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
@@ -57,6 +59,10 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
+        mma::score_products(&R::client(device), dtype)
+    }
+
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
         hash::lsh_hash::<R>(queries, planes, I::dtype())
     }

@@ -12,7 +12,7 @@
 //!
 //! Sums accumulate in `f32`; every tensor is contiguous; `bh` is the flattened `(batch, head)`.
 
-use burn::tensor::{Shape, Tensor as BurnTensor, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor as BurnTensor, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -20,16 +20,25 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+use super::mma::{Mma, SHARED_BYTES, mma_shape, score_tile};
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
 use super::{MAX_DIM, SHARED_FLOATS, linear};
 
 /// One cube per (cluster, `bh`): grid X (folded into Y) over clusters, Z over `bh`.
 ///
+/// With cooperative matrices (`mma`), the cluster's top-k keys go to shared memory in the float
+/// type, `k_pad` rows of `dim_pad` (zero-padded to whole tiles), and the members go by in blocks
+/// of `units`: the block's queries are copied next to them and [`score_tile`] computes the
+/// block's scores, which the units then scale. Otherwise each unit takes member queries in
+/// turn and sums their scores itself from the keys in `f32`. The softmax and the weighted sum
+/// are the same code after that.
+///
 /// - `queries`: `[B, H, L, E]`, `keys`: `[B, H, S, E]`, `values`: `[B, H, S, D]`
 /// - `topk`: `[B, H, C, k]`, `mass`: `[B, H, C, 1]`, `rest`: `[B, H, C, D]`
 /// - `key_lengths`: `[B]`; `order`: `[bh, L]`, `starts`: `[bh, C + 1]`
 /// - `output`: `[B, H, L, D]`, zero on entry (rows of padded queries are not written)
-/// - `units`: `CUBE_DIM_X`; shared memory: `k · (E + D)` keys and values, `k · units` scores
+/// - `units`: `CUBE_DIM_X`; shared memory: the keys (`k · E` in `f32`, or `k_pad · dim_pad` in
+///   the float type and `units · dim_pad` queries), `k · D` values, `k · units` scores (`k_pad`)
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn top_attention_kernel<F: Float, I: Int>(
@@ -48,6 +57,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     #[comptime] dim_v: usize,
     #[comptime] k: usize,
     #[comptime] units: usize,
+    #[comptime] mma: Mma,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (heads, len) = (queries.shape(1), queries.shape(2));
@@ -65,22 +75,42 @@ fn top_attention_kernel<F: Float, I: Int>(
     }
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
     let unit = UNIT_POS_X as usize;
-    let threads = CUBE_DIM_X as usize;
     let row = bh * clusters + cluster;
+    let on = comptime!(mma.is_some());
+    let dim_pad = comptime!(if on { mma.pad_depth(dim) } else { dim });
+    let k_pad = comptime!(if on { mma.pad_cols(k) } else { k });
 
-    let mut shared_keys = SharedMemory::<f32>::new(comptime!(k * dim));
+    let mut shared_keys = SharedMemory::<f32>::new(comptime!(if on { 1 } else { k * dim }));
+    let mut shared_keys_mma =
+        SharedMemory::<F>::new_aligned(comptime!(if on { k_pad * dim_pad } else { 1 }), 32usize);
+    let mut shared_queries =
+        SharedMemory::<F>::new_aligned(comptime!(if on { units * dim_pad } else { 1 }), 32usize);
     let mut shared_values = SharedMemory::<f32>::new(comptime!(k * dim_v));
-    let mut i = unit;
-    while i < comptime!(k * dim) {
-        let key = u32::cast_from(topk[row * k + i / dim]) as usize;
-        shared_keys[i] = f32::cast_from(keys[(bh * keys_len + key) * dim + i % dim]);
-        i += threads;
+    if on {
+        let mut i = unit;
+        while i < comptime!(k_pad * dim_pad) {
+            let (slot, e) = (i / dim_pad, i % dim_pad);
+            let mut x = F::new(0.0);
+            if slot < k && e < dim {
+                let key = u32::cast_from(topk[row * k + slot]) as usize;
+                x = keys[(bh * keys_len + key) * dim + e];
+            }
+            shared_keys_mma[i] = x;
+            i += units;
+        }
+    } else {
+        let mut i = unit;
+        while i < comptime!(k * dim) {
+            let key = u32::cast_from(topk[row * k + i / dim]) as usize;
+            shared_keys[i] = f32::cast_from(keys[(bh * keys_len + key) * dim + i % dim]);
+            i += units;
+        }
     }
     let mut i = unit;
     while i < comptime!(k * dim_v) {
         let key = u32::cast_from(topk[row * k + i / dim_v]) as usize;
         shared_values[i] = f32::cast_from(values[(bh * keys_len + key) * dim_v + i % dim_v]);
-        i += threads;
+        i += units;
     }
     // Which of the k keys are valid (not padded), one flag per slot, in shared memory: a
     // per-unit array indexed in a loop would sit in scratch memory on some drivers.
@@ -92,61 +122,156 @@ fn top_attention_kernel<F: Float, I: Int>(
             flag = 1u32;
         }
         valid_slot[i] = flag;
-        i += threads;
+        i += units;
     }
     let cluster_mass = f32::cast_from(mass[row]);
     // Slot `r`'s score of this unit's query at `r · units + unit`: the units of a plane touch
     // consecutive words.
-    let mut shared_scores = SharedMemory::<f32>::new(comptime!(k * units));
+    let mut shared_scores = SharedMemory::<f32>::new_aligned(comptime!(k_pad * units), 32usize);
     sync_cube();
 
-    let mut query = Array::<f32>::new(dim);
+    if on {
+        // Every unit runs every block (the products take whole planes).
+        let mut block = first;
+        while block < last {
+            let mut i = unit;
+            while i < comptime!(units * dim_pad) {
+                let (p, e) = (block + i / dim_pad, i % dim_pad);
+                let mut x = F::new(0.0);
+                if p < last && e < dim {
+                    let index = order[bh * len + p] as usize;
+                    x = queries[(bh * len + index) * dim + e];
+                }
+                shared_queries[i] = x;
+                i += units;
+            }
+            sync_cube();
+            score_tile::<F>(
+                &shared_queries,
+                &shared_keys_mma,
+                &mut shared_scores,
+                units,
+                k_pad,
+                dim_pad,
+                comptime!(mma.m),
+                comptime!(mma.n),
+                comptime!(mma.k),
+            );
+            sync_cube();
+            let p = block + unit;
+            if p < last {
+                let mut maximum = f32::min_value();
+                for r in 0..k {
+                    if valid_slot[r] != 0 {
+                        let score = shared_scores[r * units + unit] * scale;
+                        shared_scores[r * units + unit] = score;
+                        maximum = max(maximum, score);
+                    }
+                }
+                let index = order[bh * len + p] as usize;
+                weighted_sum::<F>(
+                    &shared_scores,
+                    &shared_values,
+                    &valid_slot,
+                    rest,
+                    output,
+                    maximum,
+                    cluster_mass,
+                    row,
+                    (bh * len + index) * dim_v,
+                    unit,
+                    units,
+                    k,
+                    dim_v,
+                );
+            }
+            sync_cube();
+            block += units;
+        }
+    } else {
+        let mut query = Array::<f32>::new(dim);
+        let mut p = first + unit;
+        while p < last {
+            let index = order[bh * len + p] as usize;
+            let query_base = (bh * len + index) * dim;
+            #[unroll]
+            for e in 0..dim {
+                query[e] = f32::cast_from(queries[query_base + e]) * scale;
+            }
+            // The softmax in two passes: the scores and their maximum, then the weights and
+            // the sums (one exponential per key, no rescaling).
+            let mut maximum = f32::min_value();
+            for r in 0..k {
+                if valid_slot[r] != 0 {
+                    let mut score = 0.0f32;
+                    #[unroll]
+                    for e in 0..dim {
+                        score += query[e] * shared_keys[r * dim + e];
+                    }
+                    shared_scores[r * units + unit] = score;
+                    maximum = max(maximum, score);
+                }
+            }
+            weighted_sum::<F>(
+                &shared_scores,
+                &shared_values,
+                &valid_slot,
+                rest,
+                output,
+                maximum,
+                cluster_mass,
+                row,
+                (bh * len + index) * dim_v,
+                unit,
+                units,
+                k,
+                dim_v,
+            );
+            p += units;
+        }
+    }
+}
+
+/// One query's output row at `out_base`: `m̂ · Σ_r p_r v_r + rest[row]`, with `p_r` the softmax
+/// of the unit's scores (`scores[r · units + unit]`, maximum `maximum`) over the valid slots.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn weighted_sum<F: Float>(
+    scores: &SharedMemory<f32>,
+    values: &SharedMemory<f32>,
+    valid_slot: &SharedMemory<u32>,
+    rest: &Tensor<F>,
+    output: &mut Tensor<F>,
+    maximum: f32,
+    cluster_mass: f32,
+    row: usize,
+    out_base: usize,
+    unit: usize,
+    #[comptime] units: usize,
+    #[comptime] k: usize,
+    #[comptime] dim_v: usize,
+) {
     let mut sums = Array::<f32>::new(dim_v);
-    let mut p = first + unit;
-    while p < last {
-        let index = order[bh * len + p] as usize;
-        let query_base = (bh * len + index) * dim;
-        #[unroll]
-        for e in 0..dim {
-            query[e] = f32::cast_from(queries[query_base + e]) * scale;
-        }
-        #[unroll]
-        for d in 0..dim_v {
-            sums[d] = 0.0f32;
-        }
-        // The softmax in two passes: the scores and their maximum, then the weights and the
-        // sums (one exponential per key, no rescaling).
-        let mut maximum = f32::min_value();
-        for r in 0..k {
-            if valid_slot[r] != 0 {
-                let mut score = 0.0f32;
-                #[unroll]
-                for e in 0..dim {
-                    score += query[e] * shared_keys[r * dim + e];
-                }
-                shared_scores[r * units + unit] = score;
-                maximum = max(maximum, score);
+    #[unroll]
+    for d in 0..dim_v {
+        sums[d] = 0.0f32;
+    }
+    let mut total = 0.0f32;
+    for r in 0..k {
+        if valid_slot[r] != 0 {
+            let weight = (scores[r * units + unit] - maximum).exp();
+            total += weight;
+            #[unroll]
+            for d in 0..dim_v {
+                sums[d] += weight * values[r * dim_v + d];
             }
         }
-        let mut total = 0.0f32;
-        for r in 0..k {
-            if valid_slot[r] != 0 {
-                let weight = (shared_scores[r * units + unit] - maximum).exp();
-                total += weight;
-                #[unroll]
-                for d in 0..dim_v {
-                    sums[d] += weight * shared_values[r * dim_v + d];
-                }
-            }
-        }
-        let factor = cluster_mass / total;
-        let out_base = (bh * len + index) * dim_v;
-        #[unroll]
-        for d in 0..dim_v {
-            output[out_base + d] =
-                F::cast_from(sums[d] * factor + f32::cast_from(rest[row * dim_v + d]));
-        }
-        p += threads;
+    }
+    let factor = cluster_mass / total;
+    #[unroll]
+    for d in 0..dim_v {
+        output[out_base + d] =
+            F::cast_from(sums[d] * factor + f32::cast_from(rest[row * dim_v + d]));
     }
 }
 
@@ -198,6 +323,34 @@ fn top_units(dim: usize, dim_v: usize, k: usize) -> usize {
     } else {
         MIN_TOP_UNITS
     }
+}
+
+/// The tile shape and units per cube of [`top_attention_kernel`] on cooperative matrices: where
+/// [`mma_shape`] gives a shape for `dtype` and the kernel's shared memory fits
+/// [`SHARED_BYTES`] with 64 or 32 units (the keys in the float type, padded to whole tiles).
+fn top_mma<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    dim: usize,
+    dim_v: usize,
+    k: usize,
+) -> Option<(Mma, usize)> {
+    let mma = mma_shape(client, dtype);
+    if !mma.is_some() {
+        return None;
+    }
+    let (dim_pad, k_pad, half) = (mma.pad_depth(dim), mma.pad_cols(k), 2);
+    [UNITS as usize, MIN_TOP_UNITS]
+        .into_iter()
+        .find(|&units| {
+            let bytes = k_pad * dim_pad * half
+                + k * dim_v * 4
+                + units * dim_pad * half
+                + units * k_pad * 4
+                + k * 4;
+            bytes <= SHARED_BYTES
+        })
+        .map(|units| (mma, units))
 }
 
 /// The fewest units per cube of [`top_attention_kernel`].
@@ -308,7 +461,8 @@ where
         .tensor(),
     );
     let client = queries.client.clone();
-    let units = top_units(dim, dim_v, k);
+    let (mma, units) = top_mma(&client, float_dtype, dim, dim_v, k)
+        .unwrap_or((Mma::NONE, top_units(dim, dim_v, k)));
     top_attention_kernel::launch::<R>(
         &client,
         cluster_grid(clusters, batch * heads),
@@ -328,6 +482,7 @@ where
         dim_v,
         k,
         units,
+        mma,
         [float_dtype.into(), int_dtype.into()],
     );
     reshape(output, Shape::new([batch, heads, len, dim_v]))
