@@ -1,7 +1,7 @@
 //! Host-side data and independent references.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
@@ -93,6 +93,22 @@ pub fn matmul_tolerance<B: Backend>(tolerance: f64) -> f64 {
 
 /// See [`matmul_tolerance`].
 const TF32_TOLERANCE: f64 = 5e-3;
+
+/// `host` on `B` in `dtype`: the host copy of the values as rounded to `dtype`, and the tensor
+/// in `dtype` (`host` itself, as a tensor, for `f32`).
+pub fn rounded<B: Backend>(host: &Host4, dtype: DType) -> (Host4, Tensor<B, 4>) {
+    let tensor = host.to_tensor::<B>(&Default::default());
+    if dtype == DType::F32 {
+        return (host.clone(), tensor);
+    }
+    let tensor = tensor.cast(dtype);
+    (Host4::from_tensor(tensor.clone().cast(DType::F32)), tensor)
+}
+
+/// The largest absolute entry of `host`.
+pub fn largest(host: &Host4) -> f64 {
+    host.data.iter().fold(0.0, |m, &x| m.max(x.abs() as f64))
+}
 
 pub fn rng(seed: u64) -> Xoshiro256PlusPlus {
     Xoshiro256PlusPlus::seed_from_u64(seed)

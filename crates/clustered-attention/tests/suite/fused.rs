@@ -4,8 +4,8 @@
 //! the default bodies. The per-backend test functions are in `sparse.rs`'s `sparse_tests!`.
 
 use burn::backend::Autodiff;
-use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor};
 use clustered_attention::ClusteredAttentionBackend;
 use clustered_attention::ops::{
     ClusterTop, QueryClusters, TopAttentionGrads, centroid_attention, reference, top_attention,
@@ -24,11 +24,25 @@ use crate::sparse::{Indices, float, indices, max_diff};
 /// threads (on a machine with two or more); in the last case the centroids and keys are in
 /// `{-1, 0, 1}`, so that many scores tie with the k-th best (ties go to the lower key).
 pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
+    centroid_attention_matches_loops_in::<B>(DType::F32);
+}
+
+/// [`centroid_attention_matches_loops`] in `dtype`, the references fed the inputs rounded to
+/// it: in `f16` and `bf16` the outputs, convex combinations of the values, within
+/// [`tolerance`](crate::half::tolerance) of the values' largest entry, the top-k weights within
+/// it, and the chosen keys' scores within it of the k-th best (relative to it above 1: a
+/// device's cooperative matrices may round each product to the half type, as lavapipe's do,
+/// and a key near the k-th best may then rank either way); with one more case at the bench's
+/// widths (`E = D = 64`, `topk` 32).
+pub fn centroid_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType) {
     let device = Default::default();
+    let half = dtype != DType::F32;
     let tolerance = matmul_tolerance::<B>(1e-5);
     // TF32 rounds a score relative to its size; f32 elsewhere keeps 1e-5 absolute.
     let score_slack = |kth: f64| {
-        if tolerance > 1e-5 {
+        if half {
+            crate::half::tolerance(dtype) * kth.abs().max(1.0)
+        } else if tolerance > 1e-5 {
             tolerance * kth.abs().max(1.0)
         } else {
             tolerance
@@ -36,7 +50,7 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
     };
     // (centroid dims [batch, heads, C, E], S, D, key lengths, topks)
     type Case = ([usize; 4], usize, usize, &'static [usize], &'static [usize]);
-    let cases: [Case; 5] = [
+    let mut cases: Vec<Case> = vec![
         ([1, 1, 3, 8], 20, 5, &[20], &[0, 1, 4, 20]),
         ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
         ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
@@ -44,26 +58,46 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
         ([1, 2, 9, 4], 60, 3, &[50], &[7, 13]),
     ];
     let ties = cases.len() - 1;
+    if half {
+        cases.push(([1, 2, 100, 64], 700, 64, &[650], &[0, 32]));
+    }
     for (n, (centroid_dims, keys_len, dim_v, key_lengths, topks)) in cases.into_iter().enumerate() {
         let [batch, heads, clusters, dim] = centroid_dims;
         let seed = 90 + 3 * n as u64;
         let ternary = |x: Host4| if n == ties { ternary(x) } else { x };
-        let centroids = ternary(normal(centroid_dims, seed));
-        let keys = ternary(normal([batch, heads, keys_len, dim], seed + 1));
-        let values = normal([batch, heads, keys_len, dim_v], seed + 2);
+        let (centroids, centroids_in) = rounded::<B>(&ternary(normal(centroid_dims, seed)), dtype);
+        let (keys, keys_in) = rounded::<B>(
+            &ternary(normal([batch, heads, keys_len, dim], seed + 1)),
+            dtype,
+        );
+        let (values, values_in) =
+            rounded::<B>(&normal([batch, heads, keys_len, dim_v], seed + 2), dtype);
+        let tolerance = if half {
+            crate::half::tolerance(dtype) * largest(&values)
+        } else {
+            tolerance
+        };
+        let weight_tolerance = if half {
+            crate::half::tolerance(dtype)
+        } else {
+            tolerance
+        };
         for &topk in topks {
             let (out, top) = centroid_attention(
-                centroids.to_tensor::<B>(&device),
-                keys.to_tensor::<B>(&device),
-                values.to_tensor::<B>(&device),
+                centroids_in.clone(),
+                keys_in.clone(),
+                values_in.clone(),
                 Some(lengths::<B>(key_lengths, &device)),
                 topk,
             );
             assert_eq!(out.dims(), [batch, heads, clusters, dim_v]);
-            let out = Host4::from_tensor(out);
+            let out = Host4::from_tensor(out.cast(DType::F32));
             let top = top.map(|(indices, weights)| {
                 assert_eq!(indices.dims(), [batch, heads, clusters, topk]);
-                (host_ints(indices), Host4::from_tensor(weights))
+                (
+                    host_ints(indices),
+                    Host4::from_tensor(weights.cast(DType::F32)),
+                )
             });
             assert_eq!(top.is_some(), topk > 0, "top-k present iff topk > 0");
             for (b, &valid) in key_lengths.iter().enumerate() {
@@ -119,7 +153,7 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
                             );
                             let got = top_weights.at(b, h, c, r);
                             assert!(
-                                (got - weights[j]).abs() <= tolerance,
+                                (got - weights[j]).abs() <= weight_tolerance,
                                 "{case}: weight of key {j}: {got} vs {}",
                                 weights[j]
                             );
@@ -146,7 +180,17 @@ fn ternary(mut x: Host4) -> Host4 {
 /// queries for the host loops to split them between threads (on a machine with two or more),
 /// with the tolerance of `sparse_products_match_reference`.
 pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
+    top_attention_matches_loops_in::<B>(DType::F32);
+}
+
+/// [`top_attention_matches_loops`] in `dtype` (the backend's op only), the references fed the
+/// inputs rounded to it: in `f16` and `bf16` each output within
+/// [`tolerance`](crate::half::tolerance) of the largest entries of the values and the rests
+/// added (an output is its cluster's mass, below 1, times a convex combination of values,
+/// plus its rest); with one more case at the bench's widths (`E = D = 64`, `k` 32).
+pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType) {
     let device = Default::default();
+    let half = dtype != DType::F32;
     // (batch, heads, L, S, E, D, C, k, key lengths, tolerance)
     type Case = (
         usize,
@@ -160,11 +204,14 @@ pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
         &'static [usize],
         f64,
     );
-    let cases: [Case; 3] = [
+    let mut cases: Vec<Case> = vec![
         (2, 3, 37, 29, 10, 7, 5, 6, &[29, 4], 1e-5),
         (1, 2, 301, 90, 70, 20, 6, 33, &[85], 1e-4),
         (1, 1, 2500, 60, 8, 5, 7, 4, &[55], 1e-5),
     ];
+    if half {
+        cases.push((1, 2, 600, 300, 64, 64, 9, 32, &[290], 0.0));
+    }
     let scale = 0.3;
     for (n, (batch, heads, len, keys_len, dim, dim_v, clusters, k, key_lengths, tolerance)) in
         cases.into_iter().enumerate()
@@ -177,45 +224,59 @@ pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
                 top[0] = 0;
             }
         }
-        let queries = normal([batch, heads, len, dim], seed + 1);
-        let keys = normal([batch, heads, keys_len, dim], seed + 2);
-        let values = normal([batch, heads, keys_len, dim_v], seed + 3);
+        let (queries, queries_in) =
+            rounded::<B>(&normal([batch, heads, len, dim], seed + 1), dtype);
+        let (keys, keys_in) = rounded::<B>(&normal([batch, heads, keys_len, dim], seed + 2), dtype);
+        let (values, values_in) =
+            rounded::<B>(&normal([batch, heads, keys_len, dim_v], seed + 3), dtype);
         let mut mass = normal([batch, heads, clusters, 1], seed + 4);
         for m in &mut mass.data {
             *m = m.abs() / (1.0 + m.abs());
         }
-        let rest = normal([batch, heads, clusters, dim_v], seed + 5);
+        let (mass, mass_in) = rounded::<B>(&mass, dtype);
+        let (rest, rest_in) =
+            rounded::<B>(&normal([batch, heads, clusters, dim_v], seed + 5), dtype);
+        let tolerance = if half {
+            crate::half::tolerance(dtype) * (largest(&values) + largest(&rest))
+        } else {
+            tolerance
+        };
         let (topk, assignments) = ix.tensors::<B>();
         let inputs = || {
             (
-                queries.to_tensor::<B>(&device),
-                keys.to_tensor::<B>(&device),
-                values.to_tensor::<B>(&device),
+                queries_in.clone(),
+                keys_in.clone(),
+                values_in.clone(),
                 topk.clone(),
                 assignments.clone(),
-                mass.to_tensor::<B>(&device),
-                rest.to_tensor::<B>(&device),
+                mass_in.clone(),
+                rest_in.clone(),
                 Some(lengths::<B>(key_lengths, &device)),
             )
         };
         let (q, kt, v, t, a, m, r, l) = inputs();
-        let out = top_attention(q, kt, v, a, t, m, r, l, scale);
-        let (q, kt, v, t, a, m, r, l) = inputs();
-        let clusters_top = ClusterTop {
-            assignments: a.into_primitive(),
-            topk: t.into_primitive(),
-            mass: m.into_primitive().tensor(),
-            rest: r.into_primitive().tensor(),
-        };
-        let default_body = float::<B>(reference::top_attention::<B>(
-            q.into_primitive().tensor(),
-            kt.into_primitive().tensor(),
-            v.into_primitive().tensor(),
-            clusters_top,
-            l.map(Tensor::into_primitive),
-            scale,
-        ));
-        for (name, out) in [("backend", out), ("default body", default_body)] {
+        let out = top_attention(q, kt, v, a, t, m, r, l, scale).cast(DType::F32);
+        let mut checked = vec![("backend", out)];
+        // The default body in `f32` only: in a half type it rounds at every op.
+        if !half {
+            let (q, kt, v, t, a, m, r, l) = inputs();
+            let clusters_top = ClusterTop {
+                assignments: a.into_primitive(),
+                topk: t.into_primitive(),
+                mass: m.into_primitive().tensor(),
+                rest: r.into_primitive().tensor(),
+            };
+            let default_body = float::<B>(reference::top_attention::<B>(
+                q.into_primitive().tensor(),
+                kt.into_primitive().tensor(),
+                v.into_primitive().tensor(),
+                clusters_top,
+                l.map(Tensor::into_primitive),
+                scale,
+            ));
+            checked.push(("default body", default_body));
+        }
+        for (name, out) in checked {
             assert_eq!(out.dims(), [batch, heads, len, dim_v]);
             let out = Host4::from_tensor(out);
             for (b, &valid) in key_lengths.iter().enumerate() {

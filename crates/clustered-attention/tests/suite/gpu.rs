@@ -204,6 +204,31 @@ fn half_precision_matches_reference<F: ClusteredAttentionBackend, U: ClusteredAt
     crate::half::centroid_gradients_match_reference::<U>(dtype);
 }
 
+/// With the `cmma` feature, the fused attention kernels with their scores on cooperative
+/// matrices in `dtype`, on the fused backend `F` and the unfused `U` of one runtime: the device
+/// must report a tile shape (a device without one fails here rather than test the multiply-add
+/// path twice); then the centroid attention and the top-k attention against plain f64 loops
+/// and the half-precision checks of `half.rs` (the attentions, the centroid attention's
+/// gradients), each fed the inputs rounded to `dtype`.
+#[cfg(feature = "cmma")]
+fn cmma_products_match_reference<F: ClusteredAttentionBackend, U: ClusteredAttentionBackend>(
+    dtype: DType,
+) {
+    use clustered_attention::ops::ScoreProducts;
+    let device = Default::default();
+    let products = F::score_products(&device, dtype);
+    assert!(
+        matches!(products, ScoreProducts::Cmma { .. }),
+        "the device reports no cooperative matrices for {dtype:?} into f32: {products}"
+    );
+    assert_eq!(U::score_products(&Default::default(), dtype), products);
+    crate::fused::centroid_attention_matches_loops_in::<F>(dtype);
+    crate::fused::top_attention_matches_loops_in::<F>(dtype);
+    crate::fused::centroid_attention_matches_loops_in::<U>(dtype);
+    crate::fused::top_attention_matches_loops_in::<U>(dtype);
+    half_precision_matches_reference::<F, U>(dtype);
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -430,6 +455,16 @@ mod wgpu {
         super::kernels_match_reference::<CubeBackend<WgpuRuntime, f32, i32, u32>>();
     }
 
+    /// The kernels on cooperative matrices in `f16` (`super::cmma_products_match_reference`):
+    /// on Vulkan (the `vulkan` feature) with a driver that has `VK_KHR_cooperative_matrix`,
+    /// such as lavapipe from Mesa 25.1 on (`scripts/cmma-lavapipe.sh`).
+    #[cfg(feature = "cmma")]
+    #[test]
+    fn cmma_products_match_reference() {
+        type Unfused = CubeBackend<WgpuRuntime, f32, i32, u32>;
+        super::cmma_products_match_reference::<Wgpu, Unfused>(DType::F16);
+    }
+
     #[test]
     fn autodiff_kernels_match_reference() {
         super::kernels_match_reference::<Autodiff<Wgpu>>();
@@ -476,6 +511,23 @@ mod cuda {
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]
     fn half_precision_bf16_matches_reference() {
         super::half_precision_matches_reference::<Cuda, Unfused>(DType::BF16);
+    }
+
+    /// The kernels on cooperative matrices (`super::cmma_products_match_reference`) in `f16`,
+    /// on tensor cores.
+    #[cfg(feature = "cmma")]
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn cmma_f16_products_match_reference() {
+        super::cmma_products_match_reference::<Cuda, Unfused>(DType::F16);
+    }
+
+    /// As [`cmma_f16_products_match_reference`] in `bf16`.
+    #[cfg(feature = "cmma")]
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn cmma_bf16_products_match_reference() {
+        super::cmma_products_match_reference::<Cuda, Unfused>(DType::BF16);
     }
 
     /// The layer trains one batch to near-zero loss in `bf16`.
