@@ -7,6 +7,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor};
+use clustered_attention::ops::ScoreProducts;
 use clustered_attention::{
     AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
     FullAttention, ImprovedClusteredAttention, hamming_kmeans, lsh_hash, lsh_planes,
@@ -71,6 +72,10 @@ pub struct Record {
     pub launches: Option<usize>,
     /// `--count-launches`, `--mode train`: the kernel launches of the forward pass alone.
     pub forward_launches: Option<usize>,
+    /// How the fused attention kernels compute their scores on this backend in this dtype
+    /// ([`ScoreProducts`]'s display: `multiply-add`, or `cmma m×n×k` with clustered-attention's
+    /// `cmma` feature where the device has cooperative matrices).
+    pub score_products: String,
     /// Why the measurement was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -392,8 +397,10 @@ fn run_all(
     backend: &str,
     limits: Limits,
     args: &Args,
+    products: ScoreProducts,
     mut measure: impl FnMut(&str, usize) -> Stats,
 ) -> Vec<Record> {
+    eprintln!("{backend}: scores by {products} in {}", args.dtype.name());
     let budget = memory_budget(args, limits.gpu);
     let mut records = Vec::new();
     let mut slow: Vec<(&str, f64)> = Vec::new();
@@ -425,6 +432,7 @@ fn run_all(
                 forward_median_s: None,
                 launches: None,
                 forward_launches: None,
+                score_products: products.to_string(),
                 skipped: None,
             };
             let largest = largest_tensor_bytes(op, args, limits.gpu, len);
@@ -509,7 +517,8 @@ pub fn run_forward<B: ClusteredAttentionBackend>(
     check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
     let gpu = limits.gpu;
-    Ok(run_all(backend, limits, args, |op, len| {
+    let products = B::score_products(&device, args.dtype.dtype());
+    Ok(run_all(backend, limits, args, products, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
         }
@@ -545,7 +554,8 @@ pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
     check_dtype::<B>(backend, &device, args)?;
     let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
     let gpu = limits.gpu;
-    Ok(run_all(backend, limits, args, |op, len| {
+    let products = B::score_products(&device, args.dtype.dtype());
+    Ok(run_all(backend, limits, args, products, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
             cache = Some((len, inputs::<B>(args, len, &device)));
         }

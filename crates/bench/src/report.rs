@@ -175,6 +175,17 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             .collect();
         out += &format!("| {backend} | {length} | {} |\n", cells.join(" | "));
     }
+    let mut products: Vec<String> = Vec::new();
+    for r in records {
+        let line = format!("{} {}", r.backend, r.score_products);
+        if !products.contains(&line) {
+            products.push(line);
+        }
+    }
+    out += &format!(
+        "\nScores of the fused attention kernels (clustered, improved): {}.\n",
+        products.join("; ")
+    );
     let notes: BTreeSet<String> = records
         .iter()
         .filter_map(|r| {
