@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CUDA kit on a machine without a GPU: stripped, gzipped release binaries of the
 # benchmark CLI (`bench`, CUDA backend only), of the test suite that holds the CUDA tests
-# (`suite`), and of `asr` and its `ddp` test (asr-model's `ddp` feature), `run.sh`, the one command to run on the GPU machine, and `sdpa-bench.py`, which
-# times PyTorch's attention on the same shapes there. Everything lands in `gpu-kit/`
-# (git-ignored), under 64 MiB.
+# (`suite`), of both again with clustered-attention's `cmma` feature (`bench-cmma`,
+# `suite-cmma`: the scores on tensor cores in f16 and bf16), and of `asr` and its `ddp` test
+# (asr-model's `ddp` feature), `run.sh`, the one command to run on the GPU machine, and
+# `sdpa-bench.py`, which times PyTorch's attention on the same shapes there. Everything lands
+# in `gpu-kit/` (git-ignored), under 64 MiB.
 #
 # Use: `bash scripts/gpu-bundle.sh`, copy `gpu-kit/` to a Linux x86-64 machine with an NVIDIA
 # GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel), and
@@ -33,27 +35,39 @@ for line in sys.stdin:
 '
 }
 
+# The binaries are gathered here as they are built (`bench` and `bench-cmma` share a path).
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT
 cargo build --release --locked -p bench --no-default-features --features cuda
+cp "$target/release/bench" "$staging/bench"
+cargo build --release --locked -p bench --no-default-features --features cuda,cmma
+cp "$target/release/bench" "$staging/bench-cmma"
 # The test binary that holds the CUDA tests (the `suite` integration test). Without Burn's
 # autotuning: the tests check values, and with it the half-precision tests ran past 150 s on an
 # H100, where a build without it had taken ~35 s. The benchmark keeps it.
 suite=$(test_binary suite --release --locked -p clustered-attention --features cuda --test suite)
+cp "$suite" "$staging/suite"
+suite=$(test_binary suite --release --locked -p clustered-attention --features cuda,cmma \
+    --test suite)
+cp "$suite" "$staging/suite-cmma"
 
 # Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
 # `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
 cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
 ddp=$(test_binary ddp --release --locked -p asr-model --no-default-features --features ddp \
     --test ddp)
+cp "$target/release/asr" "$staging/asr"
+cp "$ddp" "$staging/ddp"
 
+binaries=(bench bench-cmma suite suite-cmma asr ddp)
 rm -rf "$kit"
 mkdir -p "$kit"
-cp "$target/release/bench" "$kit/bench"
-cp "$suite" "$kit/suite"
-cp "$target/release/asr" "$kit/asr"
-cp "$ddp" "$kit/ddp"
-strip "$kit/bench" "$kit/suite" "$kit/asr" "$kit/ddp"
-# gzip brings them to about a quarter (run.sh unpacks them).
-gzip -9 "$kit/bench" "$kit/suite" "$kit/asr" "$kit/ddp"
+for name in "${binaries[@]}"; do
+    cp "$staging/$name" "$kit/$name"
+    strip "$kit/$name"
+    # gzip brings them to about a quarter (run.sh unpacks them).
+    gzip -9 "$kit/$name"
+done
 cp scripts/gpu-run.sh "$kit/run.sh"
 cp scripts/sdpa-bench.py "$kit/sdpa-bench.py"
 

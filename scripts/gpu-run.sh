@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bench.gz`, `suite.gz`, `asr.gz` and `ddp.gz`): the CUDA tests,
-# a check of training with DDP (ddp-test.log, ddp-train.log), then the CUDA benchmark
-# (forward and train, 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then
-# clustered and improved in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused).
+# there as gpu-kit/run.sh beside `bench.gz`, `suite.gz`, `bench-cmma.gz`, `suite-cmma.gz`,
+# `asr.gz` and `ddp.gz`): the CUDA tests (those of `suite-cmma` named `cmma:TEST`), a check of
+# training with DDP (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train,
+# 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then clustered and improved
+# in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused; then with the scores on
+# tensor cores, `bench-cmma`, in bf16 and f16 at 8 heads).
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables, ours
@@ -25,7 +27,8 @@
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
 # train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
 # unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
-# train-f32, train-bf16, train-f16 (fused). RUN_DEADLINE_S (default none), seconds: each test,
+# train-f32, train-bf16, train-f16 (fused), then cmma-forward-bf16, cmma-train-bf16,
+# cmma-forward-f16 (fused, `bench-cmma`). RUN_DEADLINE_S (default none), seconds: each test,
 # sanitizer run and table gets at most what is left of it, less 20 s for the results, and is
 # skipped (said so in summary.md) when under 30 s would be left; the run then ends within about
 # RUN_DEADLINE_S.
@@ -53,8 +56,9 @@ bin=$(mktemp -d)
 for name in bench suite; do
     gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1
 done
-# `asr` and the `ddp` test, built with asr-model's `ddp` feature (kits from before lack them).
-for name in asr ddp; do
+# `asr` and the `ddp` test, built with asr-model's `ddp` feature, and the `cmma` builds of the
+# bench and the suite (kits from before lack them).
+for name in asr ddp bench-cmma suite-cmma; do
     [ -f "$kit/$name.gz" ] && { gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1; }
 done
 
@@ -96,6 +100,14 @@ rm -rf "$tests" "$tables" "$out/sanitizer"
 mkdir -p "$tests" "$tables"
 "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
 [ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
+# The tests of the scores on tensor cores, from the `cmma` build of the suite, as `cmma:TEST`.
+if [ -x "$bin/suite-cmma" ]; then
+    "$bin/suite-cmma" --ignored --list cuda::cmma_ 2>/dev/null |
+        sed -n 's/: test$//p' | sed 's/^/cmma:/' >>"$work/test-list"
+fi
+# suite_of NAME, test_of NAME: the binary that holds the test NAME, and its name there.
+suite_of() { if [[ $1 == cmma:* ]]; then echo "$bin/suite-cmma"; else echo "$bin/suite"; fi; }
+test_of() { echo "${1#cmma:}"; }
 cp "$work/test-list" "$work/all-tests"
 # warn_unknown VARIABLE NAMES: says which of NAMES (comma separated) the suite has no CUDA test of.
 warn_unknown() {
@@ -117,8 +129,8 @@ run_test() {
     fi
     # The tests check values, not speed: Burn's matmul needs no autotuning for them.
     CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
-        timeout -k 10 "$limit" "$bin/suite" --ignored --exact "$1" --test-threads=1 \
-        >"$tests/$1.log" 2>&1
+        timeout -k 10 "$limit" "$(suite_of "$1")" --ignored --exact "$(test_of "$1")" \
+        --test-threads=1 >"$tests/$1.log" 2>&1
     echo "exit status $?" >>"$tests/$1.log"
 }
 while read -r name; do
@@ -202,7 +214,8 @@ if [ -n "$faulted" ]; then
                 fi
                 CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
                     timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
-                    --print-limit 20 "$bin/suite" --ignored --exact "$name" --test-threads=1 \
+                    --print-limit 20 "$(suite_of "$name")" --ignored --exact "$(test_of "$name")" \
+                    --test-threads=1 \
                     >"$log" 2>&1
                 echo "exit status $?" >>"$log"
                 {
@@ -283,7 +296,7 @@ bench_table() {
         printf '\n## %s (skipped: RUN_DEADLINE_S reached)\n' "$title" >>"$out/summary.md"
         return
     fi
-    timeout -k 10 "$limit" "$bin/bench" --runs "${BENCH_RUNS:-5}" \
+    timeout -k 10 "$limit" "${BENCH_BIN:-$bin/bench}" --runs "${BENCH_RUNS:-5}" \
         --min-time-s "${BENCH_MIN_TIME_S:-0}" --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
@@ -319,6 +332,16 @@ for backend in cuda-unfused cuda; do
         done
     done
 done
+# The scores on tensor cores (clustered-attention's `cmma` feature), fused, 8 heads as the
+# SDPA comparison above; the tables say which products ran.
+if [ -x "$bin/bench-cmma" ]; then
+    for table in forward-bf16 train-bf16 forward-f16; do
+        BENCH_BIN="$bin/bench-cmma" bench_table "cuda-cmma-$table" \
+            "cuda with cmma, ${table%-*}, ${table#*-}, 8 heads" --backends cuda \
+            --mode "${table%-*}" --dtype "${table#*-}" --heads 8 --lengths 16384,65536 \
+            --only clustered,improved
+    done
+fi
 if [ "$(wc -l <"$sdpa_csv")" -gt 1 ]; then
     {
         echo

@@ -68,8 +68,11 @@ def ratios(sdpa_csv, bench_csvs):
                     continue
                 ours = float(row["median_s"]) * 1e3
                 theirs, kernel = sdpa[key]
+                backend = row["backend"]
+                if row.get("score_products", "multiply-add") not in ("", "multiply-add"):
+                    backend += f" ({row['score_products']})"
                 print(
-                    f"| {row['backend']} | {key[0]} | {key[3]} | {key[1]} | {key[2]} | {row['op']} "
+                    f"| {backend} | {key[0]} | {key[3]} | {key[1]} | {key[2]} | {row['op']} "
                     f"| {ours:.2f} | {theirs:.2f} ({kernel}) | {ours / theirs:.3f} |"
                 )
 
