@@ -104,8 +104,9 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi
 cp "$lock" Cargo.lock
-# The docs and the type check: every feature CI builds, CUDA's included.
-features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda)
+# The docs and the type check: every feature CI builds, CUDA's and the scores on cooperative
+# matrices (`cmma`, whose test runs on lavapipe by scripts/cmma-lavapipe.sh) included.
+features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda,clustered-attention/cmma)
 
 # The API docs build without a warning (broken or private links among them).
 phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
