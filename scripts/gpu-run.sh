@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bench.gz`, `suite.gz`, `bench-cmma.gz`, `suite-cmma.gz`,
-# `asr.gz` and `ddp.gz`): the CUDA tests (those of `suite-cmma` named `cmma:TEST`), a check of
+# there as gpu-kit/run.sh beside `bench.xz`, `suite.xz`, `bench-cmma.xz`, `suite-cmma.xz`,
+# `asr.xz` and `ddp.xz`): the CUDA tests (those of `suite-cmma` named `cmma:TEST`), a check of
 # training with DDP (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train,
 # 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then clustered and improved
 # in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused; then with the scores on
@@ -53,13 +53,31 @@ out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && 
 [ -n "$out" ] || { echo "cannot use the results folder ${1:-${OUT:-gpu-results}}" >&2; exit 2; }
 work=$(mktemp -d)
 bin=$(mktemp -d)
+# unpack NAME: the kit's NAME.xz (xz, or Python's lzma where xz is missing), or NAME.gz from
+# kits before, into $bin; status 1 when the kit has neither.
+unpack() {
+    local packed=$kit/$1 to=$bin/$1
+    if [ -f "$packed.xz" ]; then
+        if command -v xz >/dev/null; then
+            xz -dc "$packed.xz" >"$to"
+        else
+            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+                "$packed.xz" "$to"
+        fi
+    elif [ -f "$packed.gz" ]; then
+        gunzip -c "$packed.gz" >"$to"
+    else
+        return 1
+    fi || { echo "cannot unpack $packed" >&2; exit 1; }
+    chmod +x "$to"
+}
 for name in bench suite; do
-    gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1
+    unpack "$name" || { echo "the kit has no $name" >&2; exit 1; }
 done
 # `asr` and the `ddp` test, built with asr-model's `ddp` feature, and the `cmma` builds of the
 # bench and the suite (kits from before lack them).
 for name in asr ddp bench-cmma suite-cmma; do
-    [ -f "$kit/$name.gz" ] && { gunzip -c "$kit/$name.gz" >"$bin/$name" && chmod +x "$bin/$name" || exit 1; }
+    unpack "$name" || true
 done
 
 # Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
