@@ -31,8 +31,8 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
 /// it: in `f16` and `bf16` the outputs, convex combinations of the values, within
 /// [`tolerance`](crate::half::tolerance) of the values' largest entry, the top-k weights within
 /// it, and the chosen keys' scores within it of the k-th best (relative to it above 1: a
-/// device's cooperative matrices may round each product to the half type, as lavapipe's do,
-/// and a key near the k-th best may then rank either way); with one more case at the bench's
+/// device's cooperative matrices may round each product to the half type, as lavapipe's seem
+/// to, and a key near the k-th best may then rank either way); with one more case at the bench's
 /// widths (`E = D = 64`, `topk` 32).
 pub fn centroid_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType) {
     let device = Default::default();

@@ -14,6 +14,7 @@ use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;
 
+use super::MAX_SHARED_BYTES;
 use crate::ops::ScoreProducts;
 
 /// The tile shape of a cooperative matrix product, `m × k` times `k × n` into `m × n`; all
@@ -299,17 +300,14 @@ impl<F: Float> MmaTiles<F> {
 
 /// The key tile of the centroid attention's `scan` (`extra` 0) or `rest` (`extra` the bytes of
 /// a key's value row in `f32`) on cooperative matrices: the most of 64, 32 and 16 keys whose
-/// shared memory ([`MmaTiles`] and `extra` per key) fits [`SHARED_BYTES`] with `units` rows of
+/// shared memory ([`MmaTiles`] and `extra` per key) fits [`MAX_SHARED_BYTES`] with `units` rows of
 /// `dim` features, none when 16 do not fit (the pass then takes multiply-adds).
 pub(super) fn centroid_tile(mma: Mma, units: usize, dim: usize, extra: usize) -> Option<usize> {
     let dim_pad = mma.pad_depth(dim);
     let half = 2;
     [64, 32, 16].into_iter().find(|&tile| {
         tile % mma.n == 0
-            && units * dim_pad * half + tile * (dim_pad * half + units * 4 + extra) <= SHARED_BYTES
+            && units * dim_pad * half + tile * (dim_pad * half + units * 4 + extra)
+                <= MAX_SHARED_BYTES
     })
 }
-
-/// Most bytes of shared memory a kernel on cooperative matrices takes: 32 KiB, the least of
-/// the drivers the crate runs on (lavapipe's; CUDA gives 48 KiB per block).
-pub(super) const SHARED_BYTES: usize = 32 * 1024;

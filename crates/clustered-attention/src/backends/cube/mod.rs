@@ -299,6 +299,11 @@ pub(super) fn linear<R: CubeRuntime>(tensor: CubeTensor<R>) -> TensorArg<R> {
 /// guaranteed minimum.
 const SHARED_FLOATS: usize = 4096;
 
+/// Most bytes of shared memory a cube of the kernels that need more than [`SHARED_FLOATS`]
+/// takes (the top-k attention's scores, the products on cooperative matrices): 32 KiB, the
+/// least of the drivers the crate runs on (lavapipe's; CUDA gives 48 KiB per block).
+const MAX_SHARED_BYTES: usize = 32 * 1024;
+
 /// Most features `E` or `D` the attention kernels keep in registers per row.
 const MAX_DIM: usize = 128;
 

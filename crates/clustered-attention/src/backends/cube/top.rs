@@ -20,9 +20,9 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::mma::{Mma, SHARED_BYTES, mma_shape, score_tile};
+use super::mma::{Mma, mma_shape, score_tile};
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
-use super::{MAX_DIM, SHARED_FLOATS, linear};
+use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
 
 /// One cube per (cluster, `bh`): grid X (folded into Y) over clusters, Z over `bh`.
 ///
@@ -316,9 +316,9 @@ fn cluster_means_kernel<F: Float>(
 const UNITS: u32 = 64;
 
 /// Units per cube of [`top_attention_kernel`]: [`UNITS`], or [`MIN_TOP_UNITS`] where the
-/// scores of 64 units would take its shared memory past [`TOP_SHARED_FLOATS`].
+/// scores of 64 units would take its shared memory past [`MAX_SHARED_BYTES`].
 fn top_units(dim: usize, dim_v: usize, k: usize) -> usize {
-    if k * (dim + dim_v + UNITS as usize + 1) <= TOP_SHARED_FLOATS {
+    if k * (dim + dim_v + UNITS as usize + 1) * 4 <= MAX_SHARED_BYTES {
         UNITS as usize
     } else {
         MIN_TOP_UNITS
@@ -327,7 +327,7 @@ fn top_units(dim: usize, dim_v: usize, k: usize) -> usize {
 
 /// The tile shape and units per cube of [`top_attention_kernel`] on cooperative matrices: where
 /// [`mma_shape`] gives a shape for `dtype` and the kernel's shared memory fits
-/// [`SHARED_BYTES`] with 64 or 32 units (the keys in the float type, padded to whole tiles).
+/// [`MAX_SHARED_BYTES`] with 64 or 32 units (the keys in the float type, padded to whole tiles).
 fn top_mma<R: CubeRuntime>(
     client: &ComputeClient<R>,
     dtype: DType,
@@ -348,17 +348,13 @@ fn top_mma<R: CubeRuntime>(
                 + units * dim_pad * half
                 + units * k_pad * 4
                 + k * 4;
-            bytes <= SHARED_BYTES
+            bytes <= MAX_SHARED_BYTES
         })
         .map(|units| (mma, units))
 }
 
 /// The fewest units per cube of [`top_attention_kernel`].
 const MIN_TOP_UNITS: usize = 32;
-
-/// Most 4-byte words of shared memory [`top_attention_kernel`] takes: 32 KiB, the least of the
-/// drivers the crate runs on (lavapipe's; CUDA gives 48 KiB per block).
-const TOP_SHARED_FLOATS: usize = 2 * SHARED_FLOATS;
 
 /// Whether [`top_attention`] takes these sizes (`E, D ≤ 128`, the top-k keys and values in
 /// 16 KiB, with the scores of [`MIN_TOP_UNITS`] units in 32 KiB, at most [`SORT_CLUSTERS`]
@@ -370,7 +366,7 @@ pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> 
         && dim_v <= MAX_DIM
         && k > 0
         && k * (dim + dim_v) <= SHARED_FLOATS
-        && k * (dim + dim_v + MIN_TOP_UNITS + 1) <= TOP_SHARED_FLOATS
+        && k * (dim + dim_v + MIN_TOP_UNITS + 1) * 4 <= MAX_SHARED_BYTES
         && clusters <= SORT_CLUSTERS
 }
 
