@@ -12,8 +12,8 @@
 #   bash scripts/fresh-main-job.sh ASR_BINARY [extra `asr train` arguments]
 #
 # The training stops after STEPS steps (default 2) of one epoch, then train.sh scores the model
-# and decodes with the phone LM as usual. The tree (about 300 MB) is made in a temporary folder
-# under $FRESH_ROOT_PARENT (default /tmp) and removed at the end.
+# and decodes with the phone LM as usual. The tree is made in a temporary folder under
+# $FRESH_ROOT_PARENT (default /tmp) and removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:?usage: fresh-main-job.sh ASR_BINARY [asr train arguments]}
