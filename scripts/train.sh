@@ -15,7 +15,8 @@
 #
 # EPOCHS sets the number of epochs (default: 14 with the games, 40 without). Extra arguments go
 # to `asr train` (see `cargo run --release -p asr-model -- train --help`). ASR_BIN names an asr
-# binary to use instead of building one (release).
+# binary to use instead of building one (release); PHONE_LM=0 skips the decoding with the phone
+# language model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/system-packages/install.sh
@@ -60,7 +61,7 @@ fi
 "$bin" train "${args[@]}" --devices "cpu:$cores" --out runs/improved \
     --also-test data/real/test.jsonl "$@"
 
-if [ "$games" = 1 ]; then
+if [ "$games" = 1 ] && [ "${PHONE_LM:-1}" != 0 ]; then
     # The same test sets decoded by CTC prefix beam search with a phone 5-gram LM counted on the
     # three corpora's training transcripts (its weight, insertion bonus and beam were chosen on
     # their dev splits), in the directory the model was written to.
