@@ -8,9 +8,9 @@
 # This script installs Debian's LLVM 22 development packages (llvm-22-dev, libpolly-22-dev,
 # libzstd-dev: as root or through sudo), writes the marker and makes `bin/llvm-config` a wrapper
 # of Debian's that names libraries as `-lNAME` (the bundler would turn an absolute
-# `/…/libz3.so` into `-llibz3`). LLVM 22 stands in for the bundle's 23: cubecl's `cuda-cpp`
-# feature, which the workspace turns on, compiles the kernels with NVRTC at run time, and LLVM
-# is linked in (statically) but not on that path. None of this is promised upstream: it relies
+# `/…/libz3.so` into `-llibz3`). LLVM 22 stands in for the bundle's 23 where cubecl's `cuda-cpp`
+# feature is on (a build on Burn 0.22 must turn it on): the kernels are then compiled by NVRTC at
+# run time, and LLVM is linked in (statically) but not on that path. None of this is promised upstream: it relies
 # on the bundler's marker and folder names (read from tracel-llvm-bundler 23.1.0-4's build.rs
 # and config.rs), and a newer bundler version needs its own folder (TRACEL_LLVM_VERSION).
 #
