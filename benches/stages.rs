@@ -8,15 +8,15 @@
 
 use std::time::Instant;
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Int, Tensor};
+use burn::tensor::{Device, Distribution, Int, Tensor};
 use clustered_attention::ops::{
-    CentroidAttention, ClusterTop, attention_softmax, centroid_attention, sparse_dot,
-    sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
+    CentroidAttention, ClusterTop, ClusteredAttentionBackward, attention_softmax,
+    centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum, top_attention,
+    topk_indices,
 };
 use clustered_attention::{
-    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
-    ImprovedClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
+    AttentionInput, ClusteredAttention, ClusteringOptions, ImprovedClusteredAttention,
+    cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
 
 #[global_allocator]
@@ -46,18 +46,18 @@ fn runs() -> usize {
 
 /// Minimum and median of synchronised runs after a warm-up; a stage whose name does not contain
 /// `STAGE_FILTER` (when set) runs once, untimed.
-fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R {
+fn stage<R>(name: &str, device: &Device, f: impl Fn() -> R) -> R {
     if std::env::var("STAGE_FILTER").is_ok_and(|filter| !name.contains(&filter)) {
         return f();
     }
     let _ = f();
-    B::sync(device).expect("sync");
+    device.sync().expect("sync");
     let mut times = Vec::new();
     let mut out = None;
     for _ in 0..runs() {
         let start = Instant::now();
         out = Some(f());
-        B::sync(device).expect("sync");
+        device.sync().expect("sync");
         times.push(start.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
@@ -69,26 +69,28 @@ fn stage<B: Backend, R>(name: &str, device: &B::Device, f: impl Fn() -> R) -> R 
     out.expect("five runs")
 }
 
-fn run<B: ClusteredAttentionBackend>(len: usize) {
-    let device = Default::default();
+/// Every stage on `device`, whose backend is `B` (the backward ops are called on its
+/// primitives).
+fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
+    let device = device.clone();
     let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let shape = [1, heads, len, dim];
     let [q, k, v] =
-        [0, 1, 2].map(|_| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device));
+        [0, 1, 2].map(|_| Tensor::<4>::random(shape, Distribution::Normal(0., 1.), &device));
     let options = ClusteringOptions::new(clusters);
 
-    let planes = lsh_planes::<B>(32, dim, true, 0, &device);
-    let codes = stage::<B, _>("lsh_hash", &device, || lsh_hash(q.clone(), planes.clone()));
-    stage::<B, _>("hamming_kmeans", &device, || {
+    let planes = lsh_planes(32, dim, true, 0, &device);
+    let codes = stage("lsh_hash", &device, || lsh_hash(q.clone(), planes.clone()));
+    stage("hamming_kmeans", &device, || {
         hamming_kmeans(codes.clone(), None, clusters, 10, 0)
     });
     let groups = cluster_queries(q.clone(), None, &options);
     let assignments = groups.assignments;
-    let ones = Tensor::<B, 4>::ones([1, heads, len, 1], &device);
-    let identity = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+    let ones = Tensor::<4>::ones([1, heads, len, 1], &device);
+    let identity = Tensor::<1, Int>::arange(0..clusters as i64, &device)
         .reshape([1, 1, clusters, 1])
         .expand([1, heads, clusters, 1]);
-    let centroids = stage::<B, _>("centroid sums", &device, || {
+    let centroids = stage("centroid sums", &device, || {
         sparse_scatter(
             ones.clone(),
             q.clone(),
@@ -98,16 +100,16 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
         )
     });
     let keys_t = k.clone().swap_dims(2, 3);
-    let scores = stage::<B, _>("centroid scores", &device, || {
+    let scores = stage("centroid scores", &device, || {
         centroids.clone().matmul(keys_t.clone())
     });
-    let weights = stage::<B, _>("softmax [C, S]", &device, || {
+    let weights = stage("softmax [C, S]", &device, || {
         attention_softmax(scores.clone())
     });
-    let cluster_values = stage::<B, _>("weights @ values", &device, || {
+    let cluster_values = stage("weights @ values", &device, || {
         weights.clone().matmul(v.clone())
     });
-    stage::<B, _>("broadcast", &device, || {
+    stage("broadcast", &device, || {
         sparse_weighted_sum(
             ones.clone(),
             cluster_values.clone(),
@@ -115,20 +117,20 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
             assignments.clone(),
         )
     });
-    let top = stage::<B, _>("topk", &device, || topk_indices(scores.clone(), topk));
-    stage::<B, _>("centroid attention", &device, || {
+    let top = stage("topk", &device, || topk_indices(scores.clone(), topk));
+    stage("centroid attention", &device, || {
         centroid_attention(centroids.clone(), k.clone(), v.clone(), None, 0)
     });
-    stage::<B, _>("centroid attention + topk", &device, || {
+    stage("centroid attention + topk", &device, || {
         centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk)
     });
-    let dots = stage::<B, _>("sparse_dot", &device, || {
+    let dots = stage("sparse_dot", &device, || {
         sparse_dot(q.clone(), k.clone(), top.clone(), assignments.clone())
     });
-    let top_weights = stage::<B, _>("softmax [L, k]", &device, || {
+    let top_weights = stage("softmax [L, k]", &device, || {
         attention_softmax(dots.clone())
     });
-    stage::<B, _>("sparse_weighted_sum", &device, || {
+    stage("sparse_weighted_sum", &device, || {
         sparse_weighted_sum(
             top_weights.clone(),
             v.clone(),
@@ -136,10 +138,10 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
             assignments.clone(),
         )
     });
-    let mass = stage::<B, _>("gather top mass", &device, || {
+    let mass = stage("gather top mass", &device, || {
         weights.clone().gather(3, top.clone()).sum_dim(3)
     });
-    stage::<B, _>("top attention (fused)", &device, || {
+    stage("top attention (fused)", &device, || {
         top_attention(
             q.clone(),
             k.clone(),
@@ -152,15 +154,17 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
             0.125,
         )
     });
-    let float = |x: &Tensor<B, 4>| x.clone().into_primitive().tensor();
+    let float = |x: &Tensor<4>| B::float_primitive(x.clone());
+    let int = |x: &Tensor<4, Int>| B::int_primitive(x.clone());
     let normal =
-        |shape: [usize; 4]| Tensor::<B, 4>::random(shape, Distribution::Normal(0., 1.), &device);
-    let forward = B::centroid_attention(float(&centroids), float(&k), float(&v), None, topk);
+        |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0., 1.), &device);
+    let forward =
+        B::centroid_attention_forward(float(&centroids), float(&k), float(&v), None, topk);
     let (grad_rest, grad_top_weights) = (
         normal([1, heads, clusters, dim]),
         normal([1, heads, clusters, topk]),
     );
-    stage::<B, _>("centroid attention backward", &device, || {
+    stage("centroid attention backward", &device, || {
         B::centroid_attention_backward(
             float(&centroids),
             float(&k),
@@ -176,14 +180,14 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
         )
     });
     let grad = normal(shape);
-    stage::<B, _>("top attention backward", &device, || {
+    stage("top attention backward", &device, || {
         B::top_attention_backward(
             float(&q),
             float(&k),
             float(&v),
             ClusterTop {
-                assignments: assignments.clone().into_primitive(),
-                topk: top.clone().into_primitive(),
+                assignments: B::int_primitive(assignments.clone()),
+                topk: int(&top),
                 mass: float(&mass),
                 rest: float(&cluster_values),
             },
@@ -192,14 +196,14 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
             float(&grad),
         )
     });
-    stage::<B, _>("clustered (whole)", &device, || {
+    stage("clustered (whole)", &device, || {
         ClusteredAttention::new(clusters).forward(AttentionInput::new(
             q.clone(),
             k.clone(),
             v.clone(),
         ))
     });
-    stage::<B, _>("improved (whole)", &device, || {
+    stage("improved (whole)", &device, || {
         ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(
             q.clone(),
             k.clone(),
@@ -212,11 +216,11 @@ fn run<B: ClusteredAttentionBackend>(len: usize) {
 /// backward of the sum of its output with respect to the queries, keys and values (on the CPU
 /// backends).
 #[cfg(any(feature = "flex", feature = "ndarray"))]
-fn train<B: ClusteredAttentionBackend + burn::tensor::backend::AutodiffBackend>(len: usize) {
-    let device = Default::default();
+fn train(len: usize, device: &Device) {
+    let device = device.clone().autodiff();
     let ((dim, clusters, topk), heads) = (SHAPE, heads());
     let [q, k, v] = [0, 1, 2].map(|_| {
-        Tensor::<B, 4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
+        Tensor::<4>::random([1, heads, len, dim], Distribution::Normal(0., 1.), &device)
             .require_grad()
     });
     let attend = || {
@@ -226,8 +230,8 @@ fn train<B: ClusteredAttentionBackend + burn::tensor::backend::AutodiffBackend>(
             v.clone(),
         ))
     };
-    stage::<B, _>("improved train: forward", &device, attend);
-    stage::<B, _>("improved train: forward + backward", &device, || {
+    stage("improved train: forward", &device, attend);
+    stage("improved train: forward + backward", &device, || {
         attend().sum().backward()
     });
 }
@@ -241,18 +245,21 @@ fn main() {
     match args.next().as_deref().unwrap_or("flex") {
         #[cfg(feature = "flex")]
         "flex" => {
-            run::<burn::backend::Flex>(len);
-            train::<burn::backend::Autodiff<burn::backend::Flex>>(len);
+            run::<burn::backend::Flex>(len, &Device::flex());
+            train(len, &Device::flex());
         }
         #[cfg(feature = "ndarray")]
+        #[allow(deprecated)] // Burn 0.22 deprecates NdArray in favour of Flex.
         "ndarray" => {
-            run::<burn::backend::NdArray>(len);
-            train::<burn::backend::Autodiff<burn::backend::NdArray>>(len);
+            run::<burn::backend::NdArray>(len, &Device::ndarray());
+            train(len, &Device::ndarray());
         }
         #[cfg(feature = "wgpu")]
-        "wgpu" => run::<burn::backend::Wgpu>(len),
+        "wgpu" => {
+            run::<burn::backend::Cube>(len, &Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
+        }
         #[cfg(feature = "cuda")]
-        "cuda" => run::<burn::backend::Cuda>(len),
+        "cuda" => run::<burn::backend::Cube>(len, &Device::cuda(0)),
         other => panic!("unknown or uncompiled backend {other:?} (flex, ndarray, wgpu, cuda)"),
     }
 }

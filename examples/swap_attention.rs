@@ -8,16 +8,14 @@
 use std::path::Path;
 
 use anyhow::Context;
-use burn::backend::Flex;
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 use clustered_attention::AttentionKind;
 use text_encoder::{WordPieceTokenizer, batch, load_pretrained};
 
 fn main() -> anyhow::Result<()> {
-    type B = Flex;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/minilm");
-    let device = Default::default();
-    let model = load_pretrained::<B>(&dir, AttentionKind::Full, &device)
+    let device = Device::flex();
+    let model = load_pretrained(&dir, AttentionKind::Full, &device)
         .with_context(|| format!("{}: run `bash scripts/get-minilm.sh` first", dir.display()))?;
     let tokenizer = WordPieceTokenizer::from_file(&dir.join("tokenizer.json"))?;
 
@@ -36,7 +34,7 @@ fn main() -> anyhow::Result<()> {
     let ids = tokenizer.encode(&text)?;
     anyhow::ensure!(ids.len() <= model.max_len(), "{} tokens", ids.len());
     let embed = |attention| {
-        let (tokens, lengths) = batch::<B>(std::slice::from_ref(&ids), tokenizer.pad_id(), &device);
+        let (tokens, lengths) = batch(std::slice::from_ref(&ids), tokenizer.pad_id(), &device);
         model
             .clone()
             .with_attention(attention)
@@ -62,7 +60,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Cosine of two `[1, dim]` embeddings.
-fn cosine(a: Tensor<Flex, 2>, b: Tensor<Flex, 2>) -> f32 {
+fn cosine(a: Tensor<2>, b: Tensor<2>) -> f32 {
     let dot: f32 = (a.clone() * b.clone()).sum().into_scalar();
     let norms: f32 = (a.powi_scalar(2).sum().sqrt() * b.powi_scalar(2).sum().sqrt()).into_scalar();
     dot / norms

@@ -13,13 +13,12 @@ use asr_model::manifest::read_manifest;
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{SavedModel, Strategy, TrainOptions, evaluate, load_model, train};
-use burn::backend::{Autodiff, Flex};
+use burn::tensor::Device;
 use clustered_attention::AttentionKind;
 
 fn main() -> anyhow::Result<()> {
-    type B = Flex;
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus");
-    let device = Default::default();
+    let device = Device::flex();
 
     // The corpus's phone inventory and the first utterances of two of its splits; every
     // utterance of a split is read and checked, the audio decoded for these only.
@@ -65,7 +64,7 @@ fn main() -> anyhow::Result<()> {
         augment: AugmentSet::default(),
         strategy: Strategy::Multi,
     };
-    let model = train::<Autodiff<B>>(&saved, train_split, dev.clone(), &options, &device)?;
+    let model = train(&saved, train_split, dev.clone(), &options, &device)?;
     let per = evaluate(&model, &dev, None, options.batch_frames, &device);
     println!(
         "after one short epoch: dev phone error rate {:.1} % ({} errors / {} phones)",
@@ -76,7 +75,7 @@ fn main() -> anyhow::Result<()> {
 
     // The saved model, loaded back as `asr eval` and `asr transcribe` load it, gives the same
     // phone error rate; evaluated with full attention instead, another.
-    let (loaded, _) = load_model::<B>(&dir, &device)?;
+    let (loaded, _) = load_model(&dir, &device)?;
     let again = evaluate(&loaded, &dev, None, options.batch_frames, &device);
     assert_eq!(again, per, "the saved model differs from the trained one");
     let full = evaluate(

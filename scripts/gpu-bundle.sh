@@ -1,24 +1,56 @@
 #!/usr/bin/env bash
-# Builds the CUDA kit on a machine without a GPU: stripped, xz-compressed release binaries of the
-# benchmark CLI (`bench`, CUDA backend only), of the test suite that holds the CUDA tests
-# (`suite`), of both again with clustered-attention's `cmma` feature (`bench-cmma`,
-# `suite-cmma`: the scores on tensor cores in f16 and bf16), and of `asr` and its `ddp` test
-# (asr-model's `ddp` feature), `run.sh`, the one command to run on the GPU machine, and
-# `sdpa-bench.py`, which times PyTorch's attention on the same shapes there. Everything lands
-# in `gpu-kit/` (git-ignored), under 64 MiB.
+# Builds the CUDA kit on a machine without a GPU: stripped release binaries of the test suite
+# that holds the CUDA tests (`suite`), of the benchmark CLI (`bench`, CUDA backend only), both
+# with clustered-attention's `cmma` feature, and of `asr` and its `ddp` test (asr-model's `ddp`
+# feature), packed together in one xz archive (`bin.tar.xz`), with `run.sh`, the one command
+# to run on the GPU machine, and `sdpa-bench.py`, which times PyTorch's attention on the same
+# shapes there. Everything lands in `gpu-kit/` (git-ignored), which must stay under 64 MiB (what
+# one device call carries): the script fails, saying so, when it does not.
 #
-# Use: `bash scripts/gpu-bundle.sh`, copy `gpu-kit/` to a Linux x86-64 machine with an NVIDIA
-# GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel), and
-# run `bash gpu-kit/run.sh RESULTS_DIR` there (RESULTS_DIR defaults to `$OUT`, else
-# `gpu-results`). CUDA is loaded at run time, so no toolkit is needed to build.
+# Use: `bash scripts/gpu-bundle.sh [PART...]`, copy `gpu-kit/` to a Linux x86-64 machine with an
+# NVIDIA GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel),
+# and run `bash gpu-kit/run.sh RESULTS_DIR` there (RESULTS_DIR defaults to `$OUT`, else
+# `gpu-results`); run.sh runs what the kit holds. PARTs (default all three): `tests` (`suite`:
+# the CUDA tests), `bench` (`bench`: the benchmark tables and the comparison with PyTorch's
+# SDPA), `ddp` (`asr` and `ddp`: training with DDP). CUDA is loaded at run time, so no toolkit
+# is needed to build.
+#
+# Why so few binaries: on Burn 0.22 every CUDA binary links LLVM statically (burn-cuda →
+# cubecl-cuda → cubecl-llvm; scripts/offline-llvm.sh sets up Debian's, run first here), so each
+# is over 120 MB stripped (about 24.5 MB with `xz -9` alone). One build of each program
+# serves: with `cmma` on, the CUDA tests of the scores on cooperative matrices are in the same
+# suite as the others, and the bench's f16 and bf16 tables say which products ran. (The
+# scores take cooperative matrices wherever the device reports a tile shape for f16 or bf16
+# into f32, as a tensor-core GPU does: there the half-precision tests and tables run them, and
+# the multiply-add path runs in f32 and on devices without tile shapes.) The binaries are packed
+# into one archive with a dictionary larger than the largest of them, so that the LLVM code each
+# repeats compresses against the copy before it instead of once per binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(tests bench ddp)
+for part in "${parts[@]}"; do
+    case $part in
+    tests | bench | ddp) ;;
+    *)
+        echo "gpu-bundle: unknown part $part (tests, bench, ddp)" >&2
+        exit 2
+        ;;
+    esac
+done
+# has PART: whether PART is to be built.
+has() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 
 # cudarc's bindings: CUDA 13.0, the version of the drivers this kit is meant for.
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
 kit=gpu-kit
+limit=$((64 * 1024 * 1024))
 target=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+
+# The LLVM that the CUDA backend links, from Debian's packages (no download from GitHub).
+bash scripts/offline-llvm.sh
 
 # test_binary NAME CARGO_TEST_ARGS...: builds a test binary and prints the path of the one
 # whose target is NAME.
@@ -35,46 +67,91 @@ for line in sys.stdin:
 '
 }
 
-# The binaries are gathered here as they are built (`bench` and `bench-cmma` share a path).
+# The binaries are gathered here, stripped, as they are built.
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
-cargo build --release --locked -p bench --no-default-features --features cuda
-cp "$target/release/bench" "$staging/bench"
-cargo build --release --locked -p bench --no-default-features --features cuda,cmma
-cp "$target/release/bench" "$staging/bench-cmma"
-# The test binary that holds the CUDA tests (the `suite` integration test). Without Burn's
-# autotuning: the tests check values, and with it the half-precision tests ran past 150 s on an
-# H100, where a build without it had taken ~35 s. The benchmark keeps it.
-suite=$(test_binary suite --release --locked -p clustered-attention --features cuda --test suite)
-cp "$suite" "$staging/suite"
-suite=$(test_binary suite --release --locked -p clustered-attention --features cuda,cmma \
-    --test suite)
-cp "$suite" "$staging/suite-cmma"
+binaries=()
+# add NAME PATH: NAME in the kit is the binary at PATH.
+add() {
+    cp "$2" "$staging/$1"
+    strip "$staging/$1"
+    binaries+=("$1")
+}
+if has tests; then
+    # The test binary that holds the CUDA tests (the `suite` integration test), the tests of
+    # the scores on cooperative matrices (`cuda::cmma_*`) among them. Without Burn's
+    # autotuning: the tests check values, and with it the half-precision tests ran past 150 s
+    # on an H100, where a build without it had taken ~35 s. The benchmark keeps it.
+    add suite "$(test_binary suite --release --locked -p clustered-attention --features cuda,cmma \
+        --test suite)"
+fi
+if has bench; then
+    cargo build --release --locked -p bench --no-default-features --features cuda,cmma
+    add bench "$target/release/bench"
+fi
+if has ddp; then
+    # Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
+    # `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
+    cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
+    add asr "$target/release/asr"
+    add ddp "$(test_binary ddp --release --locked -p asr-model --no-default-features \
+        --features ddp --test ddp)"
+fi
 
-# Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
-# `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
-cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
-ddp=$(test_binary ddp --release --locked -p asr-model --no-default-features --features ddp \
-    --test ddp)
-cp "$target/release/asr" "$staging/asr"
-cp "$ddp" "$staging/ddp"
+# The shared libraries the binaries need beyond glibc's and libgcc's (the C++ runtime and
+# whatever Debian's LLVM names, e.g. libz3, libxml2, libzstd, with what they need in turn) go
+# in the kit's lib/: run.sh uses those the GPU machine lacks or has too old.
+mkdir -p "$staging/lib"
+base='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|librt|libpthread|libutil|libresolv|libgcc_s)\.so'
+for name in "${binaries[@]}"; do
+    ldd "$staging/$name" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+done | sort -u | while read -r soname path; do
+    [[ $soname =~ $base ]] || cp -L "$path" "$staging/lib/$soname"
+done
+libs=$(cd "$staging/lib" && ls)
 
-binaries=(bench bench-cmma suite suite-cmma asr ddp)
+# mib FILE: the size of FILE in MiB, one decimal.
+mib() { awk -v bytes="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", bytes / 1048576 }'; }
+echo "gpu-kit binaries (stripped):"
+for name in "${binaries[@]}"; do
+    printf '  %-24s %6s MiB  needs %s\n' "$name" "$(mib "$staging/$name")" \
+        "$(readelf -d "$staging/$name" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | paste -sd ' ')"
+done
+for lib in $libs; do
+    printf '  %-24s %6s MiB\n' "lib/$lib" "$(mib "$staging/lib/$lib")"
+done
+
 rm -rf "$kit"
 mkdir -p "$kit"
-for name in "${binaries[@]}"; do
-    cp "$staging/$name" "$kit/$name"
-    strip "$kit/$name"
-    # xz brings them to about a sixth, a third less than gzip -9 (run.sh unpacks them).
-    xz -9 -T2 "$kit/$name"
+# One xz stream over all of them (xz -9 takes a binary to about a sixth, a third less than
+# gzip -9; run.sh unpacks it with xz or Python's lzma), its dictionary the power of two at or
+# above 1.25 times the largest binary (64 MiB at least, 1 GiB at most): a binary's LLVM code is
+# then within reach of the previous one's. Compressing needs about 11 times the dictionary in
+# memory (5.5 GiB at 512 MiB), unpacking once.
+largest=$(for name in "${binaries[@]}"; do stat -c %s "$staging/$name"; done | sort -n | tail -1)
+dict=$((64 * 1024 * 1024))
+while [ "$dict" -lt $((largest + largest / 4)) ] && [ "$dict" -lt $((1024 * 1024 * 1024)) ]; do
+    dict=$((dict * 2))
 done
+echo "packing ${binaries[*]}${libs:+ and lib/} (xz -9, dictionary $((dict / 1048576)) MiB)"
+tar -C "$staging" -cf - "${binaries[@]}" lib |
+    xz -9 -T1 --lzma2="preset=9,dict=$dict" >"$kit/bin.tar.xz"
 cp scripts/gpu-run.sh "$kit/run.sh"
 cp scripts/sdpa-bench.py "$kit/sdpa-bench.py"
 
+for file in "$kit"/*; do
+    printf '  %-24s %6s MiB\n' "$file" "$(mib "$file")"
+done
 size=$(du -cb "$kit" | tail -1 | cut -f1)
-if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
-    echo "gpu-kit is $((size / 1024 / 1024)) MiB, over 64 MiB" >&2
+echo "gpu-kit (${parts[*]}): $(awk -v bytes="$size" 'BEGIN { printf "%.1f", bytes / 1048576 }') MiB, at most $((limit / 1048576)) MiB"
+if [ "$size" -gt "$limit" ]; then
+    echo "gpu-bundle: FAILED: gpu-kit is over $((limit / 1048576)) MiB, more than one device" \
+        "call carries." >&2
+    if [ ${#parts[@]} -gt 1 ]; then
+        echo "gpu-bundle: make fewer parts per kit, one kit (and one call) each, e.g." \
+            "'bash scripts/gpu-bundle.sh tests bench', then 'bash scripts/gpu-bundle.sh ddp'" \
+            "(the builds are kept, so only the packing is done again)." >&2
+    fi
     exit 1
 fi
-ls -l "$kit"
-echo "gpu-kit: $((size / 1024 / 1024)) MiB; on the GPU machine: bash gpu-kit/run.sh RESULTS_DIR"
+echo "on the GPU machine: bash gpu-kit/run.sh RESULTS_DIR"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bench.xz`, `suite.xz`, `bench-cmma.xz`, `suite-cmma.xz`,
-# `asr.xz` and `ddp.xz`): the CUDA tests (those of `suite-cmma` named `cmma:TEST`), a check of
-# training with DDP (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train,
-# 4 and 8 heads, L up to 65536, Burn's fused attention beside ours; then clustered and improved
-# in f32, bf16 and f16 at L = 16384 and 65536, unfused and fused; then with the scores on
-# tensor cores, `bench-cmma`, in bf16 and f16 at 8 heads).
+# there as gpu-kit/run.sh beside `bin.tar.xz`, which holds `suite`, `bench`, `asr` and `ddp`,
+# or those of the parts the kit was made with, and lib/, the shared libraries they need): the
+# CUDA tests (`suite`, built with clustered-attention's `cmma` feature, so the tests of the
+# scores on tensor cores, `cuda::cmma_*`, among them), a check of training with DDP
+# (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
+# to 65536, Burn's fused attention beside ours; then clustered and improved in f32, bf16 and f16
+# at L = 16384 and 65536; then again in bf16 and f16 at 8 heads, the tables of the scores on
+# tensor cores). `bench` is built with `cmma` too: where the GPU reports a tile shape for f16
+# or bf16, the half-precision tests and tables run the scores on cooperative matrices (each
+# table says which products ran). A kit without one of the programs skips what needs it.
 #
 # Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables, ours
@@ -25,10 +29,9 @@
 # in RESULTS_DIR/sanitizer/).
 # TESTS (comma separated exact names, or none; default all) picks the CUDA tests.
 # BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
-# train-h4, train-h8 (Burn's fused Cuda), then unfused-forward-f32, unfused-forward-bf16, …,
-# unfused-train-f16 (the unfused CubeBackend) and forward-f32, forward-bf16, forward-f16,
-# train-f32, train-bf16, train-f16 (fused), then cmma-forward-bf16, cmma-train-bf16,
-# cmma-forward-f16 (fused, `bench-cmma`). RUN_DEADLINE_S (default none), seconds: each test,
+# train-h4, train-h8, launches-forward, launches-train, then forward-f32, forward-bf16,
+# forward-f16, train-f32, train-bf16, train-f16, then cmma-forward-bf16, cmma-train-bf16,
+# cmma-forward-f16 (all on Burn's fused Cuda). RUN_DEADLINE_S (default none), seconds: each test,
 # sanitizer run and table gets at most what is left of it, less 20 s for the results, and is
 # skipped (said so in summary.md) when under 30 s would be left; the run then ends within about
 # RUN_DEADLINE_S.
@@ -53,32 +56,43 @@ out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && 
 [ -n "$out" ] || { echo "cannot use the results folder ${1:-${OUT:-gpu-results}}" >&2; exit 2; }
 work=$(mktemp -d)
 bin=$(mktemp -d)
-# unpack NAME: the kit's NAME.xz (xz, or Python's lzma where xz is missing), or NAME.gz from
-# kits before, into $bin; status 1 when the kit has neither.
-unpack() {
-    local packed=$kit/$1 to=$bin/$1
-    if [ -f "$packed.xz" ]; then
-        if command -v xz >/dev/null; then
-            xz -dc "$packed.xz" >"$to"
-        else
-            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-                "$packed.xz" "$to"
+# The binaries and lib/ from bin.tar.xz (xz, or Python's lzma where xz is missing).
+[ -f "$kit/bin.tar.xz" ] || { echo "the kit has no bin.tar.xz" >&2; exit 1; }
+if command -v xz >/dev/null; then
+    xz -dc "$kit/bin.tar.xz" | tar -xf - -C "$bin"
+else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+        "$kit/bin.tar.xz" "$bin"
+fi || { echo "cannot unpack $kit/bin.tar.xz" >&2; exit 1; }
+# has NAME: whether the kit holds the program NAME.
+has() { [ -x "$bin/$1" ]; }
+has suite || has bench || has ddp || { echo "the kit holds no program" >&2; exit 1; }
+
+# The shared libraries of lib/ (the C++ runtime, and what Debian's LLVM named at the build):
+# those the machine has are set aside, and used after all when a program would then miss a
+# library or a version of one (an older C++ runtime); what is left goes on LD_LIBRARY_PATH.
+kit_libs="none"
+if [ -d "$bin/lib" ]; then
+    mkdir -p "$bin/lib-spare"
+    for lib in "$bin"/lib/*; do
+        [ -e "$lib" ] || continue
+        if ldconfig -p | grep -q "^[[:space:]]*$(basename "$lib") "; then
+            mv "$lib" "$bin/lib-spare/"
         fi
-    elif [ -f "$packed.gz" ]; then
-        gunzip -c "$packed.gz" >"$to"
-    else
-        return 1
-    fi || { echo "cannot unpack $packed" >&2; exit 1; }
-    chmod +x "$to"
-}
-for name in bench suite; do
-    unpack "$name" || { echo "the kit has no $name" >&2; exit 1; }
-done
-# `asr` and the `ddp` test, built with asr-model's `ddp` feature, and the `cmma` builds of the
-# bench and the suite (kits from before lack them).
-for name in asr ddp bench-cmma suite-cmma; do
-    unpack "$name" || true
-done
+    done
+    for name in suite bench asr ddp; do
+        has "$name" || continue
+        if LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin/$name" 2>&1 |
+            grep -q 'not found'; then
+            mv "$bin"/lib-spare/* "$bin/lib/" 2>/dev/null
+            break
+        fi
+    done
+    if [ -n "$(ls "$bin/lib")" ]; then
+        kit_libs=$(ls "$bin/lib" | paste -sd ' ')
+        export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+fi
 
 # Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
 if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
@@ -95,6 +109,9 @@ fi
     echo '```'
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
     echo '```'
+    echo
+    echo "Kit: $(for name in suite bench asr ddp; do has "$name" && echo "$name"; done | paste -sd ' ')" \
+        "(libraries from the kit: $kit_libs)"
 } >"$out/summary.md"
 
 # within_deadline LIMIT: LIMIT, or less to end within RUN_DEADLINE_S (20 s kept for the
@@ -116,16 +133,11 @@ tests="$out/cuda-tests"
 tables="$out/cuda-tables"
 rm -rf "$tests" "$tables" "$out/sanitizer"
 mkdir -p "$tests" "$tables"
-"$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
-[ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
-# The tests of the scores on tensor cores, from the `cmma` build of the suite, as `cmma:TEST`.
-if [ -x "$bin/suite-cmma" ]; then
-    "$bin/suite-cmma" --ignored --list cuda::cmma_ 2>/dev/null |
-        sed -n 's/: test$//p' | sed 's/^/cmma:/' >>"$work/test-list"
+: >"$work/test-list"
+if has suite; then
+    "$bin/suite" --ignored --list cuda 2>/dev/null | sed -n 's/: test$//p' >"$work/test-list"
+    [ -s "$work/test-list" ] || { echo "no CUDA tests listed by the suite" >&2; exit 1; }
 fi
-# suite_of NAME, test_of NAME: the binary that holds the test NAME, and its name there.
-suite_of() { if [[ $1 == cmma:* ]]; then echo "$bin/suite-cmma"; else echo "$bin/suite"; fi; }
-test_of() { echo "${1#cmma:}"; }
 cp "$work/test-list" "$work/all-tests"
 # warn_unknown VARIABLE NAMES: says which of NAMES (comma separated) the suite has no CUDA test of.
 warn_unknown() {
@@ -147,7 +159,7 @@ run_test() {
     fi
     # The tests check values, not speed: Burn's matmul needs no autotuning for them.
     CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
-        timeout -k 10 "$limit" "$(suite_of "$1")" --ignored --exact "$(test_of "$1")" \
+        timeout -k 10 "$limit" "$bin/suite" --ignored --exact "$1" \
         --test-threads=1 >"$tests/$1.log" 2>&1
     echo "exit status $?" >>"$tests/$1.log"
 }
@@ -160,7 +172,7 @@ wait
 passed() { grep -q '^test result: ok. 1 passed' "$1"; }
 tests_failed=0
 tests_skipped=0
-{
+has suite && {
     echo
     echo "## CUDA tests, one process each"
     echo
@@ -232,7 +244,7 @@ if [ -n "$faulted" ]; then
                 fi
                 CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" \
                     timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
-                    --print-limit 20 "$(suite_of "$name")" --ignored --exact "$(test_of "$name")" \
+                    --print-limit 20 "$bin/suite" --ignored --exact "$name" \
                     --test-threads=1 \
                     >"$log" 2>&1
                 echo "exit status $?" >>"$log"
@@ -294,7 +306,7 @@ fi
 # without it the ratios are left out. Ours over SDPA ends summary.md.
 sdpa_csv="$work/sdpa.csv"
 : >"$sdpa_csv"
-if limit=$(within_deadline "${SDPA_TIMEOUT_S:-150}"); then
+if has bench && limit=$(within_deadline "${SDPA_TIMEOUT_S:-150}"); then
     timeout -k 10 "$limit" python3 "$kit/sdpa-bench.py" --heads 4,8 \
         --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --dtypes f32,bf16,f16 \
         --runs "${BENCH_RUNS:-5}" >"$sdpa_csv" 2>"$out/sdpa.log" ||
@@ -307,14 +319,15 @@ bench_status=0
 bench_table() {
     local name=$1 title=$2 limit
     shift 2
-    if [ -n "${BENCH_TABLES:-}" ] && [[ ",${BENCH_TABLES// /}," != *",${name#cuda-},"* ]]; then
+    if ! has bench || { [ -n "${BENCH_TABLES:-}" ] &&
+        [[ ",${BENCH_TABLES// /}," != *",${name#cuda-},"* ]]; }; then
         return
     fi
     if ! limit=$(within_deadline "${BENCH_TIMEOUT_S:-900}"); then
         printf '\n## %s (skipped: RUN_DEADLINE_S reached)\n' "$title" >>"$out/summary.md"
         return
     fi
-    timeout -k 10 "$limit" "${BENCH_BIN:-$bin/bench}" --runs "${BENCH_RUNS:-5}" \
+    timeout -k 10 "$limit" "$bin/bench" --runs "${BENCH_RUNS:-5}" \
         --min-time-s "${BENCH_MIN_TIME_S:-0}" --memory-gib 70 --out-dir "$tables" --name "$name" "$@" 2>&1 | tee -a "$out/bench.log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || bench_status=$status
@@ -331,35 +344,29 @@ for mode in forward train; do
             --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
     done
 done
-# The kernel launches of each attention, fused and unfused, in a table of their own (the
-# counting logs one line per launch during its timed runs too, so these times are not the
-# tables' above).
+# The kernel launches of each attention in a table of their own (the counting logs one line
+# per launch during its timed runs too, so these times are not the tables' above).
 for mode in forward train; do
     bench_table "cuda-launches-$mode" "kernel launches, $mode, 8 heads, L = 16384" \
-        --backends cuda,cuda-unfused --mode "$mode" --heads 8 --lengths 16384 --count-launches
+        --backends cuda --mode "$mode" --heads 8 --lengths 16384 --count-launches
 done
-# f32 against bf16 and f16 for the clustered attentions, at the lengths they are for: first on
-# the unfused CubeBackend, then on Burn's fused Cuda, each table a process of its own, so that a
-# fault in one leaves the others.
-for backend in cuda-unfused cuda; do
-    for mode in forward train; do
-        for dtype in f32 bf16 f16; do
-            bench_table "$backend-$mode-$dtype" "$backend, $mode, $dtype, 4 heads" \
-                --backends "$backend" --mode "$mode" --dtype "$dtype" --heads 4 \
-                --lengths 16384,65536 --only clustered,improved
-        done
+# f32 against bf16 and f16 for the clustered attentions, at the lengths they are for, each table
+# a process of its own, so that a fault in one leaves the others.
+for mode in forward train; do
+    for dtype in f32 bf16 f16; do
+        bench_table "cuda-$mode-$dtype" "cuda, $mode, $dtype, 4 heads" \
+            --backends cuda --mode "$mode" --dtype "$dtype" --heads 4 \
+            --lengths 16384,65536 --only clustered,improved
     done
 done
-# The scores on tensor cores (clustered-attention's `cmma` feature), fused, 8 heads as the
-# SDPA comparison above; the tables say which products ran.
-if [ -x "$bin/bench-cmma" ]; then
-    for table in forward-bf16 train-bf16 forward-f16; do
-        BENCH_BIN="$bin/bench-cmma" bench_table "cuda-cmma-$table" \
-            "cuda with cmma, ${table%-*}, ${table#*-}, 8 heads" --backends cuda \
-            --mode "${table%-*}" --dtype "${table#*-}" --heads 8 --lengths 16384,65536 \
-            --only clustered,improved
-    done
-fi
+# The scores on tensor cores (clustered-attention's `cmma` feature, on in the kit's bench) at 8
+# heads, as the SDPA comparison above; the tables say which products ran.
+for table in forward-bf16 train-bf16 forward-f16; do
+    bench_table "cuda-cmma-$table" \
+        "cuda with cmma, ${table%-*}, ${table#*-}, 8 heads" --backends cuda \
+        --mode "${table%-*}" --dtype "${table#*-}" --heads 8 --lengths 16384,65536 \
+        --only clustered,improved
+done
 if [ "$(wc -l <"$sdpa_csv")" -gt 1 ]; then
     {
         echo

@@ -17,7 +17,12 @@
 #   bash scripts/offline-llvm.sh          # once per machine; safe to run again
 #
 # With internet, none of this is needed: the bundler downloads its own LLVM. Exits non-zero,
-# saying why, when the packages cannot be installed.
+# saying why, when the packages cannot be installed. Run again, it changes nothing that is
+# already right: the wrapper is rewritten, and the marker touched, only when the wrapper's
+# text differs (or the marker is missing), since the bundler's build script reruns (and with
+# it the build of cubecl-llvm and of every crate above it) whenever the marker's mtime moves.
+# A folder that holds the bundler's own download (its `bin/llvm-config` not this script's
+# wrapper) is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The bundler's version that cubecl-llvm depends on, as Cargo.lock has it where it is locked,
@@ -37,19 +42,33 @@ version=${TRACEL_LLVM_VERSION:-${version:-23.1.0-4}}
 dir="${XDG_DATA_HOME:-$HOME/.local/share}/tracel/tracel-llvm-$version"
 llvm=/usr/lib/llvm-22
 
+marker="$dir/.tracel-llvm-installed"
+if [ -e "$marker" ] && [ -e "$dir/bin/llvm-config" ] &&
+    ! grep -qs 'scripts/offline-llvm.sh' "$dir/bin/llvm-config"; then
+    echo "offline-llvm: $dir holds the bundler's own LLVM; left as it is"
+    exit 0
+fi
+
 source scripts/system-packages/install.sh
 if ! install_system_packages <(printf '%s\n' llvm-22-dev libpolly-22-dev libzstd-dev); then
     echo "offline-llvm: without these packages, Burn's CUDA backend downloads LLVM while it builds (needs github.com)" >&2
     exit 1
 fi
 mkdir -p "$dir/bin"
-cat >"$dir/bin/llvm-config" <<EOF
+wrapper=$(mktemp)
+trap 'rm -f "$wrapper"' EXIT
+cat >"$wrapper" <<EOF
 #!/usr/bin/env bash
 # Debian's LLVM 22 standing in for tracel-llvm $version (scripts/offline-llvm.sh): absolute
 # library paths become -lNAME.
 set -eo pipefail
 $llvm/bin/llvm-config "\$@" | sed -E 's#(^| )/[^ ]*/lib([A-Za-z0-9_+-]+)\\.(so|a)#\\1-l\\2#g'
 EOF
-chmod +x "$dir/bin/llvm-config"
-touch "$dir/.tracel-llvm-installed"
+if ! cmp -s "$wrapper" "$dir/bin/llvm-config"; then
+    cp "$wrapper" "$dir/bin/llvm-config"
+    chmod 755 "$dir/bin/llvm-config"
+    # Other flags from the wrapper: the marker's new mtime has cubecl-llvm built again.
+    touch "$marker"
+fi
+[ -e "$marker" ] || touch "$marker"
 echo "offline-llvm: $dir/bin/llvm-config wraps Debian's LLVM $("$dir/bin/llvm-config" --version)"

@@ -2,9 +2,10 @@
 # Runs the WGPU tests of clustered-attention's kernels with WGPU allocating tensors the way CUDA
 # does, on any machine (Mesa's lavapipe where there is no GPU).
 #
-# On CUDA, cubecl's `PitchedMemoryLayoutPolicy` pads each row of the tensors that Burn
-# allocates (`empty`, `zeros`, `from_data`, ...) to a power-of-two pitch of 16 bytes up to the
-# device's buffer alignment; WGPU's `ContiguousMemoryLayoutPolicy` does not. A kernel that
+# On CUDA, cubecl's `PitchedMemoryLayoutPolicy` (cubecl-server's allocator, the one cubecl-cuda
+# gives its server) pads each row of the tensors that Burn allocates (`empty`, `zeros`,
+# `from_data`, ...) to a power-of-two pitch of 16 bytes up to the device's buffer alignment;
+# WGPU's `ContiguousMemoryLayoutPolicy` does not. A kernel that
 # indexes such a tensor as if it were contiguous, or writes into an output that Burn
 # allocated, gives wrong values or out-of-bounds accesses on CUDA only. This script copies
 # cubecl-wgpu's source out of Cargo's registry and applies `scripts/pitched-wgpu.patch`, which
@@ -12,7 +13,7 @@
 # with `CUBECL_WGPU_PITCHED=1` in the environment, CUDA's pitched one (its reads and writes
 # then copy pitched rows). Built against that copy through a `[patch]` given on the command
 # line, the suite's tests of the kernels run with the variable set: the hashing and K-means
-# kernels (`gpu::wgpu::`, fused, unfused, under Autodiff and in half precision) and the top-k,
+# kernels (`gpu::wgpu::`, fused, under Autodiff and in half precision) and the top-k,
 # softmax, sparse-product, centroid- and top-k-attention ops and their gradients
 # (`sparse::wgpu…`). The attention-level WGPU tests, which compose the same kernels, run once,
 # in the main pass. Cargo.lock is restored afterwards. Arguments go to the test binary (e.g.
@@ -26,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version=0.10.0
+version=0.11.3
 # Makes the patched copy of cubecl-wgpu (once per version of the patch) and prints the
 # `--config` value that patches it in.
 prepare() {

@@ -3,9 +3,11 @@
 # tests need (scripts/system-packages/*.txt; as root, or through sudo), fetches the MiniLM
 # checkpoint and the two games' Debian packages (unpacked, not installed), then builds and runs
 # every test of the workspace (the examples that are tests included), the WGPU kernels' tests
-# again with CUDA's memory layout, then the API docs (warnings denied), a type check of every
-# target with CUDA on, a dry-run publish of the clustered-attention crate and a crate outside the
-# workspace built on the package (downstream/, once per backend). Prints each phase's wall time.
+# again with CUDA's memory layout, then sets up the LLVM that Burn's CUDA backend links (from
+# Debian's packages, scripts/offline-llvm.sh) and builds the API docs (warnings denied), a type
+# check of every target with CUDA on, a dry-run publish of the clustered-attention crate and a
+# crate outside the workspace built on the package (downstream/, once per backend), and a type
+# check of asr-model's `ddp` build. Prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +95,16 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi
 cp "$lock" Cargo.lock
+
+# From here on the builds have CUDA on, and Burn 0.22's CUDA backend links LLVM (burn-cuda →
+# cubecl-cuda → cubecl-llvm → tracel-llvm-bundler, whose build script downloads LLVM from
+# GitHub unless its folder is already set up): scripts/offline-llvm.sh sets it up from Debian's
+# packages. It runs always, not only where GitHub cannot be reached: run again it changes
+# nothing (so nothing is rebuilt) and leaves a folder with the bundler's own download alone, a
+# probe of GitHub would only add a wait where it is out of reach, and every machine then builds
+# with the LLVM the GPU kit is built with (scripts/gpu-bundle.sh).
+phase "LLVM (Debian's)" bash scripts/offline-llvm.sh
+
 # The docs and the type check: every feature CI builds, CUDA's and the scores on cooperative
 # matrices (`cmma`, whose test runs on lavapipe by scripts/cmma-lavapipe.sh) included.
 features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda,clustered-attention/cmma)
@@ -133,9 +145,9 @@ package_and_downstream() {
 }
 phase "package, downstream" package_and_downstream
 
-# The `ddp` build of asr-model (burn-train's distributed data parallel, CUDA alone: with Burn's
-# `distributed`, the CPU backends cannot train, so it is a build of its own) is checked, so that
-# it keeps compiling; its test runs on a GPU (scripts/gpu-bundle.sh). DDP_CHECK=0 skips it.
+# The `ddp` build of asr-model (burn-train's distributed data parallel, whose all-reduce Burn
+# 0.22 runs on CUDA alone; a build with the CUDA backend only) is checked, so that it keeps
+# compiling; its test runs on a GPU (scripts/gpu-bundle.sh). DDP_CHECK=0 skips it.
 if [ "${DDP_CHECK:-1}" != 0 ]; then
     phase "ddp build check" cargo check --locked -p asr-model --no-default-features \
         --features ddp --lib --bins --test ddp

@@ -4,11 +4,9 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
-    MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
 };
 
 /// The block's sizes and its attention.
@@ -26,7 +24,7 @@ pub struct EncoderBlockConfig {
 
 impl EncoderBlockConfig {
     /// A block with Burn's default initialisation and no dropout.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> EncoderBlock<B> {
+    pub fn init(&self, device: &Device) -> EncoderBlock {
         EncoderBlock {
             attention_norm: LayerNormConfig::new(self.d_model).init(device),
             attention: ClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
@@ -42,20 +40,20 @@ impl EncoderBlockConfig {
 
 /// `x + attention(norm(x))`, then `x + ff(norm(x))`.
 #[derive(Module, Debug)]
-pub struct EncoderBlock<B: Backend> {
-    attention_norm: LayerNorm<B>,
+pub struct EncoderBlock {
+    attention_norm: LayerNorm,
     /// The self-attention.
-    pub attention: MultiHeadClusteredAttention<B>,
-    ff_norm: LayerNorm<B>,
-    ff_in: Linear<B>,
-    ff_out: Linear<B>,
+    pub attention: MultiHeadClusteredAttention,
+    ff_norm: LayerNorm,
+    ff_in: Linear,
+    ff_out: Linear,
     activation: Relu,
 }
 
-impl<B: ClusteredAttentionBackend> EncoderBlock<B> {
+impl EncoderBlock {
     /// `x`: `[batch, seq, d_model]`; `lengths`: `[batch]`, the valid positions of each
     /// sequence (the rest is padding). Returns `[batch, seq, d_model]`.
-    pub fn forward(&self, x: Tensor<B, 3>, lengths: Option<Tensor<B, 1, Int>>) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<3>, lengths: Option<Tensor<1, Int>>) -> Tensor<3> {
         let normed = self.attention_norm.forward(x.clone());
         let mut input = ClusteredAttentionInput::self_attn(normed);
         if let Some(lengths) = lengths {

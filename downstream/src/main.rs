@@ -1,6 +1,6 @@
 //! Trains the encoder block a few Adam steps on one backend (the one the crate's feature
-//! selects), saves its record with Burn's recorder, loads it into a fresh block and checks
-//! that the loaded block computes what the trained one does. Exits non-zero when a check
+//! selects), saves its record to a file (Burn's `Module::save_file`, burnpack), loads it into a
+//! fresh block and checks that the loaded block computes what the trained one does. Exits non-zero when a check
 //! fails.
 //!
 //! The task: every position predicts the mean of the first feature over its sequence's valid
@@ -10,13 +10,11 @@
 
 use std::process::ExitCode;
 
-use burn::module::{AutodiffModule, Module};
+use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Distribution, ElementConversion, Int, Tensor, TensorData};
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+use clustered_attention::AttentionKind;
 use downstream_encoder::{EncoderBlock, EncoderBlockConfig};
 
 const BATCH: usize = 4;
@@ -26,14 +24,14 @@ const STEPS: usize = 12;
 
 /// The block and a linear read-out to one value per position.
 #[derive(Module, Debug)]
-struct Model<B: Backend> {
-    block: EncoderBlock<B>,
-    readout: Linear<B>,
+struct Model {
+    block: EncoderBlock,
+    readout: Linear,
 }
 
-impl<B: ClusteredAttentionBackend> Model<B> {
+impl Model {
     /// A freshly initialised model with improved clustered attention (16 clusters, top 8).
-    fn init(device: &B::Device) -> Self {
+    fn init(device: &Device) -> Self {
         let attention = AttentionKind::Improved {
             clusters: 16,
             topk: 8,
@@ -44,7 +42,7 @@ impl<B: ClusteredAttentionBackend> Model<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 3>, lengths: Tensor<B, 1, Int>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<3>, lengths: Tensor<1, Int>) -> Tensor<3> {
         self.readout.forward(self.block.forward(x, Some(lengths)))
     }
 }
@@ -52,18 +50,18 @@ impl<B: ClusteredAttentionBackend> Model<B> {
 /// A batch: inputs `[BATCH, LEN, D_MODEL]`, the valid lengths `[BATCH]`, and the target
 /// `[BATCH, LEN, 1]` (each sequence's mean of feature 0 over its valid positions, at every
 /// position; 0 past the end), with a mask of the valid positions.
-fn batch<B: Backend>(
+fn batch(
     seed: u64,
-    device: &B::Device,
-) -> (Tensor<B, 3>, Tensor<B, 1, Int>, Tensor<B, 3>, Tensor<B, 3>) {
-    B::seed(device, seed);
-    let x = Tensor::<B, 3>::random(
+    device: &Device,
+) -> (Tensor<3>, Tensor<1, Int>, Tensor<3>, Tensor<3>) {
+    device.seed(seed);
+    let x = Tensor::<3>::random(
         [BATCH, LEN, D_MODEL],
         Distribution::Normal(0.0, 1.0),
         device,
     );
     let lengths: Vec<usize> = (0..BATCH).map(|b| LEN - b * 37).collect();
-    let host = x.to_data().to_vec::<f32>().expect("f32 inputs");
+    let host = x.to_data().try_to_vec::<f32>().expect("f32 inputs");
     let (mut target, mut mask) = (vec![0f32; BATCH * LEN], vec![0f32; BATCH * LEN]);
     for (b, &len) in lengths.iter().enumerate() {
         let mean = (0..len).map(|i| host[(b * LEN + i) * D_MODEL]).sum::<f32>() / len as f32;
@@ -80,24 +78,22 @@ fn batch<B: Backend>(
 }
 
 /// Mean squared error over the valid positions.
-fn loss<B: Backend>(
-    prediction: Tensor<B, 3>,
-    target: Tensor<B, 3>,
-    mask: Tensor<B, 3>,
-) -> Tensor<B, 1> {
+fn loss(
+    prediction: Tensor<3>,
+    target: Tensor<3>,
+    mask: Tensor<3>,
+) -> Tensor<1> {
     let count = mask.clone().sum();
     ((prediction - target).powi_scalar(2) * mask).sum() / count
 }
 
-fn run<B>(name: &str, device: &B::Device) -> Result<(), String>
-where
-    B: AutodiffBackend + ClusteredAttentionBackend,
-    B::InnerBackend: ClusteredAttentionBackend,
-{
-    B::seed(device, 7);
-    let mut model = Model::<B>::init(device);
+/// Trains on `device` (with autodiff), then saves, loads and compares on `device` (without).
+fn run(name: &str, device: &Device) -> Result<(), String> {
+    let train_device = device.clone().autodiff();
+    train_device.seed(7);
+    let mut model = Model::init(&train_device);
     let mut optimizer = AdamConfig::new().init();
-    let (x, lengths, target, mask) = batch::<B>(0, device);
+    let (x, lengths, target, mask) = batch(0, &train_device);
     let mut losses = Vec::new();
     for _ in 0..STEPS {
         let loss = loss(
@@ -105,7 +101,7 @@ where
             target.clone(),
             mask.clone(),
         );
-        losses.push(loss.clone().into_scalar().elem::<f32>());
+        losses.push(loss.clone().into_scalar::<f32>());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(3e-3, model, grads);
     }
@@ -122,26 +118,25 @@ where
     let trained = model.valid();
     let path =
         std::env::temp_dir().join(format!("downstream-encoder-{}-{name}", std::process::id()));
-    let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     trained
         .clone()
-        .save_file(&path, &recorder)
+        .save_file(&path)
         .map_err(|e| format!("{name}: saving the record: {e}"))?;
-    B::InnerBackend::seed(device, 8);
-    let fresh = Model::<B::InnerBackend>::init(device);
+    device.seed(8);
+    let fresh = Model::init(device);
     let loaded = fresh
-        .load_file(&path, &recorder, device)
+        .try_load_file(&path)
         .map_err(|e| format!("{name}: loading the record: {e}"))?;
-    let _ = std::fs::remove_file(path.with_extension("mpk"));
-    let (x, lengths, target, mask) = batch::<B::InnerBackend>(1, device);
+    let (x, lengths, target, mask) = batch(1, device);
     let expected = trained.forward(x.clone(), lengths.clone());
     let got = loaded.forward(x, lengths);
+    // The loaded record's tensors are read from the file when first used.
+    let _ = std::fs::remove_file(path.with_extension("bpk"));
     let diff = (expected.clone() - got)
         .abs()
         .max()
-        .into_scalar()
-        .elem::<f32>();
-    let held_out = loss(expected, target, mask).into_scalar().elem::<f32>();
+        .into_scalar::<f32>();
+    let held_out = loss(expected, target, mask).into_scalar::<f32>();
     println!(
         "{name}: record saved and loaded, max |difference| {diff:e}; held-out loss {held_out:.4}"
     );
@@ -157,20 +152,16 @@ where
 #[allow(clippy::vec_init_then_push)]
 fn main() -> ExitCode {
     let mut results = Vec::new();
+    // NdArray is deprecated in Burn 0.22 (in favour of Flex) and still supported by the crate.
     #[cfg(feature = "ndarray")]
-    results.push(run::<burn::backend::Autodiff<burn::backend::NdArray>>(
-        "ndarray",
-        &Default::default(),
-    ));
+    #[allow(deprecated)]
+    results.push(run("ndarray", &Device::ndarray()));
     #[cfg(feature = "flex")]
-    results.push(run::<burn::backend::Autodiff<burn::backend::Flex>>(
-        "flex",
-        &Default::default(),
-    ));
+    results.push(run("flex", &Device::flex()));
     #[cfg(feature = "wgpu")]
-    results.push(run::<burn::backend::Autodiff<burn::backend::Wgpu>>(
+    results.push(run(
         "wgpu",
-        &Default::default(),
+        &Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
     ));
     if results.is_empty() {
         eprintln!("no backend: build with --features ndarray, flex or wgpu");

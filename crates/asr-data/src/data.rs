@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::data::dataloader::batcher::Batcher;
-use burn::data::dataset::Dataset;
-use burn::tensor::backend::Backend;
+use burn::data::dataset::{Dataset, DatasetError};
+use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::Rng;
 
@@ -187,8 +187,13 @@ impl BucketDataset {
 }
 
 impl Dataset<Vec<Example>> for BucketDataset {
-    fn get(&self, index: usize) -> Option<Vec<Example>> {
-        self.batches.get(index).cloned()
+    fn get(&self, index: usize) -> Result<Vec<Example>, DatasetError> {
+        self.batches.get(index).cloned().ok_or_else(|| {
+            DatasetError::new(std::io::Error::other(format!(
+                "batch {index} of a dataset of {} batches",
+                self.batches.len()
+            )))
+        })
     }
 
     fn len(&self) -> usize {
@@ -198,13 +203,13 @@ impl Dataset<Vec<Example>> for BucketDataset {
 
 /// A padded batch.
 #[derive(Debug, Clone)]
-pub struct CtcBatch<B: Backend> {
+pub struct CtcBatch {
     /// Features `[batch, frames, n_mels]`, zero past each utterance's end.
-    pub features: Tensor<B, 3>,
+    pub features: Tensor<3>,
     /// Valid frames per utterance.
     pub frame_lengths: Vec<usize>,
     /// Labels `[batch, max_target_len]`, padded with the blank (0).
-    pub targets: Tensor<B, 2, Int>,
+    pub targets: Tensor<2, Int>,
     /// Labels per utterance.
     pub target_lengths: Vec<usize>,
     /// The labels on the host, for the phone error rate.
@@ -230,7 +235,7 @@ impl CtcBatcher {
     ///
     /// # Panics
     /// When `examples` is empty or the utterances disagree on `n_mels`.
-    pub fn make<B: Backend>(&self, examples: &[Example], device: &B::Device) -> CtcBatch<B> {
+    pub fn make(&self, examples: &[Example], device: &Device) -> CtcBatch {
         assert!(!examples.is_empty(), "a batch needs at least one utterance");
         let n_mels = examples[0].features.n_mels;
         let frames = examples
@@ -272,8 +277,8 @@ impl CtcBatcher {
     }
 }
 
-impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for CtcBatcher {
-    fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
+impl Batcher<Vec<Example>, CtcBatch> for CtcBatcher {
+    fn batch(&self, items: Vec<Vec<Example>>, device: &Device) -> CtcBatch {
         let examples: Vec<Example> = items.into_iter().flatten().collect();
         self.make(&examples, device)
     }
@@ -379,8 +384,8 @@ impl AugmentingBatcher {
     }
 }
 
-impl<B: Backend> Batcher<B, Vec<Example>, CtcBatch<B>> for AugmentingBatcher {
-    fn batch(&self, items: Vec<Vec<Example>>, device: &B::Device) -> CtcBatch<B> {
+impl Batcher<Vec<Example>, CtcBatch> for AugmentingBatcher {
+    fn batch(&self, items: Vec<Vec<Example>>, device: &Device) -> CtcBatch {
         let examples: Vec<Example> = items.into_iter().flatten().collect();
         let call = self.call(&examples);
         let mut batch = CtcBatcher.make(&self.augment_call(&examples, call), device);

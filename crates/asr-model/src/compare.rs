@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use burn::tensor::Device;
+use clustered_attention::AttentionKind;
 use plotters::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -333,21 +334,21 @@ pub fn common_dev_per(rows: &[ModelSummary]) -> Option<f64> {
 
 /// Mean wall-clock time of the forward pass per utterance over `examples`, in milliseconds: batches
 /// of at most `batch_frames` padded frames, each waited for
-/// ([`burn::tensor::backend::Backend::sync`]).
-pub fn forward_ms_per_utterance<B: ClusteredAttentionBackend>(
-    model: &AsrModel<B>,
+/// ([`burn::tensor::Device::sync`]).
+pub fn forward_ms_per_utterance(
+    model: &AsrModel,
     examples: &[Example],
     batch_frames: usize,
-    device: &B::Device,
+    device: &Device,
 ) -> f64 {
-    let batches: Vec<CtcBatch<B>> = bucket(examples.to_vec(), batch_frames)
+    let batches: Vec<CtcBatch> = bucket(examples.to_vec(), batch_frames)
         .iter()
         .map(|batch| CtcBatcher.make(batch, device))
         .collect();
     let start = Instant::now();
     for batch in batches {
         let out = model.forward(batch.features, &batch.frame_lengths);
-        let _ = B::sync(device);
+        let _ = device.sync();
         drop(out);
     }
     start.elapsed().as_secs_f64() * 1000.0 / examples.len().max(1) as f64

@@ -1,8 +1,8 @@
 //! The CTC loss (Graves et al., 2006, "Connectionist temporal classification", §4.1–4.2) by
 //! the forward–backward (alpha–beta) recursions on the host, with its gradient in closed form.
 //!
-//! Why not burn-nn's `CTCLoss` everywhere: Burn 0.21 builds it from one tensor op per time
-//! step, which autodiff then differentiates op by op; the backward of each step's slice
+//! Why not burn-nn's `CTCLoss` everywhere: Burn 0.22, as 0.21, builds it from one tensor op per
+//! time step, which autodiff then differentiates op by op; the backward of each step's slice
 //! writes a zeroed gradient the size of all the log-probabilities, so a step costs memory
 //! traffic quadratic in the utterance's length. At the 800–2500 encoder steps of the paper's
 //! speech experiment that is a fifth of the forward pass and most of the backward. Here the
@@ -18,7 +18,6 @@
 use core::fmt;
 use core::str::FromStr;
 
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -30,9 +29,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum CtcLossImpl {
     /// burn-nn's `CTCLoss`: device tensor ops, differentiated op by op.
-    #[default]
     Burn,
-    /// [`ctc_loss`]: the recursions on the host, the gradient in closed form.
+    /// [`ctc_loss`]: the recursions on the host, the gradient in closed form (the default: the
+    /// same loss and gradient as burn-nn's to 1e-4, far cheaper on long utterances).
+    #[default]
     AlphaBeta,
 }
 
@@ -353,10 +353,10 @@ fn log_domain(log_probs: &[f32], n_outputs: usize, lattice: &Lattice, gradient: 
 }
 
 /// The CTC loss of each utterance of a batch, `−log p(targets | log_probs)`, by
-/// [`ctc_alpha_beta`]; differentiable with respect to `log_probs` on autodiff backends.
+/// [`ctc_alpha_beta`]; differentiable with respect to `log_probs` on autodiff devices.
 ///
 /// The recursions run on the host (the log-probabilities are read back once), one utterance
-/// per rayon task. On an autodiff backend the result is `ℓ + Σ log_probs ⊙ G − (Σ log_probs ⊙
+/// per rayon task. On an autodiff device the result is `ℓ + Σ log_probs ⊙ G − (Σ log_probs ⊙
 /// G)` with the last term detached, `ℓ` the losses and `G` their gradient computed with them:
 /// its value is `ℓ` to the last bit (while the sum is finite, which it is unless it overflows
 /// the float type) and its gradient `G`, and autodiff records one product and one sum.
@@ -375,13 +375,13 @@ fn log_domain(log_probs: &[f32], n_outputs: usize, lattice: &Lattice, gradient: 
 /// # Panics
 /// If the lengths disagree with the batch, an input length exceeds `steps`, a target length
 /// exceeds `max_target_len`, or a label is `blank` or not below `n_outputs`.
-pub fn ctc_loss<B: Backend>(
-    log_probs: Tensor<B, 3>,
-    targets: Tensor<B, 2, Int>,
+pub fn ctc_loss(
+    log_probs: Tensor<3>,
+    targets: Tensor<2, Int>,
     input_lengths: &[usize],
     target_lengths: &[usize],
     blank: usize,
-) -> Tensor<B, 1> {
+) -> Tensor<1> {
     let [batch, steps, n_outputs] = log_probs.dims();
     let [target_batch, width] = targets.dims();
     assert!(
@@ -406,13 +406,11 @@ pub fn ctc_loss<B: Backend>(
         .clone()
         .detach()
         .into_data()
-        .convert::<f32>()
-        .to_vec()
+        .try_into_vec_as::<f32>()
         .expect("f32 log-probabilities");
     let labels: Vec<i64> = targets
         .into_data()
-        .convert::<i64>()
-        .to_vec()
+        .try_into_vec_as::<i64>()
         .expect("i64 targets");
     let per_utterance: Vec<CtcGradient> = (0..batch)
         .into_par_iter()
@@ -427,9 +425,9 @@ pub fn ctc_loss<B: Backend>(
         })
         .collect();
     let losses: Vec<f32> = per_utterance.iter().map(|g| g.loss as f32).collect();
-    let losses = Tensor::<B, 1>::from_data(TensorData::new(losses, [batch]), &device)
-        .cast(log_probs.dtype());
-    if !B::ad_enabled(&device) {
+    let losses =
+        Tensor::<1>::from_data(TensorData::new(losses, [batch]), &device).cast(log_probs.dtype());
+    if !device.is_autodiff() {
         return losses;
     }
     let mut gradient = vec![0f32; batch * steps * n_outputs];
@@ -437,7 +435,7 @@ pub fn ctc_loss<B: Backend>(
         let start = b * steps * n_outputs;
         gradient[start..start + g.gradient.len()].copy_from_slice(&g.gradient);
     }
-    let gradient = Tensor::<B, 3>::from_data(
+    let gradient = Tensor::<3>::from_data(
         TensorData::new(gradient, [batch, steps, n_outputs]),
         &device,
     )
@@ -455,12 +453,15 @@ pub fn ctc_loss<B: Backend>(
 #[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::*;
-    use burn::backend::{Autodiff, NdArray};
     use burn::nn::loss::CTCLossConfig;
-    use burn::tensor::Distribution;
     use burn::tensor::activation::log_softmax;
+    use burn::tensor::{Device, Distribution};
 
-    type A = Autodiff<NdArray>;
+    /// NdArray's device (deprecated in Burn 0.22, still the tests' reference).
+    #[allow(deprecated)]
+    fn cpu() -> Device {
+        Device::ndarray()
+    }
 
     fn close(ours: f64, reference: f64, tolerance: f64) -> bool {
         (ours.is_infinite() && ours == reference)
@@ -472,11 +473,11 @@ mod tests {
     /// their sum.
     #[allow(clippy::type_complexity)]
     fn both(
-        logits: Tensor<NdArray, 3>,
+        logits: Tensor<3>,
         targets: &[Vec<usize>],
         input_lengths: &[usize],
     ) -> ((Vec<f32>, Vec<f32>), (Vec<f32>, Vec<f32>)) {
-        let device = Default::default();
+        let device = cpu().autodiff();
         let batch = targets.len();
         let width = targets.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let mut padded = vec![0i64; batch * width];
@@ -487,9 +488,9 @@ mod tests {
         }
         let target_lengths: Vec<usize> = targets.iter().map(Vec::len).collect();
         let run = |ours: bool| {
-            let logits = Tensor::<A, 3>::from_inner(logits.clone()).require_grad();
+            let logits = logits.clone().autodiff().require_grad();
             let log_probs = log_softmax(logits.clone(), 2);
-            let labels = Tensor::<A, 2, Int>::from_data(
+            let labels = Tensor::<2, Int>::from_data(
                 TensorData::new(padded.clone(), [batch, width]),
                 &device,
             );
@@ -497,7 +498,7 @@ mod tests {
                 ctc_loss(log_probs, labels, input_lengths, &target_lengths, 0)
             } else {
                 let lengths = |v: &[usize]| {
-                    Tensor::<A, 1, Int>::from_data(
+                    Tensor::<1, Int>::from_data(
                         TensorData::new(v.iter().map(|&x| x as i64).collect::<Vec<_>>(), [batch]),
                         &device,
                     )
@@ -509,20 +510,20 @@ mod tests {
                     lengths(&target_lengths),
                 )
             };
-            let values = loss.clone().into_data().to_vec::<f32>().unwrap();
+            let values = loss.clone().into_data().try_to_vec::<f32>().unwrap();
             // Gradients of the finite losses only: an infinite one would make every sum NaN.
             let finite: Vec<f32> = values
                 .iter()
                 .map(|v| if v.is_finite() { 1.0 } else { 0.0 })
                 .collect();
-            let mask = Tensor::<A, 1>::from_data(TensorData::new(finite, [batch]), &device);
+            let mask = Tensor::<1>::from_data(TensorData::new(finite, [batch]), &device);
             let loss = loss.mask_fill(mask.clone().equal_elem(0.0), 0.0) * mask;
             let grads = loss.sum().backward();
             let gradient = logits
                 .grad(&grads)
                 .unwrap()
                 .into_data()
-                .to_vec::<f32>()
+                .try_to_vec::<f32>()
                 .unwrap();
             (values, gradient)
         };
@@ -552,11 +553,7 @@ mod tests {
     /// and one no alignment fits (+∞, zero gradient in both).
     #[test]
     fn ctc_loss_matches_burn_nn() {
-        let logits = Tensor::<NdArray, 3>::random(
-            [6, 30, 7],
-            Distribution::Normal(0.0, 2.0),
-            &Default::default(),
-        );
+        let logits = Tensor::<3>::random([6, 30, 7], Distribution::Normal(0.0, 2.0), &cpu());
         let targets = vec![
             vec![1, 2, 3, 4, 5, 6],
             vec![3, 3, 3, 2, 2],
@@ -582,11 +579,7 @@ mod tests {
     /// loss and gradient, to 1e-4.
     #[test]
     fn ctc_loss_of_extreme_log_probabilities_matches_burn_nn() {
-        let logits = Tensor::<NdArray, 3>::random(
-            [2, 20, 5],
-            Distribution::Normal(0.0, 600.0),
-            &Default::default(),
-        );
+        let logits = Tensor::<3>::random([2, 20, 5], Distribution::Normal(0.0, 600.0), &cpu());
         let targets = vec![vec![1, 2, 3], vec![4, 4, 1, 2]];
         let (ours, burn) = both(logits, &targets, &[20, 14]);
         assert_agree("extreme log-probabilities", &ours, &burn);
@@ -599,12 +592,9 @@ mod tests {
     #[test]
     fn ctc_loss_is_the_sum_over_alignments() {
         let (steps, n_outputs): (usize, usize) = (6, 4);
-        let logits = Tensor::<NdArray, 2>::random(
-            [steps, n_outputs],
-            Distribution::Normal(0.0, 1.5),
-            &Default::default(),
-        );
-        let log_probs: Vec<f32> = log_softmax(logits, 1).into_data().to_vec().unwrap();
+        let logits =
+            Tensor::<2>::random([steps, n_outputs], Distribution::Normal(0.0, 1.5), &cpu());
+        let log_probs: Vec<f32> = log_softmax(logits, 1).into_data().try_to_vec().unwrap();
         for targets in [
             vec![1, 2],
             vec![2, 2],
@@ -656,16 +646,15 @@ mod tests {
         }
     }
 
-    /// On an autodiff backend and off it, the losses [`ctc_loss`] returns are those of
+    /// On an autodiff device and off it, the losses [`ctc_loss`] returns are those of
     /// [`ctc_alpha_beta`], rounded to `f32`, bit for bit (the linear term adds exactly 0);
     /// with no step, an empty labelling costs 0 and any other +∞.
     #[test]
     fn ctc_loss_value_is_the_recursions_loss_bit_for_bit() {
-        let device = Default::default();
-        let logits =
-            Tensor::<NdArray, 3>::random([3, 12, 5], Distribution::Normal(0.0, 2.0), &device);
+        let device = cpu();
+        let logits = Tensor::<3>::random([3, 12, 5], Distribution::Normal(0.0, 2.0), &device);
         let log_probs = log_softmax(logits, 2);
-        let host: Vec<f32> = log_probs.clone().into_data().to_vec().unwrap();
+        let host: Vec<f32> = log_probs.clone().into_data().try_to_vec().unwrap();
         let targets = [vec![1, 2, 2], vec![4], vec![3, 1, 3, 1]];
         let lengths = [12, 7, 10];
         let expected: Vec<f32> = (0..3)
@@ -674,20 +663,20 @@ mod tests {
                 ctc_alpha_beta(row, lengths[b], 5, &targets[b], 0).loss as f32
             })
             .collect();
-        let labels = Tensor::<NdArray, 2, Int>::from_data(
+        let labels = Tensor::<2, Int>::from_data(
             TensorData::new(vec![1i64, 2, 2, 0, 4, 0, 0, 0, 3, 1, 3, 1], [3, 4]),
             &device,
         );
         let plain = ctc_loss(log_probs.clone(), labels.clone(), &lengths, &[3, 1, 4], 0);
-        assert_eq!(plain.into_data().to_vec::<f32>().unwrap(), expected);
+        assert_eq!(plain.into_data().try_to_vec::<f32>().unwrap(), expected);
         let tracked = ctc_loss(
-            Tensor::<A, 3>::from_inner(log_probs).require_grad(),
-            Tensor::<A, 2, Int>::from_inner(labels),
+            log_probs.autodiff().require_grad(),
+            labels.autodiff(),
             &lengths,
             &[3, 1, 4],
             0,
         );
-        assert_eq!(tracked.into_data().to_vec::<f32>().unwrap(), expected);
+        assert_eq!(tracked.into_data().try_to_vec::<f32>().unwrap(), expected);
         assert_eq!(ctc_alpha_beta(&[], 0, 5, &[], 0).loss, 0.0);
         assert_eq!(ctc_alpha_beta(&[], 0, 5, &[2], 0).loss, f64::INFINITY);
     }

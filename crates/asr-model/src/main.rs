@@ -53,11 +53,23 @@ fn main() -> anyhow::Result<()> {
         Command::Manifest(args) => cli::manifest::run(args),
         Command::Import(args) => cli::import::run(args),
         Command::Join(args) => cli::join::run(args),
-        Command::Train(args) => cli::on_training_backend(args.backend, &*args),
-        Command::Eval(args) => cli::on_backend(args.backend, &args),
-        Command::Compare(args) => cli::on_backend(args.backend, &args),
-        Command::Clusters(args) => cli::on_backend(args.backend, &args),
-        Command::Transcribe(args) => cli::on_backend(args.backend, &args),
-        Command::StepTime(args) => cli::on_training_backend(args.backend, &args),
+        Command::Train(args) => cli::on_training_backend(args.backend, |name, device| {
+            cli::train::run(&args, name, device)
+        }),
+        Command::Eval(args) => cli::on_backend(args.backend, |name, device| {
+            cli::eval::run(&args, name, device)
+        }),
+        Command::Compare(args) => cli::on_backend(args.backend, |name, device| {
+            cli::compare::run(&args, name, device)
+        }),
+        Command::Clusters(args) => cli::on_backend(args.backend, |name, device| {
+            cli::clusters::run(&args, name, device)
+        }),
+        Command::Transcribe(args) => cli::on_backend(args.backend, |name, device| {
+            cli::transcribe::run(&args, name, device)
+        }),
+        Command::StepTime(args) => cli::on_training_backend(args.backend, |name, device| {
+            cli::step_time::run(&args, name, device)
+        }),
     }
 }

@@ -13,13 +13,12 @@ use burn::nn::{
     Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig1d,
 };
 use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, silu};
-use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
-    Clusters, MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, Clusters,
+    MultiHeadClusteredAttention,
 };
 use serde::{Deserialize, Serialize};
 
@@ -85,7 +84,7 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn apply<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+    fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
         match self {
             Self::Gelu => gelu(x),
             Self::Relu => relu(x),
@@ -170,7 +169,7 @@ pub struct AsrModelConfig {
     pub seed: u64,
     /// Which implementation computes the CTC loss ([`AsrModel::ctc_loss`]); the same loss
     /// either way. Training only.
-    #[config(default = "CtcLossImpl::Burn")]
+    #[config(default = "CtcLossImpl::AlphaBeta")]
     pub ctc_loss: CtcLossImpl,
 }
 
@@ -181,19 +180,19 @@ pub struct AsrModelConfig {
 /// paper's batch norm, so that an utterance's output does not depend on its batch; padded
 /// steps are zeroed before the depthwise convolution, so they do not leak into valid ones.
 #[derive(Module, Debug)]
-pub struct ConvModule<B: Backend> {
-    norm_input: LayerNorm<B>,
-    pointwise_in: Linear<B>,
-    depthwise: Conv1d<B>,
-    norm_depthwise: LayerNorm<B>,
-    pointwise_out: Linear<B>,
+pub struct ConvModule {
+    norm_input: LayerNorm,
+    pointwise_in: Linear,
+    depthwise: Conv1d,
+    norm_depthwise: LayerNorm,
+    pointwise_out: Linear,
 }
 
-impl<B: Backend> ConvModule<B> {
+impl ConvModule {
     /// `glu(pointwise_in(x), 2)`, each half of the projection computed by itself from its half
     /// of the weights: the same values, without the strided views of the halves of one
     /// `[batch, steps, 2·d_model]` output, which the CPU backends read element by element.
-    fn pointwise_glu(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn pointwise_glu(&self, x: Tensor<3>) -> Tensor<3> {
         let weight = self.pointwise_in.weight.val();
         let bias = self.pointwise_in.bias.as_ref().map(|b| b.val());
         let d = weight.dims()[1] / 2;
@@ -209,7 +208,7 @@ impl<B: Backend> ConvModule<B> {
 
     /// `x`: `[batch, steps, d_model]`; `valid`: `[batch, steps, 1]`, 1 on valid steps and 0 on
     /// padding. Returns the module's branch, `[batch, steps, d_model]` (without the residual).
-    fn forward(&self, x: Tensor<B, 3>, valid: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<3>, valid: Tensor<3>) -> Tensor<3> {
         let h = self.pointwise_glu(self.norm_input.forward(x)) * valid;
         let h = self.depthwise.forward(h.swap_dims(1, 2)).swap_dims(1, 2);
         self.pointwise_out
@@ -220,22 +219,22 @@ impl<B: Backend> ConvModule<B> {
 /// One pre-norm encoder layer: `x + Attn(LN(x))`, then `x + Conv(x)` when the layer has a
 /// [`ConvModule`], then `x + FF(LN(x))`.
 #[derive(Module, Debug)]
-pub struct EncoderLayer<B: Backend> {
-    norm_attention: LayerNorm<B>,
-    attention: MultiHeadClusteredAttention<B>,
-    conv: Option<ConvModule<B>>,
-    norm_ff: LayerNorm<B>,
-    ff_in: Linear<B>,
-    ff_out: Linear<B>,
+pub struct EncoderLayer {
+    norm_attention: LayerNorm,
+    attention: MultiHeadClusteredAttention,
+    conv: Option<ConvModule>,
+    norm_ff: LayerNorm,
+    ff_in: Linear,
+    ff_out: Linear,
     dropout: Dropout,
 }
 
 /// `[batch, width]`: 1 at each row's first `lengths[row]` positions (at most `width`), 0 after.
-fn length_mask<B: Backend>(
+fn length_mask(
     lengths: impl ExactSizeIterator<Item = usize>,
     width: usize,
-    device: &B::Device,
-) -> Tensor<B, 2> {
+    device: &Device,
+) -> Tensor<2> {
     let batch = lengths.len();
     let mut mask = vec![0f32; batch * width];
     for (row, len) in mask.chunks_mut(width.max(1)).zip(lengths) {
@@ -251,26 +250,28 @@ fn first_stride(subsampling: usize) -> usize {
 
 /// The convolutions of [`FrontEnd::Conv`].
 #[derive(Module, Debug)]
-pub struct ConvFrontEnd<B: Backend> {
-    first: Conv1d<B>,
-    second: Conv1d<B>,
+pub struct ConvFrontEnd {
+    first: Conv1d,
+    second: Conv1d,
 }
 
 /// The phone recognizer: `[batch, frames, n_mels]` log-mel features → `[batch, steps,
 /// n_outputs]` log-probabilities.
 #[derive(Module, Debug)]
-pub struct AsrModel<B: Backend> {
-    conv: Option<ConvFrontEnd<B>>,
-    input: Linear<B>,
-    layers: Vec<EncoderLayer<B>>,
-    norm: LayerNorm<B>,
-    output: Linear<B>,
+pub struct AsrModel {
+    conv: Option<ConvFrontEnd>,
+    input: Linear,
+    layers: Vec<EncoderLayer>,
+    norm: LayerNorm,
+    output: Linear,
     dropout: Dropout,
+    #[module(skip)]
     activation: Activation,
     d_model: usize,
     subsampling: usize,
     n_outputs: usize,
     inter_ctc_weight: f64,
+    #[module(skip)]
     ctc_loss: CtcLossImpl,
 }
 
@@ -333,7 +334,7 @@ impl AsrModelConfig {
     /// # Panics
     /// When the configuration is invalid: see [`Self::validate`], whose message it panics
     /// with.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> AsrModel<B> {
+    pub fn init(&self, device: &Device) -> AsrModel {
         if let Err(message) = self.validate() {
             panic!("{message}");
         }
@@ -412,11 +413,7 @@ pub fn check_inter_ctc_weight(weight: f64, n_layers: usize) -> Result<(), String
 }
 
 /// Fixed sinusoidal positional encodings (Vaswani et al., 2017, §3.5): `[steps, d_model]`.
-pub fn sinusoidal_positions<B: Backend>(
-    steps: usize,
-    d_model: usize,
-    device: &B::Device,
-) -> Tensor<B, 2> {
+pub fn sinusoidal_positions(steps: usize, d_model: usize, device: &Device) -> Tensor<2> {
     let mut data = vec![0f32; steps * d_model];
     for t in 0..steps {
         for i in 0..d_model {
@@ -428,7 +425,7 @@ pub fn sinusoidal_positions<B: Backend>(
     Tensor::from_data(TensorData::new(data, [steps, d_model]), device)
 }
 
-impl<B: ClusteredAttentionBackend> AsrModel<B> {
+impl AsrModel {
     /// Encoder steps of an utterance of `frames` feature frames: `ceil(frames / subsampling)`.
     pub fn output_length(&self, frames: usize) -> usize {
         frames.div_ceil(self.subsampling)
@@ -483,7 +480,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// # Panics
     /// When `features` does not have `n_mels` bands or `frame_lengths` disagrees with the
     /// batch.
-    pub fn forward(&self, features: Tensor<B, 3>, frame_lengths: &[usize]) -> Tensor<B, 3> {
+    pub fn forward(&self, features: Tensor<3>, frame_lengths: &[usize]) -> Tensor<3> {
         self.encode(features, frame_lengths, None, None).0
     }
 
@@ -500,9 +497,9 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// As [`Self::forward`].
     pub fn query_clusters(
         &self,
-        features: Tensor<B, 3>,
+        features: Tensor<3>,
         frame_lengths: &[usize],
-    ) -> Vec<Option<Clusters<B>>> {
+    ) -> Vec<Option<Clusters>> {
         let mut clusters = Vec::new();
         self.encode(features, frame_lengths, None, Some(&mut clusters));
         clusters
@@ -517,9 +514,9 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// As [`Self::forward`].
     pub fn forward_with_intermediate(
         &self,
-        features: Tensor<B, 3>,
+        features: Tensor<3>,
         frame_lengths: &[usize],
-    ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
+    ) -> (Tensor<3>, Option<Tensor<3>>) {
         let tap = (self.inter_ctc_weight > 0.0).then(|| self.middle_layer());
         self.encode(features, frame_lengths, tap, None)
     }
@@ -528,11 +525,11 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// `tap` layers when asked; with `clusters`, each layer's query clusters pushed onto it.
     fn encode(
         &self,
-        features: Tensor<B, 3>,
+        features: Tensor<3>,
         frame_lengths: &[usize],
         tap: Option<usize>,
-        mut clusters: Option<&mut Vec<Option<Clusters<B>>>>,
-    ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
+        mut clusters: Option<&mut Vec<Option<Clusters>>>,
+    ) -> (Tensor<3>, Option<Tensor<3>>) {
         let [batch, frames, n_mels] = features.dims();
         let s = self.subsampling;
         assert_eq!(
@@ -556,18 +553,17 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         let steps = frames.div_ceil(s);
         let x = self.front_end(features, frame_lengths);
         let x = x * (self.d_model as f64).sqrt()
-            + sinusoidal_positions::<B>(steps, self.d_model, &device).unsqueeze_dim(0);
+            + sinusoidal_positions(steps, self.d_model, &device).unsqueeze_dim(0);
         let mut x = dropout(x, self.dropout.prob);
         let lengths: Vec<i64> = frame_lengths
             .iter()
             .map(|&f| self.output_length(f).min(steps) as i64)
             .collect();
         let valid = self.layers.iter().any(|l| l.conv.is_some()).then(|| {
-            length_mask::<B>(lengths.iter().map(|&len| len as usize), steps, &device)
-                .unsqueeze_dim(2)
+            length_mask(lengths.iter().map(|&len| len as usize), steps, &device).unsqueeze_dim(2)
         });
-        let lengths = Tensor::<B, 1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
-        let head = |x: Tensor<B, 3>| log_softmax(self.output.forward(self.norm.forward(x)), 2);
+        let lengths = Tensor::<1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
+        let head = |x: Tensor<3>| log_softmax(self.output.forward(self.norm.forward(x)), 2);
         let mut middle = None;
         for (i, layer) in self.layers.iter().enumerate() {
             if tap == Some(i) {
@@ -602,7 +598,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
 
     /// The front end: `[batch, frames, n_mels]` features → `[batch, ceil(frames /
     /// subsampling), d_model]`, before the positions are added.
-    fn front_end(&self, features: Tensor<B, 3>, frame_lengths: &[usize]) -> Tensor<B, 3> {
+    fn front_end(&self, features: Tensor<3>, frame_lengths: &[usize]) -> Tensor<3> {
         let [batch, frames, n_mels] = features.dims();
         let s = self.subsampling;
         let device = features.device();
@@ -618,7 +614,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
                 let [_, _, width] = x.dims();
                 let stride = first_stride(s);
                 let lengths = frame_lengths.iter().map(|f| f.div_ceil(stride));
-                let x = x * length_mask::<B>(lengths, width, &device).unsqueeze_dim(1);
+                let x = x * length_mask(lengths, width, &device).unsqueeze_dim(1);
                 let x = self.activation.apply(conv.second.forward(x));
                 self.input.forward(x.swap_dims(1, 2))
             }
@@ -644,11 +640,11 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// - output: `[batch]`
     pub fn ctc_loss(
         &self,
-        log_probs: Tensor<B, 3>,
+        log_probs: Tensor<3>,
         frame_lengths: &[usize],
-        targets: Tensor<B, 2, Int>,
+        targets: Tensor<2, Int>,
         target_lengths: &[usize],
-    ) -> Tensor<B, 1> {
+    ) -> Tensor<1> {
         let steps = log_probs.dims()[1];
         if self.ctc_loss == CtcLossImpl::AlphaBeta {
             let input_lengths: Vec<usize> = frame_lengths
@@ -676,13 +672,16 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
 #[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::*;
-    use burn::backend::NdArray;
     use burn::tensor::Distribution;
 
-    type B = NdArray;
+    /// The tests' device: NdArray's (deprecated in Burn 0.22, still the tests' reference).
+    #[allow(deprecated)]
+    fn cpu() -> Device {
+        Device::ndarray()
+    }
 
-    fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-        t.into_data().to_vec::<f32>().unwrap()
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().unwrap()
     }
 
     /// erf to 1.5e-7 (Abramowitz and Stegun 7.1.26).
@@ -700,7 +699,7 @@ mod tests {
 
     /// `x`: `[c_in, n]` → `[c_out, (n + 2·pad − k) / stride + 1]`, zero padding, `groups`
     /// groups, as in the definition of a convolution (no library code).
-    fn conv1d_ref(x: &[f32], n: usize, conv: &Conv1d<B>, pad: usize) -> (Vec<f64>, usize) {
+    fn conv1d_ref(x: &[f32], n: usize, conv: &Conv1d, pad: usize) -> (Vec<f64>, usize) {
         let [c_out, c_in_group, k] = conv.weight.dims();
         let w = values(conv.weight.val());
         let bias = values(conv.bias.as_ref().unwrap().val());
@@ -728,7 +727,7 @@ mod tests {
     }
 
     /// `x`: `[n, d_in]` rows → `[n, d_out]`.
-    fn linear_ref(x: &[f64], n: usize, linear: &Linear<B>) -> Vec<f64> {
+    fn linear_ref(x: &[f64], n: usize, linear: &Linear) -> Vec<f64> {
         let [d_in, d_out] = linear.weight.dims();
         let w = values(linear.weight.val());
         let bias = values(linear.bias.as_ref().unwrap().val());
@@ -745,7 +744,7 @@ mod tests {
     }
 
     /// `x`: `[n, d]` rows, each normalised: `(x − mean) / sqrt(var + 1e-5) · γ + β`.
-    fn layer_norm_ref(x: &[f64], d: usize, norm: &LayerNorm<B>) -> Vec<f64> {
+    fn layer_norm_ref(x: &[f64], d: usize, norm: &LayerNorm) -> Vec<f64> {
         let gamma = values(norm.gamma.val());
         let beta = values(norm.beta.as_ref().unwrap().val());
         x.chunks(d)
@@ -770,8 +769,8 @@ mod tests {
             .fold(0.0, f64::max)
     }
 
-    fn random(shape: [usize; 3]) -> Tensor<B, 3> {
-        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    fn random(shape: [usize; 3]) -> Tensor<3> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &cpu())
     }
 
     /// The convolutional front end of one utterance of 13 frames, at subsampling 1, 2 and 4,
@@ -795,7 +794,7 @@ mod tests {
                 .with_n_layers(1)
                 .with_subsampling(s)
                 .with_front_end(FrontEnd::Conv { channels: 7 })
-                .init::<B>(&Default::default());
+                .init(&cpu());
             let features = random([1, 13, 6]);
             let ours = values(model.front_end(features.clone(), &[13]));
             // [frames, mels] → [mels, frames]
@@ -829,13 +828,12 @@ mod tests {
             .with_n_heads(2)
             .with_n_layers(1)
             .with_conv_kernel(5)
-            .init::<B>(&Default::default());
+            .init(&cpu());
         let module = model.layers[0].conv.as_ref().unwrap();
         let x = random([1, n, d]);
         let mut mask = vec![0f32; n];
         mask[..valid_steps].fill(1.0);
-        let valid =
-            Tensor::<B, 3>::from_data(TensorData::new(mask, [1, n, 1]), &Default::default());
+        let valid = Tensor::<3>::from_data(TensorData::new(mask, [1, n, 1]), &cpu());
         let ours = values(module.forward(x.clone(), valid));
 
         let x: Vec<f64> = values(x).into_iter().map(f64::from).collect();
@@ -887,7 +885,7 @@ mod tests {
     /// [`AsrModel::forward`]'s; a weight of 0 taps nothing.
     #[test]
     fn intermediate_ctc_reads_the_middle_layer() {
-        let device = Default::default();
+        let device = cpu();
         let features = random([2, 13, 6]);
         let lengths = [13, 9];
         for (n_layers, conv_kernel) in [(4, 0), (3, 5), (2, 3)] {
@@ -901,7 +899,7 @@ mod tests {
                 .with_attention(AttentionKind::Full)
                 .with_front_end(FrontEnd::Conv { channels: 4 })
                 .with_conv_kernel(conv_kernel);
-            let model = config.clone().with_inter_ctc_weight(0.3).init::<B>(&device);
+            let model = config.clone().with_inter_ctc_weight(0.3).init(&device);
             let (last, middle) = model.forward_with_intermediate(features.clone(), &lengths);
             let mut cut = model.clone();
             cut.layers.truncate(n_layers / 2);
@@ -915,7 +913,7 @@ mod tests {
                 values(last),
                 values(model.forward(features.clone(), &lengths))
             );
-            let plain = config.init::<B>(&device);
+            let plain = config.init(&device);
             assert!(
                 plain
                     .forward_with_intermediate(features.clone(), &lengths)
@@ -931,14 +929,12 @@ mod tests {
         AsrModelConfig::new(5)
             .with_n_layers(1)
             .with_inter_ctc_weight(0.3)
-            .init::<B>(&Default::default());
+            .init(&cpu());
     }
 
     #[test]
     #[should_panic(expected = "conv_kernel must be odd (or 0 for none), got 4")]
     fn even_conv_kernel_is_refused() {
-        AsrModelConfig::new(5)
-            .with_conv_kernel(4)
-            .init::<B>(&Default::default());
+        AsrModelConfig::new(5).with_conv_kernel(4).init(&cpu());
     }
 }

@@ -3,10 +3,11 @@
 
 use std::collections::HashMap;
 
+use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::{MetricDefinition, MetricId};
 use burn::train::renderer::{
-    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining, ProgressType, TrainingProgress,
+    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining,
 };
 
 /// A [`MetricsRenderer`] printing plain lines to stdout (for logs and pipes; the TUI is
@@ -17,6 +18,12 @@ pub struct ProgressLines {
     train: Vec<(String, String)>,
     valid: Vec<(String, String)>,
     started: Option<std::time::Instant>,
+    /// The epoch under way (from 1) and the run's last.
+    epoch: usize,
+    epochs: usize,
+    /// The split under way (`train` or `valid`) and its number of items.
+    split: String,
+    split_items: usize,
 }
 
 fn record(
@@ -39,28 +46,28 @@ fn record(
 }
 
 impl ProgressLines {
-    fn line(&mut self, split: &str, item: &TrainingProgress, every: usize) {
-        let Some(progress) = &item.progress else {
-            return;
-        };
-        let done = progress.items_processed;
-        let total = progress.items_total.max(1);
+    /// The line of `done` items of the split under way, printed at every `1 / every` of the
+    /// split (4 for training, 1 for validation) and at its end.
+    fn line(&mut self, done: usize) {
+        let every = if self.split == "train" { 4 } else { 1 };
+        let total = self.split_items.max(1);
         let step = total.div_ceil(every).max(1);
         if done != total && done % step != 0 {
             return;
         }
         let started = *self.started.get_or_insert_with(std::time::Instant::now);
-        let values = if split == "train" {
+        let values = if self.split == "train" {
             &self.train
         } else {
             &self.valid
         };
         let metrics: Vec<String> = values.iter().map(|(n, v)| format!("{n}: {v}")).collect();
         println!(
-            "[{:>6.0} s] epoch {}/{} {split} {done}/{total} | {}",
+            "[{:>6.0} s] epoch {}/{} {} {done}/{total} | {}",
             started.elapsed().as_secs_f64(),
-            item.global_progress.items_processed,
-            item.global_progress.items_total,
+            self.epoch,
+            self.epochs,
+            self.split,
             metrics.join(" | ")
         );
     }
@@ -74,26 +81,64 @@ impl MetricsRendererTraining for ProgressLines {
     fn update_valid(&mut self, state: MetricState) {
         record(&self.names, &mut self.valid, state);
     }
+}
 
-    fn render_train(&mut self, item: TrainingProgress, _progress: Vec<ProgressType>) {
-        self.line("train", &item, 4);
+impl TrainingProgressLogger for ProgressLines {
+    fn start(
+        &mut self,
+        total_epochs: usize,
+        starting_epoch: usize,
+        _total_items: Option<usize>,
+        _label: Option<&str>,
+    ) {
+        self.epochs = total_epochs;
+        self.epoch = starting_epoch;
     }
 
-    fn render_valid(&mut self, item: TrainingProgress, _progress: Vec<ProgressType>) {
-        self.line("valid", &item, 1);
+    fn update_epoch(&mut self, epoch: usize) {
+        // burn-train reports the epoch that ended; the next one is under way.
+        self.epoch = epoch + 1;
     }
+
+    fn start_split(&mut self, split: &str, total_items: usize) {
+        self.split = split.to_string();
+        self.split_items = total_items;
+    }
+
+    fn update_split(&mut self, items_processed: usize) {
+        self.line(items_processed);
+    }
+
+    fn end_split(&mut self) {}
+
+    fn end(&mut self) {}
+
+    fn log_event_training(&mut self, _event: String) {}
 }
 
 impl MetricsRendererEvaluation for ProgressLines {
     fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+}
 
-    fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
+impl EvaluationProgressLogger for ProgressLines {
+    fn start_global_progress(&mut self, _total_tests: usize) {}
+
+    fn start_test(&mut self, _name: &str, _total_items: usize) {}
+
+    fn update_test_progress(&mut self, _items_processed: usize) {}
+
+    fn end_test(&mut self) {}
+
+    fn end_global_progress(&mut self) {}
+
+    fn log_event_evaluation(&mut self, _event: String) {}
 }
 
 impl MetricsRenderer for ProgressLines {
     fn manual_close(&mut self) {}
 
     fn register_metric(&mut self, definition: MetricDefinition) {
-        self.names.insert(definition.metric_id, definition.name);
+        self.names
+            .insert(definition.metric_id, definition.name.to_string());
     }
 }

@@ -4,15 +4,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
-use burn::data::dataset::Dataset;
-use burn::lr_scheduler::LrScheduler;
+use burn::data::dataset::{Dataset, DatasetError};
+use burn::lr_scheduler::{LrScheduler, LrSchedulerRecord};
+use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
-use burn::record::FullPrecisionSettings;
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, ExecutionError, Tensor, TensorData, TensorReadError};
 use burn::train::logger::FileMetricLogger;
 use burn::train::metric::state::{FormatOptions, NumericMetricState};
 use burn::train::metric::{
@@ -23,7 +21,7 @@ use burn::train::{
     ExecutionStrategy, InferenceStep, Interrupter, ItemLazy, Learner, MultiDeviceOptim,
     SupervisedTraining, TrainOutput, TrainStep,
 };
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use clustered_attention::AttentionKind;
 
 use crate::augment::AugmentSet;
 use crate::data::{AugmentingBatcher, BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
@@ -40,64 +38,55 @@ pub use clock::{
     resume_point,
 };
 pub use log::{EpochLog, TRAINING_LOG, TrainingLog};
-pub use saved::{AtomicMpkFileRecorder, SavedModel, load_model, save_model};
+pub use saved::{AtomicFileCheckpointer, SavedModel, load_model, save_model};
 
 /// What a training or evaluation step reports.
 #[derive(Debug)]
-pub struct CtcOutput<B: Backend> {
+pub struct CtcOutput {
     /// Mean over the batch of the CTC loss per target phone, `[1]`.
-    pub loss: Tensor<B, 1>,
+    pub loss: Tensor<1>,
     /// Edit distance and reference phones of the batch (zero in training steps).
     pub per: PhoneErrorRate,
     /// Wall-clock time of the batch's forward pass, in milliseconds.
     pub forward_ms: f64,
 }
 
-/// [`CtcOutput`] moved off the training device, for the metrics.
-#[derive(Debug)]
-pub struct CtcStats {
-    loss: Tensor<Flex, 1>,
-    per: PhoneErrorRate,
-    forward_ms: ForwardTime,
-}
-
 /// The forward time of a batch in milliseconds, the input of [`ForwardTimeMetric`].
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardTime(pub f64);
 
-impl<B: Backend> ItemLazy for CtcOutput<B> {
-    type ItemSync = CtcStats;
-
-    fn sync(self) -> CtcStats {
-        CtcStats {
-            loss: Tensor::from_data(self.loss.into_data(), &Default::default()),
+impl ItemLazy for CtcOutput {
+    /// Moves the loss off the training device, onto Flex, for the metrics.
+    fn sync(self) -> Result<Self, ExecutionError> {
+        Ok(CtcOutput {
+            loss: Tensor::from_data(self.loss.try_into_data()?, &Device::flex()),
             per: self.per,
-            forward_ms: ForwardTime(self.forward_ms),
-        }
+            forward_ms: self.forward_ms,
+        })
     }
 }
 
-impl Adaptor<LossInput<Flex>> for CtcStats {
-    fn adapt(&self) -> LossInput<Flex> {
+impl Adaptor<LossInput> for CtcOutput {
+    fn adapt(&self) -> LossInput {
         LossInput::new(self.loss.clone())
     }
 }
 
-impl Adaptor<PhoneErrorRate> for CtcStats {
+impl Adaptor<PhoneErrorRate> for CtcOutput {
     fn adapt(&self) -> PhoneErrorRate {
         self.per
     }
 }
 
-impl Adaptor<ForwardTime> for CtcStats {
+impl Adaptor<ForwardTime> for CtcOutput {
     fn adapt(&self) -> ForwardTime {
-        self.forward_ms
+        ForwardTime(self.forward_ms)
     }
 }
 
 /// The wall-clock time of a training batch's forward pass, in milliseconds, as a burn-train
 /// metric ([`FORWARD_METRIC`]); [`EpochClock`] keeps its mean per epoch. The step waits for
-/// the device after the forward pass to time it (`Backend::sync`): nothing on the CPU
+/// the device after the forward pass to time it (`Device::sync`): nothing on the CPU
 /// backends, one synchronisation per step on the GPU ones.
 #[derive(Clone)]
 pub struct ForwardTimeMetric {
@@ -129,12 +118,17 @@ impl Metric for ForwardTimeMetric {
         .into()
     }
 
-    fn update(&mut self, item: &ForwardTime, _metadata: &MetricMetadata) -> SerializedEntry {
-        self.state.update(
-            item.0,
-            1,
-            FormatOptions::new(self.name()).unit("ms").precision(0),
-        )
+    fn update(
+        &mut self,
+        item: &ForwardTime,
+        _metadata: &MetricMetadata,
+    ) -> Result<SerializedEntry, TensorReadError> {
+        self.state.update(item.0, 1);
+        Ok(self.state.compute_update(self.format()))
+    }
+
+    fn compute(&mut self) -> Result<SerializedEntry, TensorReadError> {
+        Ok(self.state.compute_final(self.format()))
     }
 
     fn clear(&mut self) {
@@ -142,13 +136,23 @@ impl Metric for ForwardTimeMetric {
     }
 }
 
+impl ForwardTimeMetric {
+    fn format(&self) -> FormatOptions {
+        FormatOptions::new(self.name()).unit("ms").precision(0)
+    }
+}
+
 impl Numeric for ForwardTimeMetric {
-    fn value(&self) -> NumericEntry {
-        self.state.current_value()
+    fn value(&self) -> Option<NumericEntry> {
+        Some(self.state.current_value())
     }
 
-    fn running_value(&self) -> NumericEntry {
-        self.state.running_value()
+    fn running_value(&self) -> Option<NumericEntry> {
+        Some(self.state.running_value())
+    }
+
+    fn final_value(&self) -> NumericEntry {
+        self.state.final_value()
     }
 }
 
@@ -184,12 +188,18 @@ impl Metric for PhoneErrorRateMetric {
         .into()
     }
 
-    fn update(&mut self, item: &PhoneErrorRate, _metadata: &MetricMetadata) -> SerializedEntry {
-        self.state.update(
-            item.percent(),
-            item.reference_phones.max(1),
-            FormatOptions::new(self.name()).unit("%").precision(2),
-        )
+    fn update(
+        &mut self,
+        item: &PhoneErrorRate,
+        _metadata: &MetricMetadata,
+    ) -> Result<SerializedEntry, TensorReadError> {
+        self.state
+            .update(item.percent(), item.reference_phones.max(1));
+        Ok(self.state.compute_update(self.format()))
+    }
+
+    fn compute(&mut self) -> Result<SerializedEntry, TensorReadError> {
+        Ok(self.state.compute_final(self.format()))
     }
 
     fn clear(&mut self) {
@@ -197,18 +207,28 @@ impl Metric for PhoneErrorRateMetric {
     }
 }
 
-impl Numeric for PhoneErrorRateMetric {
-    fn value(&self) -> NumericEntry {
-        self.state.current_value()
-    }
-
-    fn running_value(&self) -> NumericEntry {
-        self.state.running_value()
+impl PhoneErrorRateMetric {
+    fn format(&self) -> FormatOptions {
+        FormatOptions::new(self.name()).unit("%").precision(2)
     }
 }
 
-impl<B: ClusteredAttentionBackend> AsrModel<B> {
-    fn loss_of(&self, batch: &CtcBatch<B>, log_probs: Tensor<B, 3>) -> Tensor<B, 1> {
+impl Numeric for PhoneErrorRateMetric {
+    fn value(&self) -> Option<NumericEntry> {
+        Some(self.state.current_value())
+    }
+
+    fn running_value(&self) -> Option<NumericEntry> {
+        Some(self.state.running_value())
+    }
+
+    fn final_value(&self) -> NumericEntry {
+        self.state.final_value()
+    }
+}
+
+impl AsrModel {
+    fn loss_of(&self, batch: &CtcBatch, log_probs: Tensor<3>) -> Tensor<1> {
         let per_utterance = self.ctc_loss(
             log_probs,
             &batch.frame_lengths,
@@ -218,12 +238,12 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         let device = per_utterance.device();
         let lengths: Vec<f32> = batch.target_lengths.iter().map(|&t| t as f32).collect();
         let n = lengths.len();
-        (per_utterance / Tensor::<B, 1>::from_data(TensorData::new(lengths, [n]), &device)).mean()
+        (per_utterance / Tensor::<1>::from_data(TensorData::new(lengths, [n]), &device)).mean()
     }
 
     /// The phone errors of a batch: its greedy transcriptions from the log-probabilities
     /// `[batch, steps, n_outputs]` against its reference phones.
-    pub fn phone_errors(&self, log_probs: Tensor<B, 3>, batch: &CtcBatch<B>) -> PhoneErrorRate {
+    pub fn phone_errors(&self, log_probs: Tensor<3>, batch: &CtcBatch) -> PhoneErrorRate {
         let mut per = PhoneErrorRate::default();
         per.add_all(
             &self.decode(log_probs, &batch.frame_lengths),
@@ -239,7 +259,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     /// When `search`'s LM has another number of outputs than the model.
     pub fn beam_decode(
         &self,
-        log_probs: Tensor<B, 3>,
+        log_probs: Tensor<3>,
         frame_lengths: &[usize],
         search: &BeamSearch,
     ) -> Vec<Vec<usize>> {
@@ -252,8 +272,7 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
         );
         let values: Vec<f32> = log_probs
             .into_data()
-            .convert::<f32>()
-            .to_vec()
+            .try_into_vec_as::<f32>()
             .expect("f32 log-probabilities");
         frame_lengths
             .iter()
@@ -267,12 +286,11 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     }
 
     /// Greedy transcriptions of a batch's log-probabilities `[batch, steps, n_outputs]`.
-    pub fn decode(&self, log_probs: Tensor<B, 3>, frame_lengths: &[usize]) -> Vec<Vec<usize>> {
+    pub fn decode(&self, log_probs: Tensor<3>, frame_lengths: &[usize]) -> Vec<Vec<usize>> {
         let [batch, steps, _] = log_probs.dims();
         let best = log_probs.argmax(2).into_data();
         let best: Vec<i64> = best
-            .convert::<i64>()
-            .into_vec()
+            .try_into_vec_as::<i64>()
             .expect("arg-max indices convert to i64");
         (0..batch)
             .map(|b| {
@@ -287,14 +305,14 @@ impl<B: ClusteredAttentionBackend> AsrModel<B> {
     }
 }
 
-impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
-    type Input = CtcBatch<B>;
-    type Output = CtcOutput<B>;
+impl TrainStep for AsrModel {
+    type Input = CtcBatch;
+    type Output = CtcOutput;
 
     /// One training step: forward, CTC loss, backward. With [`CtcBatch::dropout_seed`] the
     /// dropout masks come from it; with [`CtcBatch::step_threads`] the step runs on a thread
     /// pool of that many threads of the calling thread's own.
-    fn step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+    fn step(&self, batch: CtcBatch) -> TrainOutput<CtcOutput> {
         let Some(threads) = batch.step_threads else {
             return self.seeded_train_step(batch);
         };
@@ -318,8 +336,8 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> TrainStep for AsrModel<B> {
     }
 }
 
-impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
-    fn seeded_train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+impl AsrModel {
+    fn seeded_train_step(&self, batch: CtcBatch) -> TrainOutput<CtcOutput> {
         match batch.dropout_seed {
             Some(seed) => clustered_attention::with_dropout_seed(seed, || self.train_step(batch)),
             None => self.train_step(batch),
@@ -329,11 +347,11 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
     /// The loss is [`AsrModel::loss_of`]'s, or with an intermediate CTC loss
     /// `(1 − w)·loss(last layer) + w·loss(middle layer)`
     /// ([`crate::model::AsrModelConfig::inter_ctc_weight`]).
-    fn train_step(&self, batch: CtcBatch<B>) -> TrainOutput<CtcOutput<B>> {
+    fn train_step(&self, batch: CtcBatch) -> TrainOutput<CtcOutput> {
         let start = std::time::Instant::now();
         let (log_probs, middle) =
             self.forward_with_intermediate(batch.features.clone(), &batch.frame_lengths);
-        let _ = B::sync(&log_probs.device());
+        let _ = log_probs.device().sync();
         let forward_ms = start.elapsed().as_secs_f64() * 1000.0;
         let loss = match middle {
             Some(middle) => {
@@ -355,11 +373,11 @@ impl<B: AutodiffBackend + ClusteredAttentionBackend> AsrModel<B> {
     }
 }
 
-impl<B: ClusteredAttentionBackend> InferenceStep for AsrModel<B> {
-    type Input = CtcBatch<B>;
-    type Output = CtcOutput<B>;
+impl InferenceStep for AsrModel {
+    type Input = CtcBatch;
+    type Output = CtcOutput;
 
-    fn step(&self, batch: CtcBatch<B>) -> CtcOutput<B> {
+    fn step(&self, batch: CtcBatch) -> CtcOutput {
         let log_probs = self.forward(batch.features.clone(), &batch.frame_lengths);
         let loss = self.loss_of(&batch, log_probs.clone());
         let per = self.phone_errors(log_probs, &batch);
@@ -421,29 +439,12 @@ pub enum Strategy {
     /// device listed `n` times is `n` workers.
     #[default]
     Multi,
-    /// burn-train's distributed data parallel (its `ddp` feature): one worker and one
-    /// optimizer per device, the gradients summed by an all-reduce (NCCL) during the backward
-    /// pass. CUDA only, in a build with this crate's `ddp` feature: with it Burn 0.21's
-    /// `Autodiff<B>` trains only on backends that implement `DistributedBackend` (the CubeCL
-    /// ones), and CubeCL 0.10 implements the all-reduce on CUDA alone.
+    /// burn-train's distributed data parallel: one worker and one optimizer per device, the
+    /// gradients summed by an all-reduce (NCCL) during the backward pass. CUDA only, in a
+    /// build with this crate's `ddp` feature: Burn 0.22 runs collective operations on its
+    /// CubeCL backends alone, and CubeCL 0.11 implements the all-reduce on CUDA alone.
     Ddp,
 }
-
-/// The backends [`train_on_devices`] can train on: every [`AutodiffBackend`] in a build
-/// without the `ddp` feature; with it, those that are also a `DistributedBackend`, which
-/// [`Strategy::Ddp`] needs.
-#[cfg(not(feature = "ddp"))]
-pub trait TrainingBackend {}
-#[cfg(not(feature = "ddp"))]
-impl<B> TrainingBackend for B {}
-
-/// The backends [`train_on_devices`] can train on: every [`AutodiffBackend`] in a build
-/// without the `ddp` feature; with it, those that are also a `DistributedBackend`, which
-/// [`Strategy::Ddp`] needs.
-#[cfg(feature = "ddp")]
-pub trait TrainingBackend: burn::tensor::backend::distributed::DistributedBackend {}
-#[cfg(feature = "ddp")]
-impl<B: burn::tensor::backend::distributed::DistributedBackend> TrainingBackend for B {}
 
 /// Creates `dir` if needed and checks that a file can be written in it (an empty temporary
 /// file, written and removed), so that an output directory that cannot take the model,
@@ -467,9 +468,15 @@ pub fn last_checkpoint(dir: &Path) -> Option<usize> {
 
 /// The epochs with a whole checkpoint in `dir/checkpoint`, in no particular order: the
 /// model's, the optimizer's and the learning-rate schedule's records of the epoch all there
-/// (`model-N.mpk`, `optim-N.mpk`, `scheduler-N.mpk`; burn-train writes them from three
-/// threads, each file whole or not at all: [`AtomicMpkFileRecorder`]).
+/// (`model-N.bpk`, `optim-N.bpk`, `scheduler-N.bpk`, burnpack; burn-train writes them from
+/// three threads, each file whole or not at all: [`AtomicFileCheckpointer`]).
 pub fn checkpoints(dir: &Path) -> Vec<usize> {
+    checkpoints_of(dir, saved::CHECKPOINT_EXTENSION)
+}
+
+/// The epochs whose model, optimizer and schedule files of `extension` are all in
+/// `dir/checkpoint`.
+fn checkpoints_of(dir: &Path, extension: &str) -> Vec<usize> {
     let dir = dir.join("checkpoint");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -477,10 +484,10 @@ pub fn checkpoints(dir: &Path) -> Vec<usize> {
     entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            let epoch = usize::try_from(saved::model_file_number(&name, "mpk")?).ok()?;
+            let epoch = usize::try_from(saved::model_file_number(&name, extension)?).ok()?;
             ["optim", "scheduler"]
                 .iter()
-                .all(|part| dir.join(format!("{part}-{epoch}.mpk")).is_file())
+                .all(|part| dir.join(format!("{part}-{epoch}.{extension}")).is_file())
                 .then_some(epoch)
         })
         .collect()
@@ -495,7 +502,7 @@ struct StopAfter {
 }
 
 impl Dataset<Vec<Example>> for StopAfter {
-    fn get(&self, index: usize) -> Option<Vec<Example>> {
+    fn get(&self, index: usize) -> Result<Vec<Example>, DatasetError> {
         let served = self
             .served
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
@@ -511,23 +518,23 @@ impl Dataset<Vec<Example>> for StopAfter {
     }
 }
 
-/// Trains `config` on `train` (validating on `valid` each epoch) with burn-train on `device`;
-/// returns the trained model (on the inner backend) and saves it in `dir` ([`save_model`]:
-/// `model-N.safetensors` and `model.json`). [`train_on_devices`] with one device.
+/// Trains `config` on `train` (validating on `valid` each epoch) with burn-train on `device`
+/// (with autodiff: [`Device::autodiff`], whether or not `device` has it already); returns the
+/// trained model (without autodiff, on `device`'s backend) and saves it in `dir`
+/// ([`save_model`]: `model-N.safetensors` and `model.json`). [`train_on_devices`] with one
+/// device.
 ///
 /// # Errors
-/// When the directory cannot be written or a checkpoint cannot be read.
-pub fn train<B: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend>(
+/// When the directory cannot be written, a checkpoint cannot be read, or burn-train stops on
+/// an error.
+pub fn train(
     saved: &SavedModel,
     train: Vec<Example>,
     valid: Vec<Example>,
     options: &TrainOptions,
-    device: &B::Device,
-) -> anyhow::Result<AsrModel<B::InnerBackend>>
-where
-    B::InnerBackend: ClusteredAttentionBackend,
-{
-    train_on_devices::<B>(saved, train, valid, options, std::slice::from_ref(device))
+    device: &Device,
+) -> anyhow::Result<AsrModel> {
+    train_on_devices(saved, train, valid, options, std::slice::from_ref(device))
 }
 
 /// Trains as [`train`] does, data-parallel on `devices` with `options.strategy`
@@ -540,17 +547,17 @@ where
 ///
 /// # Errors
 /// As [`train`]; or when `devices` is empty; or with [`Strategy::Ddp`] in a build without
-/// the `ddp` feature, or with a device listed twice.
-pub fn train_on_devices<B: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend>(
+/// the `ddp` feature, or with a device listed twice; or with `resume` when `dir/checkpoint`
+/// holds only checkpoints of an older version (`model-N.mpk`, Burn 0.21's format).
+pub fn train_on_devices(
     saved: &SavedModel,
     train: Vec<Example>,
     valid: Vec<Example>,
     options: &TrainOptions,
-    devices: &[B::Device],
-) -> anyhow::Result<AsrModel<B::InnerBackend>>
-where
-    B::InnerBackend: ClusteredAttentionBackend,
-{
+    devices: &[Device],
+) -> anyhow::Result<AsrModel> {
+    // The training devices, with autodiff; validation runs on the first without it.
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let Some(device) = devices.first() else {
         anyhow::bail!("training needs at least one device");
     };
@@ -558,10 +565,10 @@ where
         if cfg!(not(feature = "ddp")) {
             anyhow::bail!(
                 "strategy ddp needs a build with asr-model's `ddp` feature \
-                 (`--no-default-features --features ddp`)"
+                 (`--features ddp`)"
             );
         }
-        if most_listed::<B>(devices) > 1 {
+        if most_listed(&devices) > 1 {
             anyhow::bail!(
                 "strategy ddp runs one worker per device: {devices:?} lists a device twice"
             );
@@ -571,17 +578,23 @@ where
         anyhow::bail!("the validation split is empty: training needs at least one dev utterance");
     }
     check_output_dir(&options.dir)?;
-    B::seed(device, options.seed);
-    let model: AsrModel<B> = saved.model.init(device);
+    if options.resume && checkpoints(&options.dir).is_empty() {
+        let older = checkpoints_of(&options.dir, "mpk");
+        if let Some(epoch) = older.iter().max() {
+            anyhow::bail!(
+                "{}: the checkpoints there (the last of epoch {epoch}, model-{epoch}.mpk) are \
+                 an older version's (Burn 0.21's format), which this version does not read; \
+                 train from scratch, without --resume",
+                options.dir.join("checkpoint").display()
+            );
+        }
+    }
+    device.seed(options.seed);
+    let model: AsrModel = saved.model.init(device);
     let dataset = BucketDataset::new(deal(bucket(train, options.batch_frames), devices.len()));
     let optim = AdamConfig::new()
         .with_grad_clipping(Some(GradientClippingConfig::Norm(options.grad_clip)))
         .init();
-    // burn-train's DDP workers each advance their scheduler once per device every step.
-    let scheduler_steps_per_step = match options.strategy {
-        Strategy::Multi => 1,
-        Strategy::Ddp => devices.len(),
-    };
     // Steps per epoch: the largest of the devices' slices of the batches, the last.
     let steps_per_epoch = slice_lengths(dataset.len(), devices.len())
         .last()
@@ -596,17 +609,21 @@ where
             options.learning_rate
         );
     }
+    // Each worker advances its scheduler once per step of its own (burn-train 0.22's DDP
+    // workers included: 0.21's advanced theirs once per device every step).
     let scheduler = WarmupDecay {
         peak: options.learning_rate,
         final_rate: options.final_learning_rate,
-        warmup: options.warmup_steps.max(1) * scheduler_steps_per_step,
-        total: options.epochs.max(1) * steps_per_epoch * scheduler_steps_per_step,
+        warmup: options.warmup_steps.max(1),
+        total: options.epochs.max(1) * steps_per_epoch,
         step: 0,
     };
     // Kept to measure the dev PER of a run that the time budget stops mid-epoch.
     let valid_for_budget = options.time_budget_s.map(|_| valid.clone());
-    let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(CtcBatcher)
+    let valid_device = device.clone().inner();
+    let valid_loader = DataLoaderBuilder::new(CtcBatcher)
         .batch_size(1)
+        .set_device(valid_device.clone())
         .build(BucketDataset::new(bucket(valid, options.batch_frames)));
     let interrupter = Interrupter::new();
     let batcher = AugmentingBatcher::new(
@@ -616,9 +633,11 @@ where
         options.seed,
     )
     .with_loss_weight(1.0 / devices.len() as f32)
-    .with_step_threads(step_threads::<B>(devices));
+    .with_step_threads(step_threads(&devices));
     let builder = || {
-        let mut builder = DataLoaderBuilder::<B, _, _>::new(batcher.clone()).batch_size(1);
+        let mut builder = DataLoaderBuilder::new(batcher.clone())
+            .batch_size(1)
+            .set_device(device.clone());
         // Batches (and their augmentation) are made by one worker thread, beside the training
         // step; not under --stop-after-steps, whose count must not include prefetched batches.
         if options.stop_after_steps.is_none() {
@@ -666,18 +685,23 @@ where
         }),
         None => builder().build(dataset),
     };
-    let mut training = SupervisedTraining::new(&options.dir, train_loader, valid_loader)
-        .with_interrupter(interrupter)
-        .with_metric_logger(FileMetricLogger::new(&options.dir))
-        .with_metric_logger(clock)
-        .metrics((LossMetric::<Flex>::new(),))
-        .metric_train_numeric(ForwardTimeMetric::default())
-        .metric_valid_numeric(PhoneErrorRateMetric::default())
-        .with_file_checkpointer(AtomicMpkFileRecorder::<FullPrecisionSettings>::new())
-        .num_epochs(options.epochs)
-        .summary();
+    let mut training =
+        SupervisedTraining::<AsrModel>::new(&options.dir, train_loader, valid_loader)
+            .with_interrupter(interrupter)
+            .with_metric_logger(FileMetricLogger::new(&options.dir))
+            .with_metric_logger(clock)
+            .metrics((LossMetric::new(),))
+            .metric_train_numeric(ForwardTimeMetric::default())
+            .metric_valid_numeric(PhoneErrorRateMetric::default())
+            .with_custom_checkpointers(
+                AtomicFileCheckpointer::new(&checkpoint_dir, "model"),
+                AtomicFileCheckpointer::new(&checkpoint_dir, "optim"),
+                AtomicFileCheckpointer::new(&checkpoint_dir, "scheduler"),
+            )
+            .num_epochs(options.epochs)
+            .summary();
     if !(cfg!(feature = "tui") && std::io::IsTerminal::is_terminal(&std::io::stdout())) {
-        training = training.renderer(crate::render::ProgressLines::default());
+        training = training.renderer(Box::new(crate::render::ProgressLines::default()));
     }
     if !options.application_log {
         training = training.with_application_logger(None);
@@ -692,7 +716,7 @@ where
         Strategy::Multi => {}
         #[cfg(feature = "ddp")]
         Strategy::Ddp => {
-            use burn::tensor::backend::distributed::{DistributedConfig, ReduceOperation};
+            use burn::tensor::distributed::{DistributedConfig, ReduceOperation};
             // The losses are weighted 1/n already: the all-reduce sums.
             let config = DistributedConfig {
                 all_reduce_op: ReduceOperation::Sum,
@@ -720,6 +744,14 @@ where
     let result = training.launch(Learner::new(model, optim, scheduler));
     let stopped_seconds = run_time.seconds();
     let stopped_by_budget = run_time.budget_reached();
+    // burn-train 0.22 returns a failure of the training (a batch, a metric, a checkpoint, a
+    // worker) rather than panicking: the model is not saved, as a crash would have left it.
+    if let Some(error) = result.error {
+        anyhow::bail!(
+            "{}: training stopped on an error: {error}",
+            options.dir.display()
+        );
+    }
     let model = result.model;
     save_model(&model, saved, &options.dir)?;
     let mut log = TrainingLog::new(
@@ -734,12 +766,15 @@ where
         if stopped_by_budget {
             log.train_seconds = stopped_seconds;
             log.final_dev_per =
-                Some(evaluate(&model, valid, None, options.batch_frames, device).percent());
+                Some(evaluate(&model, valid, None, options.batch_frames, &valid_device).percent());
         }
     }
     crate::compare::save_json(&options.dir.join(TRAINING_LOG), &log)?;
     Ok(model)
 }
+
+/// The key of [`WarmupDecay`]'s step count in its record.
+const STEP_KEY: &str = "step";
 
 /// The learning-rate schedule of [`train_on_devices`]: a linear warm-up from `peak / warmup`
 /// at the first step to `peak` at step `warmup + 1`, times, with a final rate, a factor
@@ -757,8 +792,6 @@ struct WarmupDecay {
 }
 
 impl LrScheduler for WarmupDecay {
-    type Record<B: Backend> = usize;
-
     fn step(&mut self) -> f64 {
         self.step += 1;
         // Both factors as burn's `LinearLrScheduler` computes them (`final − size · left`)
@@ -778,13 +811,14 @@ impl LrScheduler for WarmupDecay {
         ramp * factor
     }
 
-    fn to_record<B: Backend>(&self) -> usize {
-        self.step
+    fn to_record(&self) -> LrSchedulerRecord {
+        LrSchedulerRecord::new().with_scalar(STEP_KEY, self.step)
     }
 
-    fn load_record<B: Backend>(mut self, record: usize) -> Self {
-        self.step = record;
-        self
+    fn load_record(&mut self, record: LrSchedulerRecord) {
+        if let Some(step) = record.scalar::<usize>(STEP_KEY) {
+            self.step = step;
+        }
     }
 }
 
@@ -815,7 +849,7 @@ fn slice_lengths(m: usize, n: usize) -> Vec<usize> {
 }
 
 /// How many times the most listed device of `devices` is listed (0 for none).
-fn most_listed<B: Backend>(devices: &[B::Device]) -> usize {
+fn most_listed(devices: &[Device]) -> usize {
     devices
         .iter()
         .map(|d| devices.iter().filter(|e| *e == d).count())
@@ -827,8 +861,8 @@ fn most_listed<B: Backend>(devices: &[B::Device]) -> usize {
 /// (the CPU backends' one device, as `k` workers), its workers share the machine's cores,
 /// `cores / k` each (at least one), each worker's step on a thread pool of its own, so that
 /// they do not queue on one pool; else none (rayon's global pool).
-fn step_threads<B: Backend>(devices: &[B::Device]) -> Option<usize> {
-    let most = most_listed::<B>(devices);
+fn step_threads(devices: &[Device]) -> Option<usize> {
+    let most = most_listed(devices);
     (most > 1).then(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / most).max(1)
@@ -836,33 +870,35 @@ fn step_threads<B: Backend>(devices: &[B::Device]) -> Option<usize> {
 }
 
 /// Phone error rate of `model` (with `attention`, when given) over `examples`, decoded
-/// greedily.
-pub fn evaluate<B: ClusteredAttentionBackend>(
-    model: &AsrModel<B>,
+/// greedily, on `device` (without autodiff: [`Device::inner`]).
+pub fn evaluate(
+    model: &AsrModel,
     examples: &[Example],
     attention: Option<AttentionKind>,
     batch_frames: usize,
-    device: &B::Device,
+    device: &Device,
 ) -> PhoneErrorRate {
     evaluate_with(model, examples, attention, batch_frames, device, None)
 }
 
 /// [`evaluate`], decoded by [`beam_search`] with `search` when given, else greedily.
-pub fn evaluate_with<B: ClusteredAttentionBackend>(
-    model: &AsrModel<B>,
+pub fn evaluate_with(
+    model: &AsrModel,
     examples: &[Example],
     attention: Option<AttentionKind>,
     batch_frames: usize,
-    device: &B::Device,
+    device: &Device,
     search: Option<&BeamSearch>,
 ) -> PhoneErrorRate {
+    // In validation mode, without autodiff (as a model of Burn 0.21's inner backend was).
     let model = match attention {
-        Some(kind) => model.clone().with_attention(kind),
-        None => model.clone(),
+        Some(kind) => model.valid().with_attention(kind),
+        None => model.valid(),
     };
+    let device = device.clone().inner();
     let mut per = PhoneErrorRate::default();
     for batch in bucket(examples.to_vec(), batch_frames) {
-        let batch: CtcBatch<B> = CtcBatcher.make(&batch, device);
+        let batch: CtcBatch = CtcBatcher.make(&batch, &device);
         let log_probs = model.forward(batch.features.clone(), &batch.frame_lengths);
         let hypotheses = match search {
             None => model.decode(log_probs, &batch.frame_lengths),
@@ -890,11 +926,10 @@ mod tests {
     use super::WarmupDecay;
     use crate::data::CtcBatch;
     use crate::model::AsrModelConfig;
-    use burn::backend::NdArray;
     use burn::lr_scheduler::LrScheduler;
     use burn::lr_scheduler::composed::{ComposedLrSchedulerConfig, SchedulerReduction};
     use burn::lr_scheduler::linear::LinearLrSchedulerConfig;
-    use burn::tensor::{Distribution, Tensor, TensorData};
+    use burn::tensor::{Device, Distribution, Tensor, TensorData};
     use clustered_attention::AttentionKind;
 
     /// The schedule's rates are those of burn's two linear schedulers composed by product,
@@ -930,10 +965,11 @@ mod tests {
                 .init()
                 .unwrap();
             for step in 1..=total + 5 {
-                assert_eq!(ours.step(), burns.step(), "step {step} of {total}");
+                assert_eq!(ours.step(), burns.step().base(), "step {step} of {total}");
                 if step == total / 2 {
-                    let record = ours.to_record::<NdArray>();
-                    ours = WarmupDecay { step: 0, ..ours }.load_record::<NdArray>(record);
+                    let record = ours.to_record();
+                    ours = WarmupDecay { step: 0, ..ours };
+                    ours.load_record(record);
                 }
             }
         }
@@ -943,9 +979,9 @@ mod tests {
     /// `(1 − w)·loss(last layer) + w·loss(middle layer)` (Lee and Watanabe, 2021, eq. 6), each
     /// the mean CTC loss per target phone of its log-probabilities; to 1e-5.
     #[test]
+    #[allow(deprecated)] // NdArray's device, deprecated in Burn 0.22
     fn intermediate_ctc_loss_mixes_the_two_losses() {
-        type A = burn::backend::Autodiff<NdArray>;
-        let device = Default::default();
+        let device = Device::ndarray().autodiff();
         let w = 0.3;
         let model = AsrModelConfig::new(5)
             .with_n_mels(6)
@@ -956,8 +992,8 @@ mod tests {
             .with_dropout(0.0)
             .with_attention(AttentionKind::Full)
             .with_inter_ctc_weight(w)
-            .init::<A>(&device);
-        let batch = CtcBatch::<A> {
+            .init(&device);
+        let batch = CtcBatch {
             features: Tensor::random([2, 24, 6], Distribution::Normal(0.0, 1.0), &device),
             frame_lengths: vec![24, 17],
             targets: Tensor::from_data(TensorData::new(vec![1i64, 2, 3, 4, 2, 0], [2, 3]), &device),
@@ -969,10 +1005,15 @@ mod tests {
         };
         let (last, middle) =
             model.forward_with_intermediate(batch.features.clone(), &batch.frame_lengths);
-        let loss = |log_probs| -> f64 { model.loss_of(&batch, log_probs).into_scalar() as f64 };
+        let loss =
+            |log_probs| -> f64 { model.loss_of(&batch, log_probs).into_scalar::<f32>() as f64 };
         let (last, middle) = (loss(last), loss(middle.unwrap()));
         assert!((last - middle).abs() > 1e-3, "the two losses should differ");
-        let step = model.train_step(batch.clone()).item.loss.into_scalar() as f64;
+        let step = model
+            .train_step(batch.clone())
+            .item
+            .loss
+            .into_scalar::<f32>() as f64;
         let expected = (1.0 - w) * last + w * middle;
         assert!(
             (step - expected).abs() < 1e-5,

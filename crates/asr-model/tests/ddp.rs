@@ -1,14 +1,12 @@
 //! burn-train's distributed data parallel on CUDA (`--strategy ddp`): compiled only with the
-//! `ddp` feature, which trains on CUDA alone, and run on a machine with a GPU:
+//! `ddp` feature (which turns CUDA on), and run on a machine with a GPU:
 //! `cargo test -p asr-model --no-default-features --features ddp --test ddp`.
 #![cfg(feature = "ddp")]
 
 mod common;
 
 use asr_model::train::Strategy;
-use burn::backend::cuda::CudaDevice;
-use burn::backend::{Autodiff, Cuda};
-use burn::tensor::backend::Backend;
+use burn::tensor::{Device, DeviceType};
 use common::data_parallel_against_one_device;
 
 /// DDP on every CUDA device of the machine (at least one) ends two steps with the same
@@ -17,10 +15,10 @@ use common::data_parallel_against_one_device;
 /// all-reduce itself. To 1e-5, as the multi-device test on the CPU.
 #[test]
 fn ddp_trains_as_one_device_on_the_whole_batch() {
-    let count = <Cuda as Backend>::device_count(0);
+    let devices: Vec<Device> = Device::enumerate(DeviceType::Cuda).into_vec();
+    let count = devices.len();
     assert!(count >= 1, "no CUDA device: this test needs one");
-    let devices: Vec<CudaDevice> = (0..count).map(CudaDevice::new).collect();
-    let run = data_parallel_against_one_device::<Autodiff<Cuda>>("ddp", &devices, Strategy::Ddp);
+    let run = data_parallel_against_one_device("ddp", &devices, Strategy::Ddp);
     eprintln!(
         "ddp on {count} device(s): largest difference {}, largest change {}",
         run.worst, run.moved

@@ -14,7 +14,7 @@ use asr_model::features::LogMelConfig;
 use asr_model::model::FrontEnd;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{SavedModel, load_model, save_model};
-use burn::backend::NdArray;
+use burn::tensor::Device;
 use clustered_attention::AttentionKind;
 use fuzz_harness::CappedAllocator;
 
@@ -23,6 +23,12 @@ use common::{tempdir, toy_config, weights_file};
 
 #[global_allocator]
 static ALLOCATOR: CappedAllocator = CappedAllocator;
+
+/// NdArray's device (deprecated in Burn 0.22, still the tests' reference).
+#[allow(deprecated)]
+fn cpu() -> Device {
+    Device::ndarray()
+}
 
 /// Two saved models, in directories of target `name`'s own: one layer of full attention on
 /// stacked frames, and two layers of improved clustered attention on the convolutional front
@@ -49,7 +55,7 @@ fn saved_models(name: &str) -> Vec<PathBuf> {
                 phones: phones.clone(),
             };
             let dir = tempdir(&format!("fuzz-{name}-seed-{i}"));
-            let model = saved.model.init::<NdArray>(&Default::default());
+            let model = saved.model.init(&cpu());
             save_model(&model, &saved, &dir).unwrap();
             dir
         })
@@ -77,7 +83,7 @@ fn fuzz_file(name: &'static str, file: fn(&Path) -> PathBuf) {
                     std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
                 }
                 std::fs::write(file(&dir), bytes).unwrap();
-                let _ = load_model::<NdArray>(&dir, &Default::default());
+                let _ = load_model(&dir, &cpu());
                 let _ = std::fs::remove_dir_all(&dir);
             }
         },

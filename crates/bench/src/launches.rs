@@ -1,7 +1,7 @@
 //! Kernel launches counted by CubeCL's own profiling logger (`--count-launches`).
 //!
-//! CubeCL 0.10 logs every kernel launch of every client as `Executing <kernel>` when its
-//! profiling logger runs at level `minimal` (`cubecl-runtime`, `ComputeClient::launch_inner`):
+//! CubeCL 0.11 logs every kernel launch of every client as `Executing <kernel>` when its
+//! profiling logger runs at level `minimal` (`cubecl-runtime`, `ServerLogger::register_execution`):
 //! one string and one channel message per launch, sent from the device's thread without
 //! synchronising the device (the levels above `minimal` time each kernel and serialise them).
 //! [`enable`] sets that level, with the `log` crate as the logger's output, and installs a
@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
+use burn::tensor::Device;
 
 /// Launches logged so far.
 static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
@@ -26,9 +26,9 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 struct LaunchCounter;
 
-/// The `log` target of CubeCL's logger output (`cubecl_common::config::logger`).
+/// The `log` target of CubeCL's profiling output (`cubecl-runtime`'s `config/logger.rs`).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-const CUBECL_TARGET: &str = "cubecl_common";
+const CUBECL_TARGET: &str = "cubecl::profiling";
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl log::Log for LaunchCounter {
@@ -90,14 +90,14 @@ fn settled() -> usize {
 
 /// The kernel launches of one call of `run` on `device` (the device synchronised before and
 /// after, the result kept until then); `None` unless [`enable`] ran.
-pub fn count<B: Backend, R>(device: &B::Device, run: impl FnOnce() -> R) -> Option<usize> {
+pub fn count<R>(device: &Device, run: impl FnOnce() -> R) -> Option<usize> {
     if !ENABLED.load(Ordering::SeqCst) {
         return None;
     }
-    B::sync(device).expect("device sync");
+    device.sync().expect("device sync");
     let before = settled();
     let out = run();
-    B::sync(device).expect("device sync");
+    device.sync().expect("device sync");
     let after = settled();
     drop(out);
     Some(after - before)

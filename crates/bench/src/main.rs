@@ -27,8 +27,7 @@ use clap::{Parser, ValueEnum};
 #[command(about = "Benchmark full, clustered and improved clustered attention across backends")]
 pub struct Args {
     /// Backends to run, comma separated: `ndarray`, `flex`, `wgpu`, `vulkan`, `cuda` (Burn's
-    /// `Wgpu`, `Vulkan` and `Cuda`, with fusion), `wgpu-unfused`, `cuda-unfused` (the plain
-    /// `CubeBackend`); default: every compiled one but the unfused.
+    /// CubeCL backend on WGPU, Vulkan and CUDA, with fusion); default: every compiled one.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub backends: Vec<BackendName>,
     /// Sequence lengths L = S, comma separated.
@@ -90,7 +89,7 @@ pub struct Args {
     #[arg(long)]
     pub name: Option<String>,
     /// Count the kernel launches of one run of each measurement on the Cube backends (`wgpu`,
-    /// `vulkan`, `cuda` and their unfused forms), through CubeCL's profiling logger at its
+    /// `vulkan`, `cuda`), through CubeCL's profiling logger at its
     /// `minimal` level, and print them beside the times. The logger then formats and queues
     /// one line per launch during the timed runs too (no device synchronisation).
     #[arg(long)]
@@ -150,11 +149,7 @@ fn main() -> Result<()> {
     let mut args = Args::parse();
     let compiled = backends::compiled();
     if args.backends.is_empty() {
-        args.backends = compiled
-            .iter()
-            .copied()
-            .filter(|b| !b.is_unfused())
-            .collect();
+        args.backends = compiled.clone();
     }
     for backend in &args.backends {
         if !compiled.contains(backend) {
@@ -194,7 +189,7 @@ fn main() -> Result<()> {
             .any(|b| !matches!(b, BackendName::Ndarray | BackendName::Flex));
         if !cube {
             bail!(
-                "--count-launches counts the kernels of the Cube backends (wgpu, vulkan, cuda and their unfused forms); --backends lists none"
+                "--count-launches counts the kernels of the Cube backends (wgpu, vulkan, cuda); --backends lists none"
             );
         }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -211,60 +206,62 @@ fn main() -> Result<()> {
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    use burn::tensor::backend::Backend;
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::{Device, DeviceKind, Distribution, Tensor};
 
     use crate::launches;
 
-    /// The launch count on WGPU against kernels known beforehand: on the unfused backend each
-    /// element-wise op is one kernel (one, then three in a row), and on Burn's fused `Wgpu`
-    /// the same three in a row are one fused kernel. Then the launches of an improved
-    /// clustered forward, against their budget. A result tensor that is never read still
-    /// counts (the device is synchronised). This test is the binary's only one that uses a
-    /// device: CubeCL's configuration must be set before the first.
+    /// The launch count on WGPU against kernels known beforehand: one element-wise op is one
+    /// kernel, three each followed by a device synchronisation (which executes what Burn's
+    /// fusion holds) are three, and the same three in a row are one fused kernel. Then the
+    /// launches of an improved clustered forward, against their budget. A result tensor that
+    /// is never read still counts (the device is synchronised). This test is the binary's only
+    /// one that uses a device: CubeCL's configuration must be set before the first.
     #[test]
     fn launches_are_counted_kernel_by_kernel() {
         launches::enable().unwrap();
-        type Unfused = backend_select::types::WgpuUnfused;
-        let device = Default::default();
-        let x = Tensor::<Unfused, 2>::random([64, 64], Distribution::Default, &device);
-        let chain = |x: Tensor<Unfused, 2>| ((x + 1.0) * 2.0).exp();
+        let device = Device::wgpu(DeviceKind::DefaultDevice);
+        let x = Tensor::<2>::random([64, 64], Distribution::Default, &device);
+        let step = |x: Tensor<2>, i: usize| match i {
+            0 => x + 1.0,
+            1 => x * 2.0,
+            _ => x.exp(),
+        };
+        let apart = |x: Tensor<2>| {
+            (0..3).fold(x, |x, i| {
+                let y = step(x, i);
+                device.sync().expect("device sync");
+                y
+            })
+        };
+        let chain = |x: Tensor<2>| (0..3).fold(x, step);
         // Compiled once before they are counted.
-        let _ = launches::count::<Unfused, _>(&device, || chain(x.clone()));
-        let one = launches::count::<Unfused, _>(&device, || x.clone() + 1.0);
-        assert_eq!(one, Some(1), "one element-wise op on the unfused backend");
-        let three = launches::count::<Unfused, _>(&device, || chain(x.clone()));
+        let _ = launches::count(&device, || (apart(x.clone()), chain(x.clone())));
+        let one = launches::count(&device, || x.clone() + 1.0);
+        assert_eq!(one, Some(1), "one element-wise op");
+        let three = launches::count(&device, || apart(x.clone()));
         assert_eq!(
             three,
             Some(3),
-            "three element-wise ops on the unfused backend"
+            "three element-wise ops, each executed alone"
         );
-        type Fused = burn::backend::Wgpu;
-        let y = Tensor::<Fused, 2>::random([64, 64], Distribution::Default, &device);
-        let chain = |y: Tensor<Fused, 2>| ((y + 1.0) * 2.0).exp();
-        let _ = launches::count::<Fused, _>(&device, || chain(y.clone()));
-        let fused = launches::count::<Fused, _>(&device, || chain(y.clone()));
-        assert_eq!(
-            fused,
-            Some(1),
-            "three element-wise ops fused by Burn's Wgpu"
-        );
+        let fused = launches::count(&device, || chain(x.clone()));
+        assert_eq!(fused, Some(1), "three element-wise ops fused by Burn");
 
         // An improved clustered forward at the bench's defaults (4 heads, E = D = 64,
-        // C = 100, topk = 32, 32 bits, 10 Lloyd iterations), shorter: 15 launches at most on
-        // Burn's Wgpu (hashing, the whole Lloyd loop in one, the grouping, the centroid
-        // attention, the top-k attention and Burn's own ops around them).
+        // C = 100, topk = 32, 32 bits, 10 Lloyd iterations), shorter: 15 launches at most
+        // (hashing, the whole Lloyd loop in one, the grouping, the centroid attention, the
+        // top-k attention and Burn's own ops around them).
         let [q, k, v] = [1, 2, 3].map(|seed| {
-            Fused::seed(&device, seed);
-            Tensor::<Fused, 4>::random([1, 4, 512, 64], Distribution::Default, &device)
+            device.seed(seed);
+            Tensor::<4>::random([1, 4, 512, 64], Distribution::Default, &device)
         });
         let improved = || {
             clustered_attention::ImprovedClusteredAttention::new(100, 32).forward(
                 clustered_attention::AttentionInput::new(q.clone(), k.clone(), v.clone()),
             )
         };
-        let _ = launches::count::<Fused, _>(&device, improved);
-        let launches = launches::count::<Fused, _>(&device, improved).unwrap();
+        let _ = launches::count(&device, improved);
+        let launches = launches::count(&device, improved).unwrap();
         assert!(
             launches <= 15,
             "an improved forward took {launches} kernel launches, over 15"

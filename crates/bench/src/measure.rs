@@ -3,14 +3,13 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Distribution, Tensor};
-use clustered_attention::ops::ScoreProducts;
+use burn::tensor::{Device, Distribution, Tensor};
+use clustered_attention::ops::{ScoreProducts, score_products};
 use clustered_attention::{
-    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
-    FullAttention, ImprovedClusteredAttention, hamming_kmeans, lsh_hash, lsh_planes,
+    AttentionInput, ClusteredAttention, ClusteringOptions, FullAttention,
+    ImprovedClusteredAttention, hamming_kmeans, lsh_hash, lsh_planes,
 };
 use serde::Serialize;
 
@@ -185,10 +184,10 @@ fn stats(mut times: Vec<f64>) -> Stats {
 
 /// Wall time of one call of `f`, the device synchronised inside the timed region and the
 /// result kept alive until it has been.
-fn time_once<B: Backend, R>(device: &B::Device, f: &mut impl FnMut() -> R) -> f64 {
+fn time_once<R>(device: &Device, f: &mut impl FnMut() -> R) -> f64 {
     let start = Instant::now();
     let out = f();
-    B::sync(device).expect("device sync");
+    device.sync().expect("device sync");
     let elapsed = start.elapsed().as_secs_f64();
     drop(out);
     elapsed
@@ -210,13 +209,13 @@ fn repeat(args: &Args, mut run: impl FnMut() -> f64) {
 
 /// Runs `f` `warmup` times untimed, then timed as [`repeat`] says; the device is synchronised
 /// inside the timed region, and the result is kept alive until it has been.
-fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R) -> Stats {
+fn time<R>(device: &Device, args: &Args, mut f: impl FnMut() -> R) -> Stats {
     for _ in 0..args.warmup {
-        time_once::<B, _>(device, &mut f);
+        time_once(device, &mut f);
     }
     let mut times = Vec::new();
     repeat(args, || {
-        times.push(time_once::<B, _>(device, &mut f));
+        times.push(time_once(device, &mut f));
         times[times.len() - 1]
     });
     stats(times)
@@ -224,15 +223,10 @@ fn time<B: Backend, R>(device: &B::Device, args: &Args, mut f: impl FnMut() -> R
 
 /// [`time`], then the kernel launches of one more call on a GPU backend
 /// ([`launches::count`], where counted).
-fn time_and_count<B: Backend, R>(
-    device: &B::Device,
-    args: &Args,
-    gpu: bool,
-    mut f: impl FnMut() -> R,
-) -> Stats {
-    let stats = time::<B, _>(device, args, &mut f);
+fn time_and_count<R>(device: &Device, args: &Args, gpu: bool, mut f: impl FnMut() -> R) -> Stats {
+    let stats = time(device, args, &mut f);
     Stats {
-        launches: gpu.then(|| launches::count::<B, _>(device, f)).flatten(),
+        launches: gpu.then(|| launches::count(device, f)).flatten(),
         ..stats
     }
 }
@@ -240,20 +234,20 @@ fn time_and_count<B: Backend, R>(
 /// [`time`] for `train`, with `forward` timed right before each run of it (and warmed up
 /// likewise): the train statistics, with the forward pass's median. `--min-time-s` counts the
 /// forward + backward runs only.
-fn time_beside<B: Backend, R, S>(
-    device: &B::Device,
+fn time_beside<R, S>(
+    device: &Device,
     args: &Args,
     mut forward: impl FnMut() -> R,
     mut train: impl FnMut() -> S,
 ) -> Stats {
     for _ in 0..args.warmup {
-        time_once::<B, _>(device, &mut forward);
-        time_once::<B, _>(device, &mut train);
+        time_once(device, &mut forward);
+        time_once(device, &mut train);
     }
     let (mut forward_times, mut train_times) = (Vec::new(), Vec::new());
     repeat(args, || {
-        forward_times.push(time_once::<B, _>(device, &mut forward));
-        train_times.push(time_once::<B, _>(device, &mut train));
+        forward_times.push(time_once(device, &mut forward));
+        train_times.push(time_once(device, &mut train));
         train_times[train_times.len() - 1]
     });
     Stats {
@@ -269,13 +263,7 @@ fn clustering(args: &Args) -> ClusteringOptions {
 }
 
 /// One attention forward pass.
-fn attend<B: ClusteredAttentionBackend>(
-    op: &str,
-    args: &Args,
-    q: Tensor<B, 4>,
-    k: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-) -> Tensor<B, 4> {
+fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let clusters = clustering(args);
     let input = AttentionInput::new(q, k, v);
     match op {
@@ -298,19 +286,18 @@ fn attend<B: ClusteredAttentionBackend>(
     }
 }
 
-fn inputs<B: Backend>(args: &Args, len: usize, device: &B::Device) -> [Tensor<B, 4>; 3] {
+fn inputs(args: &Args, len: usize, device: &Device) -> [Tensor<4>; 3] {
     let shape = [args.batch, args.heads, len, args.dim];
-    B::seed(device, 0);
+    device.seed(0);
     [0, 1, 2].map(|_| {
-        Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), device)
-            .cast(args.dtype.dtype())
+        Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(args.dtype.dtype())
     })
 }
 
 /// Fails unless the backend computes in `--dtype` on `device`.
-fn check_dtype<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<()> {
+fn check_dtype(backend: &str, device: &Device, args: &Args) -> Result<()> {
     let dtype = args.dtype.dtype();
-    if !B::supports_dtype(device, dtype) {
+    if !device.supports_dtype(dtype) {
         anyhow::bail!(
             "backend {backend} does not support --dtype {} ({dtype:?}) on this device",
             args.dtype.name()
@@ -345,20 +332,35 @@ impl Limits {
         }
     }
 
-    /// A CubeCL device: its memory, and the largest buffer it can bind.
+    /// The limits of `device`: a CubeCL device's memory and the largest buffer it can bind,
+    /// the host's otherwise.
+    pub fn of(device: &Device) -> Self {
+        match device.as_dispatch() {
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            burn::backend::DispatchDevice::Cube(device) => Self::cube(device.client()),
+            #[allow(unreachable_patterns)]
+            _ => Self::host(),
+        }
+    }
+
+    /// A CubeCL device, by its compute client.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    pub fn device<R: cubecl::Runtime>(device: &R::Device) -> Self {
-        let client = R::client(device);
+    fn cube(client: cubecl::client::Client) -> Self {
+        use cubecl::MemoryScope;
         let (release, reserved) = (client.clone(), client.clone());
         Self {
             gpu: true,
             max_tensor_bytes: Some(client.properties().memory.max_page_size as f64),
             memory: Some(DeviceMemory {
-                release: Box::new(move || release.memory_cleanup()),
+                release: Box::new(move || {
+                    // Nothing to release where the device refuses (while it records a graph).
+                    let _ = release.memory_cleanup();
+                }),
                 reserved: Box::new(move || {
                     reserved
-                        .memory_usage()
-                        .map_or(0, |usage| usage.bytes_reserved)
+                        .memory_report(MemoryScope::Device)
+                        .usage()
+                        .bytes_reserved
                 }),
             }),
         }
@@ -508,34 +510,34 @@ fn run_all(
 }
 
 /// `--mode forward`: every op's forward pass.
-pub fn run_forward<B: ClusteredAttentionBackend>(
+pub fn run_forward(
     backend: &str,
-    device: B::Device,
+    device: Device,
     limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
-    check_dtype::<B>(backend, &device, args)?;
-    let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    check_dtype(backend, &device, args)?;
+    let mut cache: Option<(usize, [Tensor<4>; 3])> = None;
     let gpu = limits.gpu;
-    let products = B::score_products(&device, args.dtype.dtype());
+    let products = score_products(&device, args.dtype.dtype());
     Ok(run_all(backend, limits, args, products, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
-            cache = Some((len, inputs::<B>(args, len, &device)));
+            cache = Some((len, inputs(args, len, &device)));
         }
         let [q, k, v] = cache.as_ref().unwrap().1.clone();
         match op {
             "lsh_hash" => {
-                let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
-                time_and_count::<B, _>(&device, args, gpu, || lsh_hash(q.clone(), planes.clone()))
+                let planes = lsh_planes(args.bits, args.dim, true, 0, &device);
+                time_and_count(&device, args, gpu, || lsh_hash(q.clone(), planes.clone()))
             }
             "hamming_kmeans" => {
-                let planes = lsh_planes::<B>(args.bits, args.dim, true, 0, &device);
+                let planes = lsh_planes(args.bits, args.dim, true, 0, &device);
                 let codes = lsh_hash(q, planes);
-                time_and_count::<B, _>(&device, args, gpu, || {
+                time_and_count(&device, args, gpu, || {
                     hamming_kmeans(codes.clone(), None, args.clusters, args.iterations, 0)
                 })
             }
-            _ => time_and_count::<B, _>(&device, args, gpu, || {
+            _ => time_and_count(&device, args, gpu, || {
                 attend(op, args, q.clone(), k.clone(), v.clone())
             }),
         }
@@ -545,19 +547,19 @@ pub fn run_forward<B: ClusteredAttentionBackend>(
 /// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v,
 /// each run right after a run of the forward pass alone (inputs not tracked, so no autodiff
 /// graph is built).
-pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
+pub fn run_train(
     backend: &str,
-    device: B::Device,
+    device: Device,
     limits: Limits,
     args: &Args,
 ) -> Result<Vec<Record>> {
-    check_dtype::<B>(backend, &device, args)?;
-    let mut cache: Option<(usize, [Tensor<B, 4>; 3])> = None;
+    check_dtype(backend, &device, args)?;
+    let mut cache: Option<(usize, [Tensor<4>; 3])> = None;
     let gpu = limits.gpu;
-    let products = B::score_products(&device, args.dtype.dtype());
+    let products = score_products(&device, args.dtype.dtype());
     Ok(run_all(backend, limits, args, products, |op, len| {
         if cache.as_ref().is_none_or(|(l, _)| *l != len) {
-            cache = Some((len, inputs::<B>(args, len, &device)));
+            cache = Some((len, inputs(args, len, &device)));
         }
         let [q, k, v] = cache.as_ref().unwrap().1.clone();
         let mut forward = || attend(op, args, q.clone(), k.clone(), v.clone());
@@ -565,13 +567,13 @@ pub fn run_train<B: AutodiffBackend + ClusteredAttentionBackend>(
             let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
             attend(op, args, q, k, v).sum().backward()
         };
-        let stats = time_beside::<B, _, _>(&device, args, &mut forward, &mut train);
+        let stats = time_beside(&device, args, &mut forward, &mut train);
         if !gpu {
             return stats;
         }
         Stats {
-            launches: launches::count::<B, _>(&device, train),
-            forward_launches: launches::count::<B, _>(&device, forward),
+            launches: launches::count(&device, train),
+            forward_launches: launches::count(&device, forward),
             ..stats
         }
     }))

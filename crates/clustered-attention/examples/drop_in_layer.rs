@@ -3,26 +3,23 @@
 //!
 //! Run with `cargo run --release -p clustered-attention --example drop_in_layer`.
 
-use burn::backend::{Autodiff, NdArray};
-use burn::module::{AutodiffModule, Module};
+use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{Device, Distribution, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
-    MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
 };
 
 /// A one-layer model: self-attention, then a linear read-out.
 #[derive(Module, Debug)]
-struct Model<B: Backend> {
-    attention: MultiHeadClusteredAttention<B>,
-    readout: Linear<B>,
+struct Model {
+    attention: MultiHeadClusteredAttention,
+    readout: Linear,
 }
 
-impl<B: ClusteredAttentionBackend> Model<B> {
-    fn new(attention: AttentionKind, device: &B::Device) -> Self {
+impl Model {
+    fn new(attention: AttentionKind, device: &Device) -> Self {
         Self {
             attention: ClusteredAttentionConfig::new(32, 4, attention)
                 .with_dropout(0.0)
@@ -32,7 +29,7 @@ impl<B: ClusteredAttentionBackend> Model<B> {
     }
 
     /// `x`: `[batch, seq, 32]` → `[batch, seq, 1]`.
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let context = self
             .attention
             .forward(ClusteredAttentionInput::self_attn(x.clone()));
@@ -41,9 +38,11 @@ impl<B: ClusteredAttentionBackend> Model<B> {
 }
 
 fn main() {
-    type B = Autodiff<NdArray>;
-    let device = Default::default();
-    let mut model = Model::<B>::new(
+    // NdArray, as the example's required features say (Burn 0.22 deprecates it for Flex), with
+    // autodiff for training.
+    #[allow(deprecated)]
+    let device = Device::ndarray().autodiff();
+    let mut model = Model::new(
         AttentionKind::Improved {
             clusters: 16,
             topk: 8,
@@ -54,8 +53,8 @@ fn main() {
 
     // Target: the mean of the first feature over the sequence, at every position.
     let batch = |seed: u64| {
-        B::seed(&device, seed);
-        let x = Tensor::<B, 3>::random([8, 128, 32], Distribution::Normal(0.0, 1.0), &device);
+        device.seed(seed);
+        let x = Tensor::<3>::random([8, 128, 32], Distribution::Normal(0.0, 1.0), &device);
         let y = x
             .clone()
             .slice([0..8, 0..128, 0..1])
@@ -67,7 +66,10 @@ fn main() {
         let (x, y) = batch(step);
         let loss = (model.forward(x) - y).powi_scalar(2).mean();
         if step % 10 == 0 || step == 29 {
-            println!("step {step:2}: mse {:.5}", loss.clone().into_scalar());
+            println!(
+                "step {step:2}: mse {:.5}",
+                loss.clone().into_scalar::<f32>()
+            );
         }
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(1e-2, model, grads);

@@ -4,14 +4,12 @@
 //! queries ([`QueryGrouping::PositionBlocks`], [`position_blocks`]).
 
 use burn::config::Config;
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use crate::ClusteredAttentionBackend;
 use crate::ops::checks::check_bits;
 pub use crate::ops::{Clusters, hamming_kmeans, lsh_hash};
 
@@ -78,13 +76,13 @@ impl ClusteringOptions {
 ///
 /// # Panics
 /// If `bits` is outside `1..=32`.
-pub fn lsh_planes<B: Backend>(
+pub fn lsh_planes(
     bits: usize,
     dim: usize,
     hash_bias: bool,
     seed: u64,
-    device: &B::Device,
-) -> Tensor<B, 2> {
+    device: &Device,
+) -> Tensor<2> {
     check_bits(bits);
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut values: Vec<f32> = (0..bits * (dim + 1))
@@ -108,11 +106,11 @@ pub fn lsh_planes<B: Backend>(
 /// # Panics
 /// If the options are invalid ([`ClusteringOptions::check`]) or a query length is outside
 /// `0..=L`.
-pub fn cluster_queries<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
+pub fn cluster_queries(
+    queries: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
     options: &ClusteringOptions,
-) -> Clusters<B> {
+) -> Clusters {
     options.check();
     let [batch, heads, len, dim] = queries.dims();
     if options.grouping == QueryGrouping::PositionBlocks {
@@ -123,7 +121,7 @@ pub fn cluster_queries<B: ClusteredAttentionBackend>(
             &queries.device(),
         );
     }
-    let planes = lsh_planes::<B>(
+    let planes = lsh_planes(
         options.bits,
         dim,
         options.hash_bias,
@@ -155,12 +153,12 @@ pub fn cluster_queries<B: ClusteredAttentionBackend>(
 ///
 /// # Panics
 /// If `clusters` is 0, `query_lengths` is not `[batch]` or a length is outside `0..=L`.
-pub fn position_blocks<B: Backend>(
+pub fn position_blocks(
     dims: [usize; 3],
-    query_lengths: Option<Tensor<B, 1, Int>>,
+    query_lengths: Option<Tensor<1, Int>>,
     clusters: usize,
-    device: &B::Device,
-) -> Clusters<B> {
+    device: &Device,
+) -> Clusters {
     let [batch, heads, len] = dims;
     assert!(clusters > 0, "clusters must be at least 1, got 0");
     let lengths: Vec<i64> = match query_lengths {
@@ -172,8 +170,7 @@ pub fn position_blocks<B: Backend>(
             );
             lengths
                 .into_data()
-                .convert::<i64>()
-                .to_vec()
+                .try_into_vec_as::<i64>()
                 .expect("i64 lengths")
         }
         None => vec![len as i64; batch],

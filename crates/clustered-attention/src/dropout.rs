@@ -1,20 +1,23 @@
 //! Dropout whose masks can come from a generator of the calling thread.
 //!
-//! [`dropout`] is `burn::nn::Dropout`'s: active only on an autodiff backend, each element
-//! zeroed with probability `p` and the others scaled by `1 / (1 − p)` (Srivastava et al.,
-//! *Dropout*, JMLR 2014). By default its masks come from the backend's random generator, as
-//! burn-nn's do. Inside [`with_dropout_seed`] they come instead from a generator of the calling
-//! thread, seeded by the caller (xoshiro256++, drawn on the host and uploaded as one tensor).
-//! Data-parallel training wants this: the backend's generator is one per process on the CPU
-//! backends (Flex draws under a lock, element by element), so with several workers the masks
-//! depend on which worker draws first, and the workers wait for each other; a seed per batch
-//! makes each worker's masks its own, the same whatever the threads' order, and far faster to
-//! draw. The layer's attention-weight dropout ([`crate::AttentionOptions::dropout`]) uses it.
+//! [`dropout`] is `burn::nn::Dropout`'s: active only on an autodiff device
+//! ([`Device::is_autodiff`](burn::tensor::Device::is_autodiff)), each element zeroed with
+//! probability `p` and the others scaled by `1 / (1 − p)` (Srivastava et al., *Dropout*, JMLR
+//! 2014). Unlike burn-nn 0.22's `Dropout`, it has no training flag of its own: a module frozen
+//! with `Module::freeze` but left on an autodiff device still applies it (`Module::valid`,
+//! which leaves the autodiff device, turns it off). By default its masks come from the
+//! backend's random generator, as burn-nn's do. Inside [`with_dropout_seed`] they come instead
+//! from a generator of the calling thread, seeded by the caller (xoshiro256++, drawn on the
+//! host and uploaded as one tensor). Data-parallel training wants this: the backend's
+//! generator is one per process on the CPU backends (Flex draws under a lock, element by
+//! element), so with several workers the masks depend on which worker draws first, and the
+//! workers wait for each other; a seed per batch makes each worker's masks its own, the same
+//! whatever the threads' order, and far faster to draw. The layer's attention-weight dropout
+//! ([`crate::AttentionOptions::dropout`]) uses it.
 
 use std::cell::RefCell;
 
 use burn::nn::DropoutConfig;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
@@ -43,19 +46,19 @@ pub fn with_dropout_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Dropout with probability `prob` on `x` (any shape), active only when the backend is an
-/// autodiff backend (training), as `burn::nn::Dropout::forward`: each element is zeroed with
+/// Dropout with probability `prob` on `x` (any shape), active only when `x` is on an autodiff
+/// device (training), as `burn::nn::Dropout::forward`: each element is zeroed with
 /// probability `prob`, the others scaled by `1 / (1 − prob)`. Inside [`with_dropout_seed`] the
 /// mask comes from the thread's generator, else from the backend's.
 ///
 /// # Panics
 /// When `prob` is not in `[0, 1)`.
-pub fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
+pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
     assert!(
         (0.0..1.0).contains(&prob),
         "dropout probability must be in [0, 1), got {prob}"
     );
-    if prob == 0.0 || !B::ad_enabled(&x.device()) {
+    if prob == 0.0 || !x.device().is_autodiff() {
         return x;
     }
     let shape = x.shape();
@@ -63,8 +66,8 @@ pub fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor
     let mask = GENERATOR.with(|g| g.borrow_mut().as_mut().map(|rng| keep_mask(rng, n, prob)));
     match mask {
         Some(mask) => {
-            let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &x.device())
-                .cast(x.dtype());
+            let mask =
+                Tensor::<D>::from_data(TensorData::new(mask, shape), &x.device()).cast(x.dtype());
             x * mask
         }
         None => DropoutConfig::new(prob).init().forward(x),

@@ -3,10 +3,8 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
-use crate::ClusteredAttentionBackend;
 use crate::attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
     ImprovedClusteredAttention, LshAttention, OracleTopAttention, SharedFullAttention,
@@ -66,14 +64,13 @@ pub struct ClusteredAttentionConfig {
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
 ///
-/// let device = Default::default();
+/// let device = Device::default();
 /// let layer = ClusteredAttentionConfig::new(32, 4, AttentionKind::Improved { clusters: 10, topk: 8 })
-///     .init::<NdArray>(&device);
-/// let x = Tensor::<NdArray, 3>::random([2, 50, 32], Distribution::Default, &device);
+///     .init(&device);
+/// let x = Tensor::<3>::random([2, 50, 32], Distribution::Default, &device);
 /// let y = layer.forward(ClusteredAttentionInput::self_attn(x));
 /// assert_eq!(y.dims(), [2, 50, 32]);
 ///
@@ -81,16 +78,17 @@ pub struct ClusteredAttentionConfig {
 /// let full = layer.with_attention(AttentionKind::Full);
 /// ```
 #[derive(Module, Debug)]
-pub struct MultiHeadClusteredAttention<B: Backend> {
+pub struct MultiHeadClusteredAttention {
     /// Projection of the inputs to the queries, `d_model → d_model`.
-    pub query: Linear<B>,
+    pub query: Linear,
     /// Projection of the inputs to the keys, `d_model → d_model`.
-    pub key: Linear<B>,
+    pub key: Linear,
     /// Projection of the inputs to the values, `d_model → d_model`.
-    pub value: Linear<B>,
+    pub value: Linear,
     /// Projection of the attention output, `d_model → d_model`.
-    pub output: Linear<B>,
-    /// The attention computed.
+    pub output: Linear,
+    /// The attention computed (configuration, not a parameter: no record holds it).
+    #[module(skip)]
     pub attention: AttentionKind,
     /// Keys come from the `query` projection, normalised (set when the layer is created with
     /// a shared-QK kind, [`AttentionKind::is_shared_qk`]).
@@ -144,7 +142,7 @@ impl ClusteredAttentionConfig {
     /// # Panics
     /// If `d_model` is not divisible by `n_heads`, `bits` is outside `1..=32`, a cluster count
     /// or `topk` is 0, or `dropout` is outside `[0, 1)`.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadClusteredAttention<B> {
+    pub fn init(&self, device: &Device) -> MultiHeadClusteredAttention {
         if let Err(message) = self.validate() {
             panic!("{message}");
         }
@@ -175,20 +173,20 @@ impl ClusteredAttentionConfig {
 
 /// Input of [`MultiHeadClusteredAttention::forward`], in the style of burn-nn's `MhaInput`.
 #[derive(Debug, Clone)]
-pub struct ClusteredAttentionInput<B: Backend> {
-    query: Tensor<B, 3>,
-    key: Tensor<B, 3>,
-    value: Tensor<B, 3>,
+pub struct ClusteredAttentionInput {
+    query: Tensor<3>,
+    key: Tensor<3>,
+    value: Tensor<3>,
     self_attention: bool,
-    mask_pad: Option<Tensor<B, 2, Bool>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    key_lengths: Option<Tensor<1, Int>>,
+    query_lengths: Option<Tensor<1, Int>>,
 }
 
-impl<B: Backend> ClusteredAttentionInput<B> {
+impl ClusteredAttentionInput {
     /// Self-attention: queries, keys and values all come from `x`, `[batch, seq, d_model]`.
     /// A padding mask or key lengths then also mark the padded queries.
-    pub fn self_attn(x: Tensor<B, 3>) -> Self {
+    pub fn self_attn(x: Tensor<3>) -> Self {
         Self {
             query: x.clone(),
             key: x.clone(),
@@ -201,7 +199,7 @@ impl<B: Backend> ClusteredAttentionInput<B> {
     }
 
     /// Cross-attention: `query` `[batch, L, d_model]`, `key` and `value` `[batch, S, d_model]`.
-    pub fn new(query: Tensor<B, 3>, key: Tensor<B, 3>, value: Tensor<B, 3>) -> Self {
+    pub fn new(query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
         Self {
             query,
             key,
@@ -215,21 +213,21 @@ impl<B: Backend> ClusteredAttentionInput<B> {
 
     /// Key padding mask `[batch, S]`, `true` = masked, as in burn-nn. It must mark a suffix of
     /// each sequence (padding); `forward` panics otherwise, and when key lengths are given too.
-    pub fn mask_pad(mut self, mask_pad: Tensor<B, 2, Bool>) -> Self {
+    pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
         self.mask_pad = Some(mask_pad);
         self
     }
 
     /// Key lengths `[batch]`: keys at positions `≥ key_lengths[b]` are padding. Give this or
     /// [`Self::mask_pad`], not both.
-    pub fn key_lengths(mut self, lengths: Tensor<B, 1, Int>) -> Self {
+    pub fn key_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
         self.key_lengths = Some(lengths);
         self
     }
 
     /// Query lengths `[batch]`: queries at positions `≥ query_lengths[b]` are padding; they join
     /// no cluster and their output rows are zero.
-    pub fn query_lengths(mut self, lengths: Tensor<B, 1, Int>) -> Self {
+    pub fn query_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
         self.query_lengths = Some(lengths);
         self
     }
@@ -239,7 +237,7 @@ impl<B: Backend> ClusteredAttentionInput<B> {
 ///
 /// # Panics
 /// If a row masks a position followed by an unmasked one (not a padding mask).
-fn mask_to_lengths<B: Backend>(mask: Tensor<B, 2, Bool>) -> Tensor<B, 1, Int> {
+fn mask_to_lengths(mask: Tensor<2, Bool>) -> Tensor<1, Int> {
     let [batch, len] = mask.dims();
     let device = mask.device();
     let data = mask.into_data();
@@ -259,7 +257,7 @@ fn mask_to_lengths<B: Backend>(mask: Tensor<B, 2, Bool>) -> Tensor<B, 1, Int> {
     Tensor::from_data(TensorData::new(lengths, [batch]), &device)
 }
 
-impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
+impl MultiHeadClusteredAttention {
     /// The same layer (same weights) computing another attention.
     ///
     /// # Panics
@@ -290,7 +288,7 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
     /// `S`, `mask_pad` is not a padding mask, both `mask_pad` and key lengths are given, a
     /// length is out of range (see [`FullAttention::forward`]), or the attention is shared-QK and
     /// `S ≠ L`.
-    pub fn forward(&self, input: ClusteredAttentionInput<B>) -> Tensor<B, 3> {
+    pub fn forward(&self, input: ClusteredAttentionInput) -> Tensor<3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
             ("query", &input.query),
@@ -401,9 +399,9 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
     /// If the last dimension of `x` is not `d_model`, or a length is outside `0..=L`.
     pub fn query_clusters(
         &self,
-        x: Tensor<B, 3>,
-        query_lengths: Option<Tensor<B, 1, Int>>,
-    ) -> Option<crate::Clusters<B>> {
+        x: Tensor<3>,
+        query_lengths: Option<Tensor<1, Int>>,
+    ) -> Option<crate::Clusters> {
         let (clusters, grouping) = match self.attention {
             AttentionKind::Clustered { clusters } | AttentionKind::Improved { clusters, .. } => {
                 (clusters, QueryGrouping::HammingKmeans)
@@ -433,7 +431,7 @@ impl<B: ClusteredAttentionBackend> MultiHeadClusteredAttention<B> {
     }
 
     /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]` through `linear`.
-    fn heads(&self, x: Tensor<B, 3>, linear: &Linear<B>) -> Tensor<B, 4> {
+    fn heads(&self, x: Tensor<3>, linear: &Linear) -> Tensor<4> {
         let [batch, len, _] = x.dims();
         linear
             .forward(x)

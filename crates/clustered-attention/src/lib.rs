@@ -15,7 +15,15 @@
 //!   hashing, K-means, the fused centroid and top-k attentions and the sparse top-k products,
 //!   with default bodies made of Burn tensor ops ([`ops::reference`]), so every backend works;
 //!   host loops on NdArray and Flex ([`backends::cpu`]), CubeCL kernels on WGPU, Vulkan and
-//!   CUDA, backward nodes on `Autodiff`.
+//!   CUDA, backward nodes on `Autodiff`. The tensor-level functions of [`ops`] take Burn's
+//!   backend-free [`Tensor`](burn::tensor::Tensor)s and reach the backend of their device
+//!   through Burn's `Dispatch`.
+//! - What the backends share beside the trait: [`ops::TensorConversion`] (a backend's
+//!   primitives to and from [`Tensor`](burn::tensor::Tensor)s, which the default bodies run
+//!   on), [`ops::Lengths`] (the optional `[batch]` lengths an op takes, all positions valid or
+//!   given) and [`ops::ClusteredAttentionBackward`] (the forward passes that keep what the
+//!   backward needs, and the backward passes, that `Autodiff`'s nodes call on the inner
+//!   backend).
 //!
 //! ## The crate's layout
 //!
@@ -24,8 +32,16 @@
 //! - `attention/`: the functional forms, one file per attention.
 //! - `clustering.rs`: [`ClusteringOptions`], the hashing planes and [`cluster_queries`].
 //! - `dropout.rs`: dropout whose masks can be seeded per thread ([`with_dropout_seed`]).
-//! - `ops/`: the backend trait, its structs, checks, tensor-level forms and default bodies.
+//! - `ops/`: the backend traits (the extension and its backward), their structs, the conversion
+//!   of primitives to and from `Tensor`s, checks, tensor-level forms and default bodies.
 //! - `backends/`: the trait's implementations, `cpu/`, `cube/` and `autodiff.rs`.
+
+// The CubeCL kernels need one of Burn's CubeCL runtimes (`wgpu`, `vulkan` or `cuda`): `cmma`
+// (or the internal `cube`) alone would compile them for none.
+#[cfg(all(feature = "cube", not(any(feature = "wgpu", feature = "cuda"))))]
+compile_error!(
+    "clustered-attention: the `cmma` feature needs a CubeCL backend feature too (`wgpu`, `vulkan` or `cuda`)"
+);
 
 pub mod attention;
 pub mod backends;
@@ -49,8 +65,7 @@ pub use clustering::{
 pub use dropout::with_dropout_seed;
 pub use kind::{AttentionKind, ParseAttentionKindError};
 pub use layer::{ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention};
-#[allow(deprecated)]
-pub use ops::{ClusteredAttentionBackend, ClusteringBackend};
+pub use ops::ClusteredAttentionBackend;
 
 /// The tensor-level forms of the top-k selection and the sparse top-k products, now in
 /// [`ops`].

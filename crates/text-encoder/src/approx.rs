@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::bail;
-use burn::tensor::backend::AutodiffBackend;
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use burn::tensor::Device;
+use clustered_attention::AttentionKind;
 use serde::Serialize;
 
 use crate::data::{Document, Snippet, join_documents, split_documents};
@@ -87,13 +87,13 @@ pub fn attentions(options: &ApproxOptions) -> Vec<AttentionKind> {
 }
 
 /// Embeds `documents` cut to `length` tokens, `batch_size` at a time.
-pub fn embed_documents<B: ClusteredAttentionBackend>(
-    model: &TextEncoder<B>,
+pub fn embed_documents(
+    model: &TextEncoder,
     tokenizer: &WordPieceTokenizer,
     documents: &[Document],
     length: usize,
     batch_size: usize,
-    device: &B::Device,
+    device: &Device,
 ) -> Vec<Vec<f32>> {
     let mut embeddings = Vec::with_capacity(documents.len());
     for chunk in documents.chunks(batch_size.max(1)) {
@@ -101,13 +101,13 @@ pub fn embed_documents<B: ClusteredAttentionBackend>(
             .iter()
             .map(|document| tokenizer.wrap(&document.words, length))
             .collect();
-        let (tokens, lengths) = batch::<B>(&inputs, tokenizer.pad_id(), device);
+        let (tokens, lengths) = batch(&inputs, tokenizer.pad_id(), device);
         let output = model.sentence_embeddings(tokens, lengths);
         let [rows, d] = output.dims();
         let values = output
             .into_data()
             .convert::<f32>()
-            .to_vec::<f32>()
+            .try_to_vec::<f32>()
             .expect("f32 embeddings");
         embeddings.extend((0..rows).map(|r| values[r * d..(r + 1) * d].to_vec()));
     }
@@ -130,22 +130,19 @@ fn evenly_spaced(documents: Vec<Document>, max: Option<usize>) -> Vec<Document> 
 /// its test embeddings with full attention's and the probe's accuracy on them. At the longest
 /// length, the forward time of one batch per attention.
 ///
-/// The encoder runs on `B::InnerBackend`, the probe trains on `B`. Progress goes to stderr.
+/// The encoder runs on `device`, the probe trains on it with autodiff. Progress goes to
+/// stderr.
 ///
 /// # Errors
 /// If a text cannot be tokenized, a length exceeds the model's [`TextEncoder::max_len`] or is
 /// below 3, a length has no training or test document, or a cluster count or `topk` is 0.
-pub fn approximate<B>(
-    model: &TextEncoder<B::InnerBackend>,
+pub fn approximate(
+    model: &TextEncoder,
     tokenizer: &WordPieceTokenizer,
     snippets: &[Snippet],
     options: &ApproxOptions,
-    device: &B::Device,
-) -> anyhow::Result<Vec<ApproxRow>>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: ClusteredAttentionBackend,
-{
+    device: &Device,
+) -> anyhow::Result<Vec<ApproxRow>> {
     let words = snippets
         .iter()
         .map(|snippet| tokenizer.encode_words(&snippet.text))
@@ -184,7 +181,7 @@ where
         let full = model.clone().with_attention(AttentionKind::Full);
         let train_full =
             embed_documents(&full, tokenizer, &train, length, options.batch_size, device);
-        let probe = LinearProbe::fit::<B>(&train_full, &train_labels, options.probe, device);
+        let probe = LinearProbe::fit(&train_full, &train_labels, options.probe, device);
         let mut test_full = Vec::new();
         for &kind in &kinds {
             let encoder = model.clone().with_attention(kind);
@@ -229,13 +226,13 @@ where
     Ok(rows)
 }
 
-fn time_batch<B: ClusteredAttentionBackend>(
-    model: &TextEncoder<B>,
+fn time_batch(
+    model: &TextEncoder,
     tokenizer: &WordPieceTokenizer,
     documents: &[Document],
     length: usize,
     options: &ApproxOptions,
-    device: &B::Device,
+    device: &Device,
 ) -> f64 {
     let documents = &documents[..options.batch_size.min(documents.len())];
     let mut times = Vec::new();

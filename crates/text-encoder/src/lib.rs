@@ -12,16 +12,16 @@
 //! # Example
 //! ```no_run
 //! use std::path::Path;
-//! use burn::backend::Flex;
+//! use burn::tensor::Device;
 //! use clustered_attention::AttentionKind;
 //! use text_encoder::{WordPieceTokenizer, batch, load_pretrained};
 //!
 //! let dir = Path::new("data/minilm"); // bash scripts/get-minilm.sh
-//! let device = Default::default();
-//! let model = load_pretrained::<Flex>(dir, AttentionKind::Full, &device)?;
+//! let device = Device::flex();
+//! let model = load_pretrained(dir, AttentionKind::Full, &device)?;
 //! let tokenizer = WordPieceTokenizer::from_file(&dir.join("tokenizer.json"))?;
 //! let inputs = vec![tokenizer.encode("A gem of a film.")?];
-//! let (tokens, lengths) = batch::<Flex>(&inputs, tokenizer.pad_id(), &device);
+//! let (tokens, lengths) = batch(&inputs, tokenizer.pad_id(), &device);
 //! let improved = model.with_attention(AttentionKind::Improved { clusters: 25, topk: 32 });
 //! let embeddings = improved.sentence_embeddings(tokens, lengths); // [1, 384], unit rows
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
+use burn::tensor::Device;
 use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore, SafetensorsStoreError};
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use clustered_attention::AttentionKind;
 use regex::Regex;
 use serde::Deserialize;
 
@@ -286,11 +287,11 @@ impl HfBertConfig {
 ///
 /// # Panics
 /// If `attention` is invalid for the layer (a cluster count or `topk` of 0).
-pub fn load_pretrained<B: ClusteredAttentionBackend>(
+pub fn load_pretrained(
     dir: &Path,
     attention: AttentionKind,
-    device: &B::Device,
-) -> Result<TextEncoder<B>, LoadError> {
+    device: &Device,
+) -> Result<TextEncoder, LoadError> {
     let path = dir.join("config.json");
     let config = HfBertConfig::read(&path)?;
     let weights = dir.join("model.safetensors");
@@ -312,7 +313,7 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
             tensors,
         });
     }
-    let mut model = config.encoder_config(attention).init::<B>(device);
+    let mut model = config.encoder_config(attention).init(device);
     load_safetensors_bytes(&mut model, &weights, bytes)?;
     Ok(model)
 }
@@ -328,10 +329,7 @@ pub fn load_pretrained<B: ClusteredAttentionBackend>(
 /// safetensors file; [`LoadError::Mismatch`], naming the tensors, if tensors are missing,
 /// unused or of the wrong shape or type. On error `model` may hold some of the file's
 /// tensors: drop it.
-pub fn load_safetensors<B: ClusteredAttentionBackend>(
-    model: &mut TextEncoder<B>,
-    path: &Path,
-) -> Result<(), LoadError> {
+pub fn load_safetensors(model: &mut TextEncoder, path: &Path) -> Result<(), LoadError> {
     let bytes = std::fs::read(path).map_err(|source| LoadError::Io {
         path: path.to_path_buf(),
         source,
@@ -340,8 +338,8 @@ pub fn load_safetensors<B: ClusteredAttentionBackend>(
 }
 
 /// [`load_safetensors`] of the file `path` already read into `bytes`.
-fn load_safetensors_bytes<B: ClusteredAttentionBackend>(
-    model: &mut TextEncoder<B>,
+fn load_safetensors_bytes(
+    model: &mut TextEncoder,
     path: &Path,
     bytes: Vec<u8>,
 ) -> Result<(), LoadError> {

@@ -5,11 +5,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use backend_select::{BackendName, BackendTask, run_on};
-use burn::backend::Autodiff;
-use burn::tensor::backend::AutodiffBackend;
+use backend_select::BackendName;
+use burn::tensor::Device;
 use clap::{Parser, Subcommand};
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use clustered_attention::AttentionKind;
 use text_encoder::approx::{ApproxOptions, approximate, markdown};
 use text_encoder::data::read_snippets;
 use text_encoder::probe::ProbeOptions;
@@ -91,32 +90,13 @@ struct ApproxArgs {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Embed(args) => run_on!(args.backend, &args)?,
-        Command::Approx(args) => run_on!(args.backend, &args)?,
+        Command::Embed(args) => run_embed(&args, &args.backend.device()?),
+        Command::Approx(args) => run_approx(&args, &args.backend.device()?),
     }
 }
 
-impl BackendTask for &EmbedArgs {
-    type Output = anyhow::Result<()>;
-
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        run_embed::<B>(self, &device)
-    }
-}
-
-impl BackendTask for &ApproxArgs {
-    type Output = anyhow::Result<()>;
-
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        run_approx::<Autodiff<B>>(self, &device)
-    }
-}
-
-fn run_embed<B: ClusteredAttentionBackend>(
-    args: &EmbedArgs,
-    device: &B::Device,
-) -> anyhow::Result<()> {
-    let model = load_pretrained::<B>(&args.model, args.attention, device)?;
+fn run_embed(args: &EmbedArgs, device: &Device) -> anyhow::Result<()> {
+    let model = load_pretrained(&args.model, args.attention, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
     tokenizer.check_fits(model.vocab_size())?;
     for (i, text) in args.texts.iter().enumerate() {
@@ -130,24 +110,20 @@ fn run_embed<B: ClusteredAttentionBackend>(
                 model.max_len()
             );
         }
-        let (tokens, lengths) = batch::<B>(&[ids], tokenizer.pad_id(), device);
+        let (tokens, lengths) = batch(&[ids], tokenizer.pad_id(), device);
         let embedding = model
             .sentence_embeddings(tokens, lengths)
             .into_data()
             .convert::<f32>()
-            .to_vec::<f32>()
+            .try_to_vec::<f32>()
             .expect("f32 embedding");
         println!("{}", serde_json::to_string(&embedding)?);
     }
     Ok(())
 }
 
-fn run_approx<B>(args: &ApproxArgs, device: &B::Device) -> anyhow::Result<()>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: ClusteredAttentionBackend,
-{
-    let model = load_pretrained::<B::InnerBackend>(&args.model, AttentionKind::Full, device)?;
+fn run_approx(args: &ApproxArgs, device: &Device) -> anyhow::Result<()> {
+    let model = load_pretrained(&args.model, AttentionKind::Full, device)?;
     let tokenizer = WordPieceTokenizer::from_file(&args.model.join("tokenizer.json"))?;
     tokenizer.check_fits(model.vocab_size())?;
     let snippets = read_snippets(&args.data)?;
@@ -161,7 +137,7 @@ where
         timing_repeats: args.timing_repeats,
         probe: ProbeOptions::default(),
     };
-    let rows = approximate::<B>(&model, &tokenizer, &snippets, &options, device)?;
+    let rows = approximate(&model, &tokenizer, &snippets, &options, device)?;
     print!("{}", markdown(&rows, args.batch_size));
     if let Some(dir) = args.csv.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

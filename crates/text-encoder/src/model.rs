@@ -4,11 +4,11 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Device;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionBackend, ClusteredAttentionConfig, ClusteredAttentionInput,
-    MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
 };
 
 /// Configuration of a [`TextEncoder`]: the hyper-parameters of a BERT checkpoint
@@ -50,30 +50,30 @@ pub struct TextEncoderConfig {
 
 /// Word, position and token-type embeddings, summed and normalised.
 #[derive(Module, Debug)]
-pub struct Embeddings<B: ClusteredAttentionBackend> {
+pub struct Embeddings {
     /// Token embeddings `[vocab_size, hidden_size]`.
-    pub word_embeddings: Embedding<B>,
+    pub word_embeddings: Embedding,
     /// Absolute position embeddings `[max_position_embeddings, hidden_size]`.
-    pub position_embeddings: Embedding<B>,
+    pub position_embeddings: Embedding,
     /// Token-type embeddings `[type_vocab_size, hidden_size]`.
-    pub token_type_embeddings: Embedding<B>,
+    pub token_type_embeddings: Embedding,
     /// LayerNorm of the sum.
-    pub layer_norm: LayerNorm<B>,
+    pub layer_norm: LayerNorm,
 }
 
 /// One post-norm transformer layer: `x = LN(x + Attn(x))`, `x = LN(x + W₂ GELU(W₁ x))`.
 #[derive(Module, Debug)]
-pub struct EncoderLayer<B: ClusteredAttentionBackend> {
+pub struct EncoderLayer {
     /// Multi-head self-attention (query, key, value and output projections).
-    pub attention: MultiHeadClusteredAttention<B>,
+    pub attention: MultiHeadClusteredAttention,
     /// LayerNorm after the attention's residual sum.
-    pub attention_norm: LayerNorm<B>,
+    pub attention_norm: LayerNorm,
     /// Feed-forward input projection `hidden_size → intermediate_size`.
-    pub intermediate: Linear<B>,
+    pub intermediate: Linear,
     /// Feed-forward output projection `intermediate_size → hidden_size`.
-    pub output: Linear<B>,
+    pub output: Linear,
     /// LayerNorm after the feed-forward's residual sum.
-    pub output_norm: LayerNorm<B>,
+    pub output_norm: LayerNorm,
 }
 
 /// A BERT-family encoder whose self-attention is full, clustered or improved clustered
@@ -83,11 +83,11 @@ pub struct EncoderLayer<B: ClusteredAttentionBackend> {
 /// The attention holds no weights, so a model pretrained with full attention is evaluated with
 /// another one by [`TextEncoder::with_attention`], as in the paper's §4.3 (Table 4).
 #[derive(Module, Debug)]
-pub struct TextEncoder<B: ClusteredAttentionBackend> {
+pub struct TextEncoder {
     /// The input embeddings.
-    pub embeddings: Embeddings<B>,
+    pub embeddings: Embeddings,
     /// The transformer layers.
-    pub layers: Vec<EncoderLayer<B>>,
+    pub layers: Vec<EncoderLayer>,
 }
 
 impl TextEncoderConfig {
@@ -99,7 +99,7 @@ impl TextEncoderConfig {
     /// If `num_attention_heads` does not divide `hidden_size`, `bits` is outside `1..=32`, or
     /// the attention kind is invalid (a cluster count or `topk` of 0; see
     /// [`ClusteredAttentionConfig::init`]).
-    pub fn init<B: ClusteredAttentionBackend>(&self, device: &B::Device) -> TextEncoder<B> {
+    pub fn init(&self, device: &Device) -> TextEncoder {
         let d = self.hidden_size;
         let norm = || {
             LayerNormConfig::new(d)
@@ -134,7 +134,7 @@ impl TextEncoderConfig {
     }
 }
 
-impl<B: ClusteredAttentionBackend> TextEncoder<B> {
+impl TextEncoder {
     /// The same weights with every layer computing `attention` (paper §4.3: approximating a
     /// pretrained model without retraining).
     ///
@@ -173,7 +173,7 @@ impl<B: ClusteredAttentionBackend> TextEncoder<B> {
     /// # Panics
     /// If `seq` exceeds [`Self::max_len`], `lengths` is not `[batch]`, or a length is 0
     /// or exceeds `seq` (the attention's checks).
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>, lengths: Tensor<B, 1, Int>) -> Tensor<B, 3> {
+    pub fn forward(&self, tokens: Tensor<2, Int>, lengths: Tensor<1, Int>) -> Tensor<3> {
         let [batch, seq] = tokens.dims();
         assert!(
             seq <= self.max_len(),
@@ -187,10 +187,10 @@ impl<B: ClusteredAttentionBackend> TextEncoder<B> {
             lengths.dims()
         );
         let device = tokens.device();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+        let positions = Tensor::<1, Int>::arange(0..seq as i64, &device)
             .reshape([1, seq])
             .expand([batch, seq]);
-        let types = Tensor::<B, 2, Int>::zeros([batch, seq], &device);
+        let types = Tensor::<2, Int>::zeros([batch, seq], &device);
         let e = &self.embeddings;
         let mut x = e.layer_norm.forward(
             e.word_embeddings.forward(tokens)
@@ -221,14 +221,14 @@ impl<B: ClusteredAttentionBackend> TextEncoder<B> {
     /// As [`Self::forward`].
     pub fn sentence_embeddings(
         &self,
-        tokens: Tensor<B, 2, Int>,
-        lengths: Tensor<B, 1, Int>,
-    ) -> Tensor<B, 2> {
+        tokens: Tensor<2, Int>,
+        lengths: Tensor<1, Int>,
+    ) -> Tensor<2> {
         let [batch, seq] = tokens.dims();
         let hidden = self.forward(tokens, lengths.clone());
         let device = hidden.device();
         let d = hidden.dims()[2];
-        let valid = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+        let valid = Tensor::<1, Int>::arange(0..seq as i64, &device)
             .reshape([1, seq])
             .expand([batch, seq])
             .lower(lengths.clone().reshape([batch, 1]).expand([batch, seq]))

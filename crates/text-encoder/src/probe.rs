@@ -1,13 +1,12 @@
 //! A logistic-regression probe on sentence embeddings (the downstream task of the
 //! approximation experiment).
 
-use burn::module::AutodiffModule;
+use burn::module::Module;
 use burn::nn::loss::BinaryCrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// Training settings of [`LinearProbe::fit`].
 #[derive(Debug, Clone, Copy)]
@@ -48,15 +47,15 @@ pub struct LinearProbe {
 
 impl LinearProbe {
     /// Fits the probe by minimising the binary cross-entropy (burn-nn) with Adam (burn-optim)
-    /// on the whole training set.
+    /// on the whole training set, on `device` with autodiff.
     ///
     /// # Panics
     /// If `features` is empty, its rows differ in length, or `labels` has another length.
-    pub fn fit<B: AutodiffBackend>(
+    pub fn fit(
         features: &[Vec<f32>],
         labels: &[bool],
         options: ProbeOptions,
-        device: &B::Device,
+        device: &Device,
     ) -> Self {
         assert!(!features.is_empty(), "no training features");
         assert_eq!(
@@ -66,6 +65,7 @@ impl LinearProbe {
             features.len(),
             labels.len()
         );
+        let device = &device.clone().autodiff();
         let d = features[0].len();
         assert!(
             features.iter().all(|row| row.len() == d),
@@ -95,18 +95,18 @@ impl LinearProbe {
                     .map(|((&x, &m), &s)| (x - m) / s)
             })
             .collect();
-        let x = Tensor::<B, 2>::from_data(TensorData::new(standardised, [n, d]), device);
+        let x = Tensor::<2>::from_data(TensorData::new(standardised, [n, d]), device);
         let targets: Vec<i64> = labels.iter().map(|&l| l as i64).collect();
-        let y = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [n]), device);
+        let y = Tensor::<1, Int>::from_data(TensorData::new(targets, [n]), device);
 
-        B::seed(device, options.seed);
-        let mut model: Linear<B> = LinearConfig::new(d, 1).init(device);
+        device.seed(options.seed);
+        let mut model: Linear = LinearConfig::new(d, 1).init(device);
         let loss = BinaryCrossEntropyLossConfig::new()
             .with_logits(true)
             .init(device);
         let mut optimizer = AdamConfig::new()
             .with_weight_decay(Some(WeightDecayConfig::new(options.weight_decay)))
-            .init::<B, Linear<B>>();
+            .init();
         for _ in 0..options.steps {
             let logits = model.forward(x.clone()).reshape([n]);
             let grads = loss.forward(logits, y.clone()).backward();
@@ -119,7 +119,7 @@ impl LinearProbe {
             .val()
             .into_data()
             .convert::<f32>()
-            .to_vec()
+            .try_to_vec()
             .expect("f32");
         let bias = model
             .bias
@@ -127,7 +127,7 @@ impl LinearProbe {
             .val()
             .into_data()
             .convert::<f32>()
-            .to_vec::<f32>()
+            .try_to_vec::<f32>()
             .expect("f32")[0];
         Self {
             mean,

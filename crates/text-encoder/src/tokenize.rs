@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
+use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
 
@@ -186,11 +186,7 @@ impl WordPieceTokenizer {
 ///
 /// # Panics
 /// If `inputs` is empty.
-pub fn batch<B: Backend>(
-    inputs: &[Vec<u32>],
-    pad: u32,
-    device: &B::Device,
-) -> (Tensor<B, 2, Int>, Tensor<B, 1, Int>) {
+pub fn batch(inputs: &[Vec<u32>], pad: u32, device: &Device) -> (Tensor<2, Int>, Tensor<1, Int>) {
     assert!(!inputs.is_empty(), "batch of no inputs");
     let seq = inputs.iter().map(Vec::len).max().unwrap_or(0);
     let mut ids = Vec::with_capacity(inputs.len() * seq);

@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::backend::NdArray;
 use clustered_attention::AttentionKind;
 use fuzz_harness::CappedAllocator;
 use text_encoder::{WordPieceTokenizer, load_pretrained};
@@ -77,7 +76,7 @@ fn checkpoint_dir(name: &str) -> PathBuf {
     );
     std::fs::write(dir.join("config.json"), tiny_config_json()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json()).unwrap();
-    load_pretrained::<NdArray>(&dir, AttentionKind::Full, &Default::default()).unwrap();
+    load_pretrained(&dir, AttentionKind::Full, &super::ndarray()).unwrap();
     let tokenizer = WordPieceTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     assert_eq!(tokenizer.encode_words("The cats").unwrap(), [4, 5, 6]);
     dir
@@ -102,7 +101,7 @@ fn fuzz_file(name: &'static str, file: &'static str, read: fn(&Path)) {
 
 /// Reads the checkpoint as `text-encoder` does before embedding.
 fn load(dir: &Path) {
-    let _ = load_pretrained::<NdArray>(dir, AttentionKind::Full, &Default::default());
+    let _ = load_pretrained(dir, AttentionKind::Full, &super::ndarray());
 }
 
 /// Mutations of `config.json` (the sizes, the layer count, the settings checked).
@@ -133,7 +132,7 @@ fn fuzz_tokenizer() {
 #[test]
 fn tokenizer_beyond_the_word_embeddings_is_refused() {
     let dir = checkpoint_dir("vocabulary");
-    let model = load_pretrained::<NdArray>(&dir, AttentionKind::Full, &Default::default()).unwrap();
+    let model = load_pretrained(&dir, AttentionKind::Full, &super::ndarray()).unwrap();
     let tokenizer = WordPieceTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     assert_eq!(model.vocab_size(), 50);
     assert_eq!(tokenizer.vocab_size(), 7);
@@ -153,7 +152,7 @@ fn config_with_more_layers_than_tensors_is_refused() {
     let mut config: serde_json::Value = serde_json::from_str(&tiny_config_json()).unwrap();
     config["num_hidden_layers"] = 1_000_000_000_000u64.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let error = load_pretrained::<NdArray>(&dir, AttentionKind::Full, &Default::default())
+    let error = load_pretrained(&dir, AttentionKind::Full, &super::ndarray())
         .expect_err("refused")
         .to_string();
     assert!(

@@ -9,9 +9,9 @@ use asr_model::compare::{
 use asr_model::data::load_split_of;
 use asr_model::features::LogMel;
 use asr_model::train::{TrainingLog, evaluate, load_model};
-use backend_select::{BackendName, BackendTask};
+use backend_select::BackendName;
+use burn::tensor::Device;
 use clap::Args;
-use clustered_attention::ClusteredAttentionBackend;
 
 /// Arguments of `asr compare`.
 #[derive(Args, Debug)]
@@ -45,55 +45,50 @@ pub struct CompareArgs {
     caption: String,
 }
 
-impl BackendTask for &CompareArgs {
-    type Output = anyhow::Result<()>;
-
-    /// Times and scores every model on `B`, prints the table and draws the plot.
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        let args = self;
-        if args.models.is_empty() && args.save.is_some() {
-            bail!("--save saves the models measured now, and no --model is given");
+/// Times and scores every model on `device`, prints the table and draws the plot.
+pub fn run(args: &CompareArgs, _: BackendName, device: Device) -> anyhow::Result<()> {
+    if args.models.is_empty() && args.save.is_some() {
+        bail!("--save saves the models measured now, and no --model is given");
+    }
+    let mut rows = Vec::new();
+    let mut loaded_splits = None;
+    for dir in &args.models {
+        let (model, saved) = load_model(dir, &device)?;
+        let log = TrainingLog::load(dir)?;
+        if loaded_splits.is_none() {
+            let log_mel = LogMel::new(saved.features.clone());
+            let (inventory, _, dev) = load_split_of(&args.corpus, "dev", &log_mel)?;
+            let (_, _, test) = load_split_of(&args.corpus, "test", &log_mel)?;
+            loaded_splits = Some((inventory, [dev, test]));
         }
-        let mut rows = Vec::new();
-        let mut loaded_splits = None;
-        for dir in &args.models {
-            let (model, saved) = load_model::<B>(dir, &device)?;
-            let log = TrainingLog::load(dir)?;
-            if loaded_splits.is_none() {
-                let log_mel = LogMel::new(saved.features.clone());
-                let (inventory, _, dev) = load_split_of(&args.corpus, "dev", &log_mel)?;
-                let (_, _, test) = load_split_of(&args.corpus, "test", &log_mel)?;
-                loaded_splits = Some((inventory, [dev, test]));
-            }
-            let (inventory, splits) = loaded_splits.as_ref().expect("loaded above");
-            if saved.phones != inventory.phones() {
-                bail!(
-                    "{}: the model's phone inventory differs from {}",
-                    dir.display(),
-                    args.corpus[0].display()
-                );
-            }
-            let (dev, test) = (&splits[0], &splits[1]);
-            // One untimed pass first: kernels, caches and allocations warm up.
-            let warm_up = &dev[..dev.len().min(4)];
-            forward_ms_per_utterance(&model, warm_up, args.batch_frames, &device);
-            let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, &device);
-            let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
-            let row = ModelSummary::new(dir, &log, saved.model.n_layers, test_per, forward_ms)?;
-            if let Some(save) = &args.save {
-                let path = save_model_result(save, dir, ".json", &row)?;
-                eprintln!("wrote {}", path.display());
-            }
-            rows.push(row);
+        let (inventory, splits) = loaded_splits.as_ref().expect("loaded above");
+        if saved.phones != inventory.phones() {
+            bail!(
+                "{}: the model's phone inventory differs from {}",
+                dir.display(),
+                args.corpus[0].display()
+            );
         }
-        for path in &args.saved {
-            rows.push(load_json(path)?);
-        }
-        print!("{}", markdown_table(&rows));
-        if let Some(path) = &args.svg {
-            plot(path, &rows, &args.caption)?;
+        let (dev, test) = (&splits[0], &splits[1]);
+        // One untimed pass first: kernels, caches and allocations warm up.
+        let warm_up = &dev[..dev.len().min(4)];
+        forward_ms_per_utterance(&model, warm_up, args.batch_frames, &device);
+        let forward_ms = forward_ms_per_utterance(&model, dev, args.batch_frames, &device);
+        let test_per = evaluate(&model, test, None, args.batch_frames, &device).percent();
+        let row = ModelSummary::new(dir, &log, saved.model.n_layers, test_per, forward_ms)?;
+        if let Some(save) = &args.save {
+            let path = save_model_result(save, dir, ".json", &row)?;
             eprintln!("wrote {}", path.display());
         }
-        Ok(())
+        rows.push(row);
     }
+    for path in &args.saved {
+        rows.push(load_json(path)?);
+    }
+    print!("{}", markdown_table(&rows));
+    if let Some(path) = &args.svg {
+        plot(path, &rows, &args.caption)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }

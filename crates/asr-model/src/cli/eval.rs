@@ -14,9 +14,10 @@ use asr_model::features::LogMel;
 use asr_model::manifest::read_manifest;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{evaluate_with, load_model};
-use backend_select::{BackendName, BackendTask};
+use backend_select::BackendName;
+use burn::tensor::Device;
 use clap::Args;
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use clustered_attention::AttentionKind;
 
 /// Arguments of `asr eval`.
 #[derive(Args, Debug)]
@@ -122,130 +123,125 @@ fn beam_search_of(
     }))
 }
 
-impl BackendTask for &EvalArgs {
-    type Output = anyhow::Result<()>;
-
-    /// Evaluates on `B` and prints a markdown table.
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        let args = self;
-        if args.models.is_empty() {
-            if args.save.is_some() || !args.lm_corpora.is_empty() || args.clusters.is_some() {
-                bail!(
-                    "--save, --lm-corpus and --clusters apply to the models evaluated now, and no --model is given"
-                );
-            }
-            let columns = saved_columns(args)?;
-            print!("{}", table1_markdown(&columns)?);
-            return Ok(());
-        }
-        let mut loaded = Vec::new();
-        for dir in &args.models {
-            loaded.push(load_model::<B>(dir, &device)?);
-        }
-        let log_mel = LogMel::new(loaded[0].1.features.clone());
-        let (inventory, manifests, examples) = load_split_of(&args.corpus, &args.split, &log_mel)?;
-        let split = manifests
-            .iter()
-            .map(|m| m.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" + ");
-        for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
-            if saved.phones != inventory.phones() {
-                bail!(
-                    "{}: the model's phone inventory differs from {}",
-                    dir.display(),
-                    args.corpus[0].display()
-                );
-            }
-        }
-        let steps: f64 = examples
-            .iter()
-            .map(|e| e.features.frames.div_ceil(loaded[0].1.model.subsampling) as f64)
-            .sum::<f64>()
-            / examples.len() as f64;
-        let clusters = args
-            .clusters
-            .unwrap_or(((steps / 8.0).round() as usize).max(1));
-        let search = beam_search_of(args, &inventory)?;
-        let per = |model, kind| {
-            evaluate_with(
-                model,
-                &examples,
-                kind,
-                args.batch_frames,
-                &device,
-                search.as_ref(),
-            )
-        };
-        let decoding = match &search {
-            Some(_) => format!(
-                "CTC prefix beam search with a phone {}-gram LM of {} (weight {}, bonus {}, beam {})",
-                args.lm_order,
-                args.lm_corpora
-                    .iter()
-                    .map(|c| c.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                args.lm_weight,
-                args.insertion_bonus,
-                args.beam
-            ),
-            None => "greedy decoding".to_string(),
-        };
-        if !args.table {
-            println!(
-                "PER (%) on {} ({} utterances, mean {:.0} encoder steps, {decoding})",
-                split,
-                examples.len(),
-                steps
+/// Evaluates on `device` and prints a markdown table.
+pub fn run(args: &EvalArgs, _: BackendName, device: Device) -> anyhow::Result<()> {
+    if args.models.is_empty() {
+        if args.save.is_some() || !args.lm_corpora.is_empty() || args.clusters.is_some() {
+            bail!(
+                "--save, --lm-corpus and --clusters apply to the models evaluated now, and no --model is given"
             );
-            println!("| model | trained with | evaluated with | PER |\n|---|---|---|---:|");
-            for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
-                let kind = args.attention.unwrap_or(saved.model.attention);
-                println!(
-                    "| {} | {} | {kind} | {:.2} |",
-                    dir.display(),
-                    saved.model.attention,
-                    per(model, Some(kind)).percent()
-                );
-            }
-            return Ok(());
         }
-        let setting = Table1Setting {
-            split,
-            utterances: examples.len(),
-            mean_steps: steps,
-            clusters,
-            topk: args.topk,
-            decoding,
-        };
-        let mut columns = Vec::new();
-        for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
-            let cells = table1_attentions(clusters, args.topk)
-                .into_iter()
-                .map(|kind| {
-                    let cell = (!kind.is_shared_qk() || model.shared_qk())
-                        .then(|| per(model, Some(kind)).percent());
-                    (kind, cell)
-                })
-                .collect();
-            let column = Table1Column {
-                model: dir.clone(),
-                trained_with: saved.model.attention,
-                setting: setting.clone(),
-                cells,
-                machine: this_machine(),
-            };
-            if let Some(save) = &args.save {
-                let path = save_model_result(save, dir, ".table1.json", &column)?;
-                eprintln!("wrote {}", path.display());
-            }
-            columns.push(column);
-        }
-        columns.extend(saved_columns(args)?);
+        let columns = saved_columns(args)?;
         print!("{}", table1_markdown(&columns)?);
-        Ok(())
+        return Ok(());
     }
+    let mut loaded = Vec::new();
+    for dir in &args.models {
+        loaded.push(load_model(dir, &device)?);
+    }
+    let log_mel = LogMel::new(loaded[0].1.features.clone());
+    let (inventory, manifests, examples) = load_split_of(&args.corpus, &args.split, &log_mel)?;
+    let split = manifests
+        .iter()
+        .map(|m| m.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    for (dir, (_, saved)) in args.models.iter().zip(&loaded) {
+        if saved.phones != inventory.phones() {
+            bail!(
+                "{}: the model's phone inventory differs from {}",
+                dir.display(),
+                args.corpus[0].display()
+            );
+        }
+    }
+    let steps: f64 = examples
+        .iter()
+        .map(|e| e.features.frames.div_ceil(loaded[0].1.model.subsampling) as f64)
+        .sum::<f64>()
+        / examples.len() as f64;
+    let clusters = args
+        .clusters
+        .unwrap_or(((steps / 8.0).round() as usize).max(1));
+    let search = beam_search_of(args, &inventory)?;
+    let per = |model, kind| {
+        evaluate_with(
+            model,
+            &examples,
+            kind,
+            args.batch_frames,
+            &device,
+            search.as_ref(),
+        )
+    };
+    let decoding = match &search {
+        Some(_) => format!(
+            "CTC prefix beam search with a phone {}-gram LM of {} (weight {}, bonus {}, beam {})",
+            args.lm_order,
+            args.lm_corpora
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            args.lm_weight,
+            args.insertion_bonus,
+            args.beam
+        ),
+        None => "greedy decoding".to_string(),
+    };
+    if !args.table {
+        println!(
+            "PER (%) on {} ({} utterances, mean {:.0} encoder steps, {decoding})",
+            split,
+            examples.len(),
+            steps
+        );
+        println!("| model | trained with | evaluated with | PER |\n|---|---|---|---:|");
+        for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+            let kind = args.attention.unwrap_or(saved.model.attention);
+            println!(
+                "| {} | {} | {kind} | {:.2} |",
+                dir.display(),
+                saved.model.attention,
+                per(model, Some(kind)).percent()
+            );
+        }
+        return Ok(());
+    }
+    let setting = Table1Setting {
+        split,
+        utterances: examples.len(),
+        mean_steps: steps,
+        clusters,
+        topk: args.topk,
+        decoding,
+    };
+    let mut columns = Vec::new();
+    for (dir, (model, saved)) in args.models.iter().zip(&loaded) {
+        let cells = table1_attentions(clusters, args.topk)
+            .into_iter()
+            .map(|kind| {
+                let cell = (!kind.is_shared_qk() || model.shared_qk())
+                    .then(|| per(model, Some(kind)).percent());
+                (kind, cell)
+            })
+            .collect();
+        let column = Table1Column {
+            model: dir.clone(),
+            trained_with: saved.model.attention,
+            setting: setting.clone(),
+            cells,
+            machine: this_machine(),
+        };
+        if let Some(save) = &args.save {
+            let path = save_model_result(save, dir, ".table1.json", &column)?;
+            eprintln!("wrote {}", path.display());
+        }
+        columns.push(column);
+    }
+    columns.extend(saved_columns(args)?);
+    print!("{}", table1_markdown(&columns)?);
+    Ok(())
 }
 
 /// The columns of `--saved`.

@@ -7,15 +7,11 @@ use std::time::Instant;
 use asr_model::ctc::CtcLossImpl;
 use asr_model::model::{Activation, AsrModelConfig, FrontEnd};
 use asr_model::phones::PhoneInventory;
-use asr_model::train::TrainingBackend;
 use backend_select::BackendName;
-use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Distribution, Int, Tensor};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Distribution, Int, Tensor};
 use clap::Args;
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
-
-use super::TrainingTask;
+use clustered_attention::AttentionKind;
 
 /// Arguments of `asr step-time`.
 #[derive(Args, Debug)]
@@ -53,7 +49,7 @@ pub struct StepTimeArgs {
     steps: usize,
     /// Implementation of the CTC loss: burn (burn-nn's `CTCLoss`) or alpha-beta (as `asr
     /// train --ctc-loss`).
-    #[arg(long, default_value = "burn")]
+    #[arg(long, default_value = "alpha-beta")]
     ctc_loss: CtcLossImpl,
     /// Model width.
     #[arg(long, default_value_t = 128)]
@@ -69,84 +65,77 @@ pub struct StepTimeArgs {
     d_ff: usize,
 }
 
-impl TrainingTask for &StepTimeArgs {
-    /// Times the steps on the autodiff backend `A` and prints a markdown table.
-    fn run<A>(self, _: BackendName, device: A::Device) -> anyhow::Result<()>
-    where
-        A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
-        A::InnerBackend: ClusteredAttentionBackend,
-    {
-        let args = self;
-        let inventory = PhoneInventory::standard();
-        let targets_len = args.frames / args.subsampling / 4;
-        println!(
-            "| attention | frames | batch | subsampling | CTC loss | median step (s) | min (s) | max (s) | forward (s) | loss (s) |\n|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+/// Times the steps on `device` (with autodiff) and prints a markdown table.
+pub fn run(args: &StepTimeArgs, _: BackendName, device: Device) -> anyhow::Result<()> {
+    let inventory = PhoneInventory::standard();
+    let targets_len = args.frames / args.subsampling / 4;
+    println!(
+        "| attention | frames | batch | subsampling | CTC loss | median step (s) | min (s) | max (s) | forward (s) | loss (s) |\n|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+    );
+    for &attention in &args.attention {
+        device.seed(0);
+        let mut model = AsrModelConfig::new(inventory.n_outputs())
+            .with_attention(attention)
+            .with_subsampling(args.subsampling)
+            .with_front_end(args.front_end)
+            .with_conv_kernel(args.conv_kernel)
+            .with_activation(args.activation)
+            .with_ctc_loss(args.ctc_loss)
+            .with_d_model(args.d_model)
+            .with_n_heads(args.n_heads)
+            .with_n_layers(args.n_layers)
+            .with_d_ff(args.d_ff)
+            .init(&device);
+        let mut optim = burn::optim::AdamConfig::new().init();
+        let features = Tensor::<3>::random(
+            [args.batch, args.frames, 40],
+            Distribution::Normal(0.0, 1.0),
+            &device,
         );
-        for &attention in &args.attention {
-            A::seed(&device, 0);
-            let mut model = AsrModelConfig::new(inventory.n_outputs())
-                .with_attention(attention)
-                .with_subsampling(args.subsampling)
-                .with_front_end(args.front_end)
-                .with_conv_kernel(args.conv_kernel)
-                .with_activation(args.activation)
-                .with_ctc_loss(args.ctc_loss)
-                .with_d_model(args.d_model)
-                .with_n_heads(args.n_heads)
-                .with_n_layers(args.n_layers)
-                .with_d_ff(args.d_ff)
-                .init::<A>(&device);
-            let mut optim = burn::optim::AdamConfig::new().init();
-            let features = Tensor::<A, 3>::random(
-                [args.batch, args.frames, 40],
-                Distribution::Normal(0.0, 1.0),
-                &device,
-            );
-            let targets = Tensor::<A, 2, Int>::random(
-                [args.batch, targets_len],
-                Distribution::Uniform(1.0, 40.0),
-                &device,
-            );
-            let frame_lengths = vec![args.frames; args.batch];
-            let target_lengths = vec![targets_len; args.batch];
-            let (mut times, mut forwards, mut losses) = (Vec::new(), Vec::new(), Vec::new());
-            for step in 0..=args.steps {
-                let start = Instant::now();
-                let log_probs = model.forward(features.clone(), &frame_lengths);
-                let _ = A::sync(&device);
-                let forward = start.elapsed().as_secs_f64();
-                let loss = model
-                    .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
-                    .mean();
-                let _ = A::sync(&device);
-                let loss_done = start.elapsed().as_secs_f64();
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optim.step(1e-4, model, grads);
-                // Wait for the device: read one value back.
-                let _ = A::sync(&device);
-                if step > 0 {
-                    times.push(start.elapsed().as_secs_f64());
-                    forwards.push(forward);
-                    losses.push(loss_done - forward);
-                }
+        let targets = Tensor::<2, Int>::random(
+            [args.batch, targets_len],
+            Distribution::Uniform(1.0, 40.0),
+            &device,
+        );
+        let frame_lengths = vec![args.frames; args.batch];
+        let target_lengths = vec![targets_len; args.batch];
+        let (mut times, mut forwards, mut losses) = (Vec::new(), Vec::new(), Vec::new());
+        for step in 0..=args.steps {
+            let start = Instant::now();
+            let log_probs = model.forward(features.clone(), &frame_lengths);
+            let _ = device.sync();
+            let forward = start.elapsed().as_secs_f64();
+            let loss = model
+                .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
+                .mean();
+            let _ = device.sync();
+            let loss_done = start.elapsed().as_secs_f64();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-4, model, grads);
+            // Wait for the device: read one value back.
+            let _ = device.sync();
+            if step > 0 {
+                times.push(start.elapsed().as_secs_f64());
+                forwards.push(forward);
+                losses.push(loss_done - forward);
             }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let step = median(&mut times);
-            println!(
-                "| {attention} | {} | {} | {} | {} | {step:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
-                args.frames,
-                args.batch,
-                args.subsampling,
-                args.ctc_loss,
-                times[0],
-                times[times.len() - 1],
-                median(&mut forwards),
-                median(&mut losses),
-            );
         }
-        Ok(())
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let step = median(&mut times);
+        println!(
+            "| {attention} | {} | {} | {} | {} | {step:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            args.frames,
+            args.batch,
+            args.subsampling,
+            args.ctc_loss,
+            times[0],
+            times[times.len() - 1],
+            median(&mut forwards),
+            median(&mut losses),
+        );
     }
+    Ok(())
 }

@@ -11,15 +11,12 @@ use asr_model::features::{LogMel, LogMelConfig};
 use asr_model::model::{Activation, AsrModelConfig, FrontEnd, check_inter_ctc_weight};
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{
-    SavedModel, Strategy, TrainOptions, TrainingBackend, check_output_dir, evaluate, feasible,
-    train_on_devices,
+    SavedModel, Strategy, TrainOptions, check_output_dir, evaluate, feasible, train_on_devices,
 };
 use backend_select::BackendName;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Device;
 use clap::Args;
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
-
-use super::TrainingTask;
+use clustered_attention::AttentionKind;
 
 /// Arguments of `asr train`.
 #[derive(Args, Debug)]
@@ -113,7 +110,7 @@ pub struct TrainArgs {
     /// Implementation of the CTC loss: `burn` (burn-nn's `CTCLoss`) or `alpha-beta` (the
     /// recursions on the host with the gradient in closed form, `asr_model::ctc`; the same
     /// loss, far cheaper on long utterances).
-    #[arg(long, default_value = "burn")]
+    #[arg(long, default_value = "alpha-beta")]
     ctc_loss: CtcLossImpl,
     /// Mel bands.
     #[arg(long, default_value_t = 40)]
@@ -202,32 +199,44 @@ impl DeviceSpec {
     ///
     /// # Errors
     /// When the kind does not match the backend (`cpu:` for flex and ndarray, `cuda:` for the
-    /// CUDA backends, `wgpu:` for the WGPU and Vulkan ones).
-    pub fn devices<D: burn::tensor::backend::DeviceOps>(
-        &self,
-        backend: BackendName,
-        default: &D,
-    ) -> anyhow::Result<Vec<D>> {
+    /// CUDA backend, `wgpu:` for the WGPU and Vulkan ones).
+    pub fn devices(&self, backend: BackendName, default: &Device) -> anyhow::Result<Vec<Device>> {
         let kind = match backend {
             BackendName::Flex | BackendName::Ndarray => "cpu",
-            BackendName::Cuda | BackendName::CudaUnfused => "cuda",
+            BackendName::Cuda => "cuda",
             _ => "wgpu",
         };
         match self {
             DeviceSpec::Cpu(n) if kind == "cpu" => Ok(vec![default.clone(); *n]),
-            DeviceSpec::Gpu(k, ids) if *k == kind => {
-                let type_id = default.to_id().type_id;
-                Ok(ids
-                    .iter()
-                    .map(|&i| D::from_id(burn::tensor::backend::DeviceId::new(type_id, i as u16)))
-                    .collect())
-            }
+            DeviceSpec::Gpu(k, ids) if *k == kind => Ok(ids
+                .iter()
+                .map(|&i| gpu_device(backend, i, default))
+                .collect()),
             _ => anyhow::bail!(
                 "--devices {self} does not fit --backend {}: use {kind}:…",
                 backend.name()
             ),
         }
     }
+}
+
+/// GPU `index` of `backend`, with autodiff when `default` has it: CUDA device `index`; for
+/// WGPU and Vulkan, `default` whatever the index, as Burn 0.21 read an index of WGPU's default
+/// device (its kind kept, the index ignored).
+fn gpu_device(backend: BackendName, index: usize, default: &Device) -> Device {
+    #[cfg(feature = "cuda")]
+    {
+        if backend == BackendName::Cuda {
+            let device = Device::cuda(index);
+            return if default.is_autodiff() {
+                device.autodiff()
+            } else {
+                device
+            };
+        }
+    }
+    let _ = (backend, index);
+    default.clone()
 }
 
 fn parse_minutes(s: &str) -> Result<f64, String> {
@@ -250,161 +259,156 @@ fn parse_augment(s: &str) -> Result<AugmentSet, String> {
     }
 }
 
-impl TrainingTask for &TrainArgs {
-    /// Trains on the autodiff backend `A`, then prints the test phone error rates.
-    fn run<A>(self, backend: BackendName, device: A::Device) -> anyhow::Result<()>
-    where
-        A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
-        A::InnerBackend: ClusteredAttentionBackend,
+/// Trains on `device` (with autodiff), then prints the test phone error rates.
+pub fn run(args: &TrainArgs, backend: BackendName, device: Device) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let devices = args.devices.devices(backend, &device)?;
+    if args.strategy == Strategy::Ddp
+        && !matches!(args.devices, DeviceSpec::Gpu(ref k, _) if k == "cuda")
     {
-        let args = self;
-        let start = Instant::now();
-        let devices = args.devices.devices(backend, &device)?;
-        if args.strategy == Strategy::Ddp
-            && !matches!(args.devices, DeviceSpec::Gpu(ref k, _) if k == "cuda")
-        {
-            anyhow::bail!(
-                "--strategy ddp with --devices {}: DDP runs on CUDA devices only (its all-reduce \
-                 is NCCL's); use --strategy multi",
-                args.devices
-            );
-        }
-        let features = LogMelConfig::new()
-            .with_n_mels(args.n_mels)
-            .with_f_max_hz(args.f_max_hz);
-        let log_mel = LogMel::new(features.clone());
-        if !args.weights.is_empty() && args.weights.len() != args.corpus.len() {
-            anyhow::bail!(
-                "--weight: {} weight(s) for {} --corpus; give one per corpus, in order, or none",
-                args.weights.len(),
-                args.corpus.len()
-            );
-        }
-        if let Some(w) = args.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
-            anyhow::bail!("--weight {w}: a sampling weight must be finite and ≥ 0");
-        }
-        check_inter_ctc_weight(args.inter_ctc, args.n_layers)
-            .map_err(|message| anyhow::anyhow!("--inter-ctc (with --n-layers) {message}"))?;
-        check_output_dir(&args.out).context("--out")?;
-        let mut inventory: Option<PhoneInventory> = None;
-        let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
-        let mut dropped = 0;
-        for (i, corpus) in args.corpus.iter().enumerate() {
-            let (corpus_inventory, mut splits) = load_corpus(
-                corpus,
-                &log_mel,
-                &["train", "dev", "test"],
-                args.augment.alters_waveform(),
-            )?;
-            match &inventory {
-                Some(first) if *first != corpus_inventory => anyhow::bail!(
-                    "--corpus {}: its phones.txt differs from that of --corpus {}; a mix needs one inventory",
-                    corpus.display(),
-                    args.corpus[0].display()
-                ),
-                Some(_) => {}
-                None => inventory = Some(corpus_inventory),
-            }
-            let test = splits.pop().expect("three splits");
-            let corpus_dev = splits.pop().expect("three splits");
-            let (corpus_train, corpus_dropped) =
-                feasible(splits.pop().expect("three splits"), args.subsampling);
-            dropped += corpus_dropped;
-            let weight = args.weights.get(i).copied().unwrap_or(1.0);
-            eprintln!(
-                "corpus {}: {} train (weight {weight}), {} dev, {} test utterances",
-                corpus.display(),
-                corpus_train.len(),
-                corpus_dev.len(),
-                test.len(),
-            );
-            mixed.push((corpus_train, weight));
-            dev.extend(corpus_dev);
-            tests.push((corpus.join("test.jsonl"), test));
-        }
-        let inventory = inventory.expect("clap gives at least one corpus");
-        let mut also_test = Vec::new();
-        for manifest in &args.also_test {
-            also_test.push(load_split(manifest, &inventory, &log_mel)?);
-        }
-        if dropped > 0 {
-            eprintln!(
-                "note: {dropped} training utterance(s) have more labels than encoder steps at subsampling {} and are left out",
-                args.subsampling
-            );
-        }
-        let train_split = mix(mixed, args.seed);
-        eprintln!(
-            "training on {} utterances per epoch, validating on {}; features in {:.1} s",
-            train_split.len(),
-            dev.len(),
-            start.elapsed().as_secs_f64()
+        anyhow::bail!(
+            "--strategy ddp with --devices {}: DDP runs on CUDA devices only (its all-reduce \
+             is NCCL's); use --strategy multi",
+            args.devices
         );
-        let saved = SavedModel {
-            model: AsrModelConfig::new(inventory.n_outputs())
-                .with_n_mels(args.n_mels)
-                .with_d_model(args.d_model)
-                .with_n_heads(args.n_heads)
-                .with_n_layers(args.n_layers)
-                .with_d_ff(args.d_ff)
-                .with_dropout(args.dropout)
-                .with_attention(args.attention)
-                .with_subsampling(args.subsampling)
-                .with_front_end(args.front_end)
-                .with_conv_kernel(args.conv_kernel)
-                .with_activation(args.activation)
-                .with_inter_ctc_weight(args.inter_ctc)
-                .with_ctc_loss(args.ctc_loss)
-                .with_seed(args.seed),
-            features,
-            phones: inventory.phones().to_vec(),
-        };
-        let options = TrainOptions {
-            dir: args.out.clone(),
-            epochs: args.epochs,
-            learning_rate: args.learning_rate,
-            warmup_steps: args.warmup_steps,
-            final_learning_rate: args.final_learning_rate,
-            grad_clip: args.grad_clip,
-            batch_frames: args.batch_frames,
-            seed: args.seed,
-            shuffle: true,
-            resume: args.resume,
-            stop_after_steps: args.stop_after_steps,
-            time_budget_s: args.time_budget.map(|minutes| minutes * 60.0),
-            application_log: true,
-            augment: args.augment.clone(),
-            strategy: args.strategy,
-        };
-        let model = train_on_devices::<A>(&saved, train_split, dev, &options, &devices)?;
-        for (manifest, test) in &tests {
-            let per = evaluate(&model, test, None, args.batch_frames, &device);
-            println!(
-                "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances, attention {})",
-                manifest.display(),
-                per.percent(),
-                per.errors,
-                per.reference_phones,
-                test.len(),
-                args.attention,
-            );
-        }
-        for (manifest, examples) in args.also_test.iter().zip(&also_test) {
-            let per = evaluate(&model, examples, None, args.batch_frames, &device);
-            println!(
-                "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances)",
-                manifest.display(),
-                per.percent(),
-                per.errors,
-                per.reference_phones,
-                examples.len()
-            );
-        }
-        println!(
-            "model: {}; wall time {:.0} s",
-            args.out.display(),
-            start.elapsed().as_secs_f64()
-        );
-        Ok(())
     }
+    let features = LogMelConfig::new()
+        .with_n_mels(args.n_mels)
+        .with_f_max_hz(args.f_max_hz);
+    let log_mel = LogMel::new(features.clone());
+    if !args.weights.is_empty() && args.weights.len() != args.corpus.len() {
+        anyhow::bail!(
+            "--weight: {} weight(s) for {} --corpus; give one per corpus, in order, or none",
+            args.weights.len(),
+            args.corpus.len()
+        );
+    }
+    if let Some(w) = args.weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+        anyhow::bail!("--weight {w}: a sampling weight must be finite and ≥ 0");
+    }
+    check_inter_ctc_weight(args.inter_ctc, args.n_layers)
+        .map_err(|message| anyhow::anyhow!("--inter-ctc (with --n-layers) {message}"))?;
+    check_output_dir(&args.out).context("--out")?;
+    let mut inventory: Option<PhoneInventory> = None;
+    let (mut mixed, mut dev, mut tests) = (Vec::new(), Vec::new(), Vec::new());
+    let mut dropped = 0;
+    for (i, corpus) in args.corpus.iter().enumerate() {
+        let (corpus_inventory, mut splits) = load_corpus(
+            corpus,
+            &log_mel,
+            &["train", "dev", "test"],
+            args.augment.alters_waveform(),
+        )?;
+        match &inventory {
+            Some(first) if *first != corpus_inventory => anyhow::bail!(
+                "--corpus {}: its phones.txt differs from that of --corpus {}; a mix needs one inventory",
+                corpus.display(),
+                args.corpus[0].display()
+            ),
+            Some(_) => {}
+            None => inventory = Some(corpus_inventory),
+        }
+        let test = splits.pop().expect("three splits");
+        let corpus_dev = splits.pop().expect("three splits");
+        let (corpus_train, corpus_dropped) =
+            feasible(splits.pop().expect("three splits"), args.subsampling);
+        dropped += corpus_dropped;
+        let weight = args.weights.get(i).copied().unwrap_or(1.0);
+        eprintln!(
+            "corpus {}: {} train (weight {weight}), {} dev, {} test utterances",
+            corpus.display(),
+            corpus_train.len(),
+            corpus_dev.len(),
+            test.len(),
+        );
+        mixed.push((corpus_train, weight));
+        dev.extend(corpus_dev);
+        tests.push((corpus.join("test.jsonl"), test));
+    }
+    let inventory = inventory.expect("clap gives at least one corpus");
+    let mut also_test = Vec::new();
+    for manifest in &args.also_test {
+        also_test.push(load_split(manifest, &inventory, &log_mel)?);
+    }
+    if dropped > 0 {
+        eprintln!(
+            "note: {dropped} training utterance(s) have more labels than encoder steps at subsampling {} and are left out",
+            args.subsampling
+        );
+    }
+    let train_split = mix(mixed, args.seed);
+    eprintln!(
+        "training on {} utterances per epoch, validating on {}; features in {:.1} s",
+        train_split.len(),
+        dev.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let saved = SavedModel {
+        model: AsrModelConfig::new(inventory.n_outputs())
+            .with_n_mels(args.n_mels)
+            .with_d_model(args.d_model)
+            .with_n_heads(args.n_heads)
+            .with_n_layers(args.n_layers)
+            .with_d_ff(args.d_ff)
+            .with_dropout(args.dropout)
+            .with_attention(args.attention)
+            .with_subsampling(args.subsampling)
+            .with_front_end(args.front_end)
+            .with_conv_kernel(args.conv_kernel)
+            .with_activation(args.activation)
+            .with_inter_ctc_weight(args.inter_ctc)
+            .with_ctc_loss(args.ctc_loss)
+            .with_seed(args.seed),
+        features,
+        phones: inventory.phones().to_vec(),
+    };
+    let options = TrainOptions {
+        dir: args.out.clone(),
+        epochs: args.epochs,
+        learning_rate: args.learning_rate,
+        warmup_steps: args.warmup_steps,
+        final_learning_rate: args.final_learning_rate,
+        grad_clip: args.grad_clip,
+        batch_frames: args.batch_frames,
+        seed: args.seed,
+        shuffle: true,
+        resume: args.resume,
+        stop_after_steps: args.stop_after_steps,
+        time_budget_s: args.time_budget.map(|minutes| minutes * 60.0),
+        application_log: true,
+        augment: args.augment.clone(),
+        strategy: args.strategy,
+    };
+    let model = train_on_devices(&saved, train_split, dev, &options, &devices)?;
+    // The trained model has no autodiff; it is evaluated without.
+    let device = device.inner();
+    for (manifest, test) in &tests {
+        let per = evaluate(&model, test, None, args.batch_frames, &device);
+        println!(
+            "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances, attention {})",
+            manifest.display(),
+            per.percent(),
+            per.errors,
+            per.reference_phones,
+            test.len(),
+            args.attention,
+        );
+    }
+    for (manifest, examples) in args.also_test.iter().zip(&also_test) {
+        let per = evaluate(&model, examples, None, args.batch_frames, &device);
+        println!(
+            "test PER on {}: {:.2} % ({} errors / {} phones, {} utterances)",
+            manifest.display(),
+            per.percent(),
+            per.errors,
+            per.reference_phones,
+            examples.len()
+        );
+    }
+    println!(
+        "model: {}; wall time {:.0} s",
+        args.out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }

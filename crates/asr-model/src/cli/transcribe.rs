@@ -8,9 +8,9 @@ use asr_model::data::{CtcBatcher, Example};
 use asr_model::features::LogMel;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::load_model;
-use backend_select::{BackendName, BackendTask};
+use backend_select::BackendName;
+use burn::tensor::Device;
 use clap::Args;
-use clustered_attention::ClusteredAttentionBackend;
 
 /// Arguments of `asr transcribe`.
 #[derive(Args, Debug)]
@@ -25,37 +25,32 @@ pub struct TranscribeArgs {
     pub backend: BackendName,
 }
 
-impl BackendTask for &TranscribeArgs {
-    type Output = anyhow::Result<()>;
-
-    /// Prints the recognized phones, space separated.
-    fn run<B: ClusteredAttentionBackend>(self, _: BackendName, device: B::Device) -> Self::Output {
-        let args = self;
-        let (model, saved) = load_model::<B>(&args.model, &device)?;
-        let log_mel = LogMel::new(saved.features.clone());
-        let samples = load_audio(&args.file)?;
-        if samples.is_empty() {
-            bail!("{}: the audio is empty", args.file.display());
-        }
-        let example = Example {
-            id: args.file.display().to_string(),
-            features: std::sync::Arc::new(log_mel.features(&samples)),
-            targets: Vec::new(),
-            audio: None,
-        };
-        let batch = CtcBatcher.make::<B>(std::slice::from_ref(&example), &device);
-        let log_probs = model.forward(batch.features, &batch.frame_lengths);
-        let inventory = PhoneInventory::new(saved.phones.clone()).map_err(anyhow::Error::msg)?;
-        let outputs = model.decode(log_probs, &batch.frame_lengths).remove(0);
-        let phones: Vec<&str> = outputs
-            .iter()
-            .map(|&o| {
-                inventory
-                    .phone_of(o)
-                    .context("output outside the inventory")
-            })
-            .collect::<anyhow::Result<_>>()?;
-        println!("{}", phones.join(" "));
-        Ok(())
+/// Prints the recognized phones, space separated.
+pub fn run(args: &TranscribeArgs, _: BackendName, device: Device) -> anyhow::Result<()> {
+    let (model, saved) = load_model(&args.model, &device)?;
+    let log_mel = LogMel::new(saved.features.clone());
+    let samples = load_audio(&args.file)?;
+    if samples.is_empty() {
+        bail!("{}: the audio is empty", args.file.display());
     }
+    let example = Example {
+        id: args.file.display().to_string(),
+        features: std::sync::Arc::new(log_mel.features(&samples)),
+        targets: Vec::new(),
+        audio: None,
+    };
+    let batch = CtcBatcher.make(std::slice::from_ref(&example), &device);
+    let log_probs = model.forward(batch.features, &batch.frame_lengths);
+    let inventory = PhoneInventory::new(saved.phones.clone()).map_err(anyhow::Error::msg)?;
+    let outputs = model.decode(log_probs, &batch.frame_lengths).remove(0);
+    let phones: Vec<&str> = outputs
+        .iter()
+        .map(|&o| {
+            inventory
+                .phone_of(o)
+                .context("output outside the inventory")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    println!("{}", phones.join(" "));
+    Ok(())
 }

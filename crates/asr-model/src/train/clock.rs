@@ -242,12 +242,22 @@ impl MetricLogger for EpochClock {
                 continue;
             };
             let name = name.clone();
-            match (split, name.as_str()) {
-                (Split::Train, FORWARD_METRIC) => {
-                    state.forward_ms_sum += numeric.numeric_entry.current();
+            match (split, name.as_str(), &numeric.numeric_entry) {
+                // Each batch's own value; not the epoch's final one, which burn-train logs
+                // at the end of the split besides.
+                (Split::Train, FORWARD_METRIC, Some(entry))
+                    if !matches!(entry, NumericEntry::Final(_)) =>
+                {
+                    state.forward_ms_sum += entry.current();
                     state.forward_batches += 1;
                 }
-                (Split::Valid, "PER") => state.dev_per = numeric.running_entry.current(),
+                // The epoch's value so far, and at the end of the split its final one (the
+                // same).
+                (Split::Valid, "PER", entry) => {
+                    if let Some(value) = numeric.running_entry.as_ref().or(entry.as_ref()) {
+                        state.dev_per = value.current();
+                    }
+                }
                 _ => {}
             }
         }
@@ -265,7 +275,7 @@ impl MetricLogger for EpochClock {
     fn log_metric_definition(&mut self, definition: MetricDefinition) {
         self.state
             .definitions
-            .push((definition.metric_id, definition.name));
+            .push((definition.metric_id, definition.name.to_string()));
     }
 
     fn log_epoch_summary(&mut self, summary: EpochSummary) {

@@ -1,19 +1,13 @@
 //! A trained model on disk: its weights (`model-N.safetensors`, written and read with
 //! burn-store) and what rebuilds it (`model.json`, which names the weights file).
 
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use asr_data::files::{remove_partial_files, write_atomic};
-use burn::record::{
-    FileRecorder, NamedMpkBytesRecorder, NamedMpkFileRecorder, PrecisionSettings, Recorder,
-    RecorderError,
-};
-use burn::tensor::backend::Backend;
+use burn::tensor::Device;
+use burn::train::checkpoint::{Checkpoint, Checkpointer, CheckpointerError};
 use burn_store::{ModuleSnapshot, SafetensorsStore};
-use clustered_attention::ClusteredAttentionBackend;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::features::LogMelConfig;
@@ -67,11 +61,7 @@ fn weights_number(name: &str) -> Option<u64> {
 ///
 /// # Errors
 /// When `dir` cannot be listed or written.
-pub fn save_model<B: Backend>(
-    model: &AsrModel<B>,
-    saved: &SavedModel,
-    dir: &Path,
-) -> anyhow::Result<()> {
+pub fn save_model(model: &AsrModel, saved: &SavedModel, dir: &Path) -> anyhow::Result<()> {
     let listing = || -> std::io::Result<Vec<String>> {
         std::fs::read_dir(dir)?
             .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
@@ -133,10 +123,7 @@ pub fn save_model<B: Backend>(
 /// refused as such); when the weights file is not a safetensors file; or when its tensors
 /// do not fit the model: the error names the tensors missing, the tensors unused and the
 /// tensors of the wrong shape or type.
-pub fn load_model<B: ClusteredAttentionBackend>(
-    dir: &Path,
-    device: &B::Device,
-) -> anyhow::Result<(AsrModel<B>, SavedModel)> {
+pub fn load_model(dir: &Path, device: &Device) -> anyhow::Result<(AsrModel, SavedModel)> {
     let json = std::fs::read_to_string(dir.join("model.json"))
         .with_context(|| format!("{}: no model.json (train a model first)", dir.display()))?;
     let (saved, weights) = parse_saved_model(&json)
@@ -169,7 +156,7 @@ pub fn load_model<B: ClusteredAttentionBackend>(
         dir.display(),
         saved.model.n_layers
     );
-    let mut model = saved.model.init::<B>(device);
+    let mut model = saved.model.init(device);
     let mut store = SafetensorsStore::from_bytes(Some(bytes))
         .validate(false)
         .allow_partial(true);
@@ -200,48 +187,56 @@ pub fn load_model<B: ClusteredAttentionBackend>(
     Ok((model, saved))
 }
 
-/// Burn's default file recorder ([`NamedMpkFileRecorder`], named MessagePack, `.mpk`), with
-/// each file written whole or not at all ([`write_atomic`]): a checkpoint that burn-train
-/// was writing when the process was killed is absent, not truncated. Files it writes load
-/// with `NamedMpkFileRecorder` and the other way round.
-#[derive(Debug, Clone, Default)]
-pub struct AtomicMpkFileRecorder<S: PrecisionSettings> {
-    settings: PhantomData<S>,
+/// The extension of burn-train's checkpoint files (burnpack).
+pub(crate) const CHECKPOINT_EXTENSION: &str = "bpk";
+
+/// burn-train's file checkpointer (`FileCheckpointer`: `<dir>/<name>-<epoch>.bpk`, burnpack),
+/// with each file written whole or not at all ([`write_atomic`]): a checkpoint that
+/// burn-train was writing when the process was killed is absent, not truncated. Files it
+/// writes load with `FileCheckpointer` and the other way round.
+#[derive(Debug, Clone)]
+pub struct AtomicFileCheckpointer {
+    dir: PathBuf,
+    name: String,
 }
 
-impl<S: PrecisionSettings> AtomicMpkFileRecorder<S> {
-    /// The recorder.
-    pub fn new() -> Self {
+impl AtomicFileCheckpointer {
+    /// The checkpointer of the records named `name` (`model`, `optim`, `scheduler`) in `dir`,
+    /// which it creates if needed.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        // As burn-train's `FileCheckpointer`: a directory that cannot be made shows as an
+        // error of the first save.
+        std::fs::create_dir_all(dir).ok();
         Self {
-            settings: PhantomData,
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
         }
     }
-}
 
-impl<S: PrecisionSettings, B: Backend> FileRecorder<B> for AtomicMpkFileRecorder<S> {
-    fn file_extension() -> &'static str {
-        "mpk"
+    fn path(&self, epoch: usize) -> PathBuf {
+        self.dir
+            .join(format!("{}-{epoch}.{CHECKPOINT_EXTENSION}", self.name))
     }
 }
 
-impl<S: PrecisionSettings, B: Backend> Recorder<B> for AtomicMpkFileRecorder<S> {
-    type Settings = S;
-    type RecordArgs = PathBuf;
-    type RecordOutput = ();
-    type LoadArgs = PathBuf;
-
-    fn save_item<I: Serialize>(&self, item: I, mut file: PathBuf) -> Result<(), RecorderError> {
-        file.set_extension(<Self as FileRecorder<B>>::file_extension());
-        let bytes = <NamedMpkBytesRecorder<S> as Recorder<B>>::save_item(
-            &NamedMpkBytesRecorder::new(),
-            item,
-            (),
-        )?;
-        write_atomic(&file, &bytes).map_err(|e| RecorderError::Unknown(e.to_string()))
+impl<R: Checkpoint> Checkpointer<R> for AtomicFileCheckpointer {
+    fn save(&self, epoch: usize, record: R) -> Result<(), CheckpointerError> {
+        let bytes = record
+            .checkpoint_into_bytes()
+            .map_err(CheckpointerError::Record)?;
+        write_atomic(&self.path(epoch), &bytes).map_err(CheckpointerError::IOError)
     }
 
-    fn load_item<I: DeserializeOwned>(&self, file: &mut PathBuf) -> Result<I, RecorderError> {
-        <NamedMpkFileRecorder<S> as Recorder<B>>::load_item(&NamedMpkFileRecorder::new(), file)
+    fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
+        let path = self.path(epoch);
+        if path.exists() {
+            std::fs::remove_file(path).map_err(CheckpointerError::IOError)?;
+        }
+        Ok(())
+    }
+
+    fn restore(&self, epoch: usize) -> Result<R, CheckpointerError> {
+        R::load(self.path(epoch))
     }
 }
 

@@ -9,13 +9,10 @@ use asr_model::data::Example;
 use asr_model::features::{Features, LogMelConfig};
 use asr_model::model::AsrModelConfig;
 use asr_model::phones::PhoneInventory;
-use asr_model::train::{
-    SavedModel, Strategy, TrainOptions, TrainingBackend, train, train_on_devices,
-};
+use asr_model::train::{SavedModel, Strategy, TrainOptions, train, train_on_devices};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::Tensor;
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use clustered_attention::{AttentionKind, ClusteredAttentionBackend};
+use burn::tensor::{Device, Tensor};
+use clustered_attention::AttentionKind;
 
 pub fn tempdir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("asr-test-{name}-{}", std::process::id()));
@@ -98,10 +95,10 @@ pub fn toy_options(dir: std::path::PathBuf) -> TrainOptions {
 /// Every float parameter of a module, in visiting order.
 struct Parameters(Vec<Vec<f32>>);
 
-impl<B: Backend> ModuleVisitor<B> for Parameters {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+impl ModuleVisitor for Parameters {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         self.0
-            .push(param.val().into_data().convert::<f32>().to_vec().unwrap());
+            .push(param.val().into_data().try_into_vec_as::<f32>().unwrap());
     }
 }
 
@@ -117,7 +114,7 @@ pub fn weights_file(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Every float parameter of `model`, in visiting order, on the host.
-pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
+pub fn parameters<M: Module>(model: &M) -> Vec<Vec<f32>> {
     let mut parameters = Parameters(Vec::new());
     model.visit(&mut parameters);
     parameters.0
@@ -144,15 +141,11 @@ pub struct Comparison {
 /// `devices` with `strategy`, one utterance per device and step, and on `devices[0]` alone
 /// with batches of `devices.len()` utterances (no dropout, no augmentation, fixed order); each
 /// weight is compared between the runs and with its initial value.
-pub fn data_parallel_against_one_device<A>(
+pub fn data_parallel_against_one_device(
     name: &str,
-    devices: &[A::Device],
+    devices: &[Device],
     strategy: Strategy,
-) -> Comparison
-where
-    A: AutodiffBackend + ClusteredAttentionBackend + TrainingBackend,
-    A::InnerBackend: ClusteredAttentionBackend,
-{
+) -> Comparison {
     let n = devices.len();
     let (examples, saved) = toy_run(2 * n, AttentionKind::Full);
     let options = |run: &str, batch_frames| TrainOptions {
@@ -161,7 +154,7 @@ where
     };
     let mut parallel = options("parallel", 24);
     parallel.strategy = strategy;
-    let parallel = train_on_devices::<A>(
+    let parallel = train_on_devices(
         &saved,
         examples.clone(),
         examples.clone(),
@@ -170,7 +163,7 @@ where
     )
     .unwrap();
     let device = &devices[0];
-    let one = train::<A>(
+    let one = train(
         &saved,
         examples.clone(),
         examples.clone(),
@@ -181,7 +174,7 @@ where
     // The initial weights, drawn as the runs above drew them: a run whose steps move nothing.
     let mut still = options("no-step", 24 * n);
     still.learning_rate = 1e-12;
-    let init = train::<A>(&saved, examples.clone(), examples, &still, device).unwrap();
+    let init = train(&saved, examples.clone(), examples, &still, device).unwrap();
     let (a, b) = (parameters(&parallel), parameters(&one));
     assert_eq!(a.len(), b.len());
     Comparison {

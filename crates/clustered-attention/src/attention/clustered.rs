@@ -4,7 +4,6 @@ use super::{
     AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
     inverse_counts,
 };
-use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::grouping::QueryGroups;
 use crate::ops::{attention_softmax, centroid_attention};
@@ -22,14 +21,13 @@ use crate::ops::{attention_softmax, centroid_attention};
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, ClusteredAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 64, 8], Distribution::Default, &device);
-/// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 64, 8], Distribution::Default, &device);
+/// let k = Tensor::<4>::random([1, 2, 50, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 50, 3], Distribution::Default, &device);
 /// let out = ClusteredAttention::new(8).with_seed(7).forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 64, 3]);
 /// ```
@@ -68,7 +66,7 @@ impl ClusteredAttention {
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
     /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
     /// or `bits` is outside `1..=32`.
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (clustering, options) = (&self.clustering, &self.options);
         clustering.check();
         let (queries, keys, values, input) = input.checked(options);
@@ -82,7 +80,7 @@ impl ClusteredAttention {
             .centroids(queries, inverse_counts(clusters.counts, dtype))
             .mul_scalar(input.scale);
         // Dropout applies only under autodiff; without it, the fused op serves both passes.
-        let cluster_values = if options.dropout > 0.0 && B::ad_enabled(&centroids.device()) {
+        let cluster_values = if options.dropout > 0.0 && centroids.device().is_autodiff() {
             let scores = centroids.matmul(keys.swap_dims(2, 3));
             let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
             dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
@@ -99,15 +97,15 @@ impl ClusteredAttention {
     since = "0.1.0",
     note = "use `ClusteredAttention::new(clusters).forward(AttentionInput::new(queries, keys, values))`"
 )]
-pub fn clustered_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn clustered_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     clustering: &ClusteringOptions,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     ClusteredAttention::new(clustering.clusters)
         .with_clustering(clustering.clone())
         .with_options(options.clone())

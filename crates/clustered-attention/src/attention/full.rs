@@ -1,7 +1,6 @@
 use burn::tensor::{Int, Tensor};
 
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
-use crate::ClusteredAttentionBackend;
 use crate::ops::attention_softmax;
 
 /// Full softmax attention, `softmax(Q Kᵀ · scale) V` (paper eqs. 1–2): the exact baseline
@@ -9,14 +8,13 @@ use crate::ops::attention_softmax;
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, FullAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 5, 8], Distribution::Default, &device);
-/// let k = Tensor::<NdArray, 4>::random([1, 2, 7, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 7, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 5, 8], Distribution::Default, &device);
+/// let k = Tensor::<4>::random([1, 2, 7, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 7, 3], Distribution::Default, &device);
 /// let out = FullAttention::new().forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 5, 3]);
 /// ```
@@ -56,7 +54,7 @@ impl FullAttention {
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a
     /// length tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, or
     /// the dropout is outside `[0, 1)`.
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let options = &self.options;
         let (queries, keys, values, input) = input.checked(options);
         // Scaling the queries rather than the scores: L × E products instead of L × S.
@@ -72,14 +70,14 @@ impl FullAttention {
     since = "0.1.0",
     note = "use `FullAttention::new().forward(AttentionInput::new(queries, keys, values))`"
 )]
-pub fn full_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn full_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     FullAttention::new()
         .with_options(options.clone())
         .forward(AttentionInput::from_parts(

@@ -4,7 +4,6 @@ use super::{
     AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
     inverse_counts, top_keys,
 };
-use crate::ClusteredAttentionBackend;
 use crate::clustering::{ClusteringOptions, cluster_queries};
 use crate::ops::grouping::QueryGroups;
 use crate::ops::tensor::rest_weights;
@@ -27,14 +26,13 @@ use crate::ops::{attention_softmax, improved_attention, sparse_dot, sparse_weigh
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, ImprovedClusteredAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 64, 8], Distribution::Default, &device);
-/// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 64, 8], Distribution::Default, &device);
+/// let k = Tensor::<4>::random([1, 2, 50, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 50, 3], Distribution::Default, &device);
 /// // 8 clusters, 16 top keys per cluster.
 /// let attention = ImprovedClusteredAttention::new(8, 16);
 /// let out = attention.forward(AttentionInput::new(q, k, v));
@@ -80,14 +78,14 @@ impl ImprovedClusteredAttention {
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
     /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` or
     /// `topk` is 0, or `bits` is outside `1..=32`.
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (clustering, topk, options) = (&self.clustering, self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
         clustering.check();
         let (queries, keys, values, input) = input.checked(options);
         let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
         // Dropout applies only under autodiff; without it, one op serves both passes.
-        if options.dropout == 0.0 || !B::ad_enabled(&queries.device()) {
+        if options.dropout == 0.0 || !queries.device().is_autodiff() {
             // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
             // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
             // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
@@ -139,7 +137,7 @@ impl ImprovedClusteredAttention {
             let padded = top
                 .clone()
                 .greater_equal(lengths.clone().expand(top.dims()));
-            let bias = Tensor::<B, 4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
+            let bias = Tensor::<4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
                 .mask_fill(padded, f32::NEG_INFINITY);
             top_scores = top_scores + grouping.broadcast(bias);
         }
@@ -158,16 +156,16 @@ impl ImprovedClusteredAttention {
     note = "use `ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(queries, keys, values))`"
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn improved_clustered_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     clustering: &ClusteringOptions,
     topk: usize,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     ImprovedClusteredAttention::new(clustering.clusters, topk)
         .with_clustering(clustering.clone())
         .with_options(options.clone())
@@ -183,12 +181,12 @@ pub fn improved_clustered_attention<B: ClusteredAttentionBackend>(
 /// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all
 /// of `Aᶜ V` it leaves the rest without a second `[C, S]` tensor. The cancellation costs at
 /// most a few `f32` roundings of `|Aᶜ V|`, below the output's own in practice.
-fn top_share<B: ClusteredAttentionBackend>(
-    grouping: &QueryGroups<B>,
-    top_weights: Tensor<B, 4>,
-    values: &Tensor<B, 4>,
-    top: &Tensor<B, 4, Int>,
-) -> Tensor<B, 4> {
+fn top_share(
+    grouping: &QueryGroups,
+    top_weights: Tensor<4>,
+    values: &Tensor<4>,
+    top: &Tensor<4, Int>,
+) -> Tensor<4> {
     sparse_weighted_sum(
         top_weights,
         values.clone(),

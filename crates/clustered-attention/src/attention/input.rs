@@ -1,11 +1,9 @@
 //! The checks of an attention's input, its padding masks and lengths, and the small tensor
 //! helpers the attentions share (dropout, positions, top keys, inverse counts).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::AttentionOptions;
-use crate::ClusteredAttentionBackend;
 use crate::ops::checks::{host_key_lengths, host_lengths};
 use crate::ops::topk_indices;
 
@@ -24,24 +22,24 @@ use crate::ops::topk_indices;
 /// The shapes and lengths are checked by the attention's `forward`, which panics naming the
 /// argument and the shapes.
 #[derive(Debug, Clone)]
-pub struct AttentionInput<B: Backend> {
+pub struct AttentionInput {
     /// `[batch, heads, L, E]`.
-    pub queries: Tensor<B, 4>,
+    pub queries: Tensor<4>,
     /// `[batch, heads, S, E]`.
-    pub keys: Tensor<B, 4>,
+    pub keys: Tensor<4>,
     /// `[batch, heads, S, D]`.
-    pub values: Tensor<B, 4>,
+    pub values: Tensor<4>,
     /// `[batch]`: the valid queries of each sequence; `None`: all of them.
-    pub query_lengths: Option<Tensor<B, 1, Int>>,
+    pub query_lengths: Option<Tensor<1, Int>>,
     /// `[batch]`: the valid keys (and values) of each sequence, each at least 1; `None`: all
     /// of them.
-    pub key_lengths: Option<Tensor<B, 1, Int>>,
+    pub key_lengths: Option<Tensor<1, Int>>,
 }
 
-impl<B: Backend> AttentionInput<B> {
+impl AttentionInput {
     /// Queries `[batch, heads, L, E]`, keys `[batch, heads, S, E]` and values
     /// `[batch, heads, S, D]`, every position valid.
-    pub fn new(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
+    pub fn new(queries: Tensor<4>, keys: Tensor<4>, values: Tensor<4>) -> Self {
         Self {
             queries,
             keys,
@@ -52,24 +50,24 @@ impl<B: Backend> AttentionInput<B> {
     }
 
     /// The valid queries of each sequence, `[batch]` Int, each in `0..=L`.
-    pub fn with_query_lengths(mut self, query_lengths: Tensor<B, 1, Int>) -> Self {
+    pub fn with_query_lengths(mut self, query_lengths: Tensor<1, Int>) -> Self {
         self.query_lengths = Some(query_lengths);
         self
     }
 
     /// The valid keys and values of each sequence, `[batch]` Int, each in `1..=S`.
-    pub fn with_key_lengths(mut self, key_lengths: Tensor<B, 1, Int>) -> Self {
+    pub fn with_key_lengths(mut self, key_lengths: Tensor<1, Int>) -> Self {
         self.key_lengths = Some(key_lengths);
         self
     }
 
     /// The input of the positional forms.
     pub(crate) fn from_parts(
-        queries: Tensor<B, 4>,
-        keys: Tensor<B, 4>,
-        values: Tensor<B, 4>,
-        query_lengths: Option<Tensor<B, 1, Int>>,
-        key_lengths: Option<Tensor<B, 1, Int>>,
+        queries: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        query_lengths: Option<Tensor<1, Int>>,
+        key_lengths: Option<Tensor<1, Int>>,
     ) -> Self {
         Self {
             queries,
@@ -85,7 +83,7 @@ impl<B: Backend> AttentionInput<B> {
     pub(crate) fn checked(
         self,
         options: &AttentionOptions,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, Checked<B>) {
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>, Checked) {
         let checked = check_input(
             &self.queries,
             &self.keys,
@@ -99,16 +97,16 @@ impl<B: Backend> AttentionInput<B> {
 }
 
 /// The scale and the lengths and padding masks of a checked attention input.
-pub(crate) struct Checked<B: Backend> {
+pub(crate) struct Checked {
     pub scale: f64,
     /// `[batch]` query lengths, `None` when every query is valid.
-    pub query_lengths: Option<Tensor<B, 1, Int>>,
+    pub query_lengths: Option<Tensor<1, Int>>,
     /// `[batch, 1, L, 1]`, true for padded queries; `None` when no query is padded.
-    pub query_padding: Option<Tensor<B, 4, Bool>>,
+    pub query_padding: Option<Tensor<4, Bool>>,
     /// `[batch, 1, 1, S]`, true for padded keys; `None` when no key is padded.
-    pub key_padding: Option<Tensor<B, 4, Bool>>,
+    pub key_padding: Option<Tensor<4, Bool>>,
     /// `[batch, 1, 1, 1]` key lengths, for masks on gathered key indices.
-    pub key_lengths: Option<Tensor<B, 4, Int>>,
+    pub key_lengths: Option<Tensor<4, Int>>,
 }
 
 /// Checks the shapes and lengths of an attention input.
@@ -117,14 +115,14 @@ pub(crate) struct Checked<B: Backend> {
 /// With a message naming the argument and the shapes when the batch or head dimensions
 /// disagree, the E of queries and keys differ, the S of keys and values differ, a length
 /// tensor is not `[batch]`, a length is greater than its sequence, or a key length is 0.
-pub(crate) fn check_input<B: Backend>(
-    queries: &Tensor<B, 4>,
-    keys: &Tensor<B, 4>,
-    values: &Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub(crate) fn check_input(
+    queries: &Tensor<4>,
+    keys: &Tensor<4>,
+    values: &Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     options: &AttentionOptions,
-) -> Checked<B> {
+) -> Checked {
     let [batch, heads, queries_len, dim] = queries.dims();
     let [k_batch, k_heads, keys_len, k_dim] = keys.dims();
     let [v_batch, v_heads, v_len, _] = values.dims();
@@ -160,8 +158,14 @@ pub(crate) fn check_input<B: Backend>(
     );
     let device = queries.device();
 
+    // Made anew on the queries' device from the values read (as the key lengths below), so
+    // that lengths made on another device (one without autodiff, say) meet the queries' own.
     let query_lengths = query_lengths.map(|lengths| {
-        let host = host_lengths("query_lengths", Some(lengths.clone()), batch, queries_len);
+        let host = host_lengths("query_lengths", Some(lengths), batch, queries_len);
+        let lengths = Tensor::<1, Int>::from_data(
+            TensorData::new(host.iter().map(|&n| n as i64).collect(), [batch]),
+            &device,
+        );
         (lengths, host)
     });
     let key_lengths = key_lengths.map(|lengths| host_key_lengths(Some(lengths), batch, keys_len));
@@ -170,14 +174,14 @@ pub(crate) fn check_input<B: Backend>(
         .as_ref()
         .filter(|(_, host)| host.iter().any(|&n| n < queries_len))
         .map(|(_, host)| {
-            padding_mask::<B>(host, queries_len, &device).reshape([batch, 1, queries_len, 1])
+            padding_mask(host, queries_len, &device).reshape([batch, 1, queries_len, 1])
         });
     let key_padding = key_lengths
         .as_ref()
         .filter(|host| host.iter().any(|&n| n < keys_len))
-        .map(|host| padding_mask::<B>(host, keys_len, &device).reshape([batch, 1, 1, keys_len]));
+        .map(|host| padding_mask(host, keys_len, &device).reshape([batch, 1, 1, keys_len]));
     let key_lengths = key_lengths.map(|host| {
-        Tensor::<B, 1, Int>::from_data(
+        Tensor::<1, Int>::from_data(
             TensorData::new(host.iter().map(|&n| n as i64).collect(), [batch]),
             &device,
         )
@@ -194,11 +198,7 @@ pub(crate) fn check_input<B: Backend>(
 }
 
 /// `[batch, len]`, true at positions `≥ lengths[batch]`.
-fn padding_mask<B: Backend>(
-    lengths: &[usize],
-    len: usize,
-    device: &B::Device,
-) -> Tensor<B, 2, Bool> {
+fn padding_mask(lengths: &[usize], len: usize, device: &Device) -> Tensor<2, Bool> {
     let mask: Vec<bool> = lengths
         .iter()
         .flat_map(|&n| (0..len).map(move |i| i >= n))
@@ -206,9 +206,9 @@ fn padding_mask<B: Backend>(
     Tensor::from_data(TensorData::new(mask, [lengths.len(), len]), device)
 }
 
-impl<B: Backend> Checked<B> {
+impl Checked {
     /// Fills the scores of padded keys with `-inf`. `scores`: `[batch, heads, rows, S]`.
-    pub fn mask_keys(&self, scores: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub fn mask_keys(&self, scores: Tensor<4>) -> Tensor<4> {
         match &self.key_padding {
             Some(mask) => {
                 let shape = scores.dims();
@@ -219,7 +219,7 @@ impl<B: Backend> Checked<B> {
     }
 
     /// The `[batch]` key lengths, `None` when no key length was given.
-    pub fn batch_key_lengths(&self) -> Option<Tensor<B, 1, Int>> {
+    pub fn batch_key_lengths(&self) -> Option<Tensor<1, Int>> {
         self.key_lengths.clone().map(|lengths| {
             let [batch, ..] = lengths.dims();
             lengths.reshape([batch])
@@ -227,7 +227,7 @@ impl<B: Backend> Checked<B> {
     }
 
     /// Zeroes the rows of padded queries. `x`: `[batch, heads, L, F]`.
-    pub fn zero_padded_queries(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub fn zero_padded_queries(&self, x: Tensor<4>) -> Tensor<4> {
         match &self.query_padding {
             Some(mask) => {
                 let shape = x.dims();
@@ -239,27 +239,19 @@ impl<B: Backend> Checked<B> {
 }
 
 /// `[batch, heads, len]` Int, `positions[b, h, i] = i`.
-pub(crate) fn positions<B: Backend>(
-    batch: usize,
-    heads: usize,
-    len: usize,
-    device: &B::Device,
-) -> Tensor<B, 3, Int> {
-    Tensor::<B, 1, Int>::arange(0..len as i64, device)
+pub(crate) fn positions(batch: usize, heads: usize, len: usize, device: &Device) -> Tensor<3, Int> {
+    Tensor::<1, Int>::arange(0..len as i64, device)
         .reshape([1, 1, len])
         .expand([batch, heads, len])
 }
 
 /// Indices of the `k = min(topk, S)` highest scores of every row, `[batch, heads, rows, k]`
 /// (no gradient); all keys in order when `k = S`, since Burn's `topk` needs `k < S`.
-pub(crate) fn top_keys<B: ClusteredAttentionBackend>(
-    scores: Tensor<B, 4>,
-    topk: usize,
-) -> Tensor<B, 4, Int> {
+pub(crate) fn top_keys(scores: Tensor<4>, topk: usize) -> Tensor<4, Int> {
     let [batch, heads, rows, keys_len] = scores.dims();
     let k = topk.min(keys_len);
     if k == keys_len {
-        Tensor::<B, 1, Int>::arange(0..k as i64, &scores.device())
+        Tensor::<1, Int>::arange(0..k as i64, &scores.device())
             .reshape([1, 1, 1, k])
             .expand([batch, heads, rows, k])
     } else {
@@ -271,9 +263,9 @@ pub(crate) fn top_keys<B: ClusteredAttentionBackend>(
 /// → `[batch, heads, C, 1]` in `dtype`. The counts go to `f32` directly (in f16 a count above
 /// 65504 would be infinite, in bf16 one above 256 inexact), and only 1 / count is rounded to
 /// `dtype`.
-pub(crate) fn inverse_counts<B: Backend>(counts: Tensor<B, 3, Int>, dtype: DType) -> Tensor<B, 4> {
+pub(crate) fn inverse_counts(counts: Tensor<3, Int>, dtype: DType) -> Tensor<4> {
     let counts = counts.cast(FloatDType::F32).clamp_min(1.0);
-    Tensor::<B, 3>::ones(counts.dims(), (&counts.device(), DType::F32))
+    Tensor::<3>::ones(counts.dims(), (&counts.device(), DType::F32))
         .div(counts)
         .cast(dtype)
         .unsqueeze_dim::<4>(3)

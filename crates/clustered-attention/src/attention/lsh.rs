@@ -1,6 +1,5 @@
 use burn::config::Config;
-use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
@@ -8,7 +7,6 @@ use rand_distr::{Distribution, StandardNormal};
 use super::{
     AttentionInput, AttentionOptions, Checked, attention_options_builders, dropout, positions,
 };
-use crate::ClusteredAttentionBackend;
 
 /// The score a query gets against its own key in shared-QK attention (Reformer, Kitaev et al.
 /// 2020, §2): low enough that the key gets no weight when any other key is available, finite
@@ -72,12 +70,7 @@ impl LshOptions {
 /// Random rotations of one hashing round: `[E, buckets / 2]` standard normal entries drawn on
 /// the host from a [`Xoshiro256PlusPlus`] seeded by `seed`, so every backend hashes with the
 /// same rotations (near ties of the arg-max may still fall differently).
-pub fn lsh_rotations<B: Backend>(
-    dim: usize,
-    buckets: usize,
-    seed: u64,
-    device: &B::Device,
-) -> Tensor<B, 2> {
+pub fn lsh_rotations(dim: usize, buckets: usize, seed: u64, device: &Device) -> Tensor<2> {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let half = buckets / 2;
     let values: Vec<f32> = (0..dim * half)
@@ -92,7 +85,7 @@ pub fn lsh_rotations<B: Backend>(
 /// # Shapes
 /// - `x`: `[batch, heads, L, E]`, `rotations`: `[E, buckets / 2]`
 /// - output: `[batch, heads, L]`
-pub fn angular_buckets<B: Backend>(x: Tensor<B, 4>, rotations: Tensor<B, 2>) -> Tensor<B, 3, Int> {
+pub fn angular_buckets(x: Tensor<4>, rotations: Tensor<2>) -> Tensor<3, Int> {
     let [batch, heads, len, _] = x.dims();
     let rotations = rotations.cast(x.dtype()).unsqueeze::<4>();
     let rotated = x.detach().matmul(rotations);
@@ -111,16 +104,12 @@ pub fn angular_buckets<B: Backend>(x: Tensor<B, 4>, rotations: Tensor<B, 2>) -> 
 ///
 /// # Shapes
 /// - `buckets`: `[batch, heads, L]`, output: `[batch, heads, L]`
-pub fn sort_by_bucket<B: Backend>(
-    buckets: Tensor<B, 3, Int>,
-    max_bucket: usize,
-) -> Tensor<B, 3, Int> {
+pub fn sort_by_bucket(buckets: Tensor<3, Int>, max_bucket: usize) -> Tensor<3, Int> {
     const RADIX: usize = 16;
     let [batch, heads, len] = buckets.dims();
     let device = buckets.device();
-    let digits_range =
-        Tensor::<B, 1, Int>::arange(0..RADIX as i64, &device).reshape([1, 1, 1, RADIX]);
-    let mut order = positions::<B>(batch, heads, len, &device);
+    let digits_range = Tensor::<1, Int>::arange(0..RADIX as i64, &device).reshape([1, 1, 1, RADIX]);
+    let mut order = positions(batch, heads, len, &device);
     let mut keys = buckets;
     let mut place = 1usize;
     while place <= max_bucket {
@@ -143,7 +132,7 @@ pub fn sort_by_bucket<B: Backend>(
             .gather(3, digits.unsqueeze_dim(3))
             .reshape([batch, heads, len])
             - 1;
-        let zeros = Tensor::<B, 3, Int>::zeros([batch, heads, len], &device);
+        let zeros = Tensor::<3, Int>::zeros([batch, heads, len], &device);
         order = zeros
             .clone()
             .scatter(2, destinations.clone(), order, IndexingUpdateOp::Add);
@@ -178,13 +167,12 @@ pub fn sort_by_bucket<B: Backend>(
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, LshAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 100, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 100, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 100, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 100, 3], Distribution::Default, &device);
 /// // lsh-4, chunks of 16.
 /// let attention = LshAttention::new(4).with_chunk_size(16);
 /// let out = attention.forward(AttentionInput::new(q.clone(), q, v));
@@ -248,7 +236,7 @@ impl LshAttention {
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
     /// long as `queries` (self-attention), a length tensor is not `[batch]` or out of range, or
     /// the options are invalid ([`LshOptions::check`]).
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (lsh, options) = (&self.lsh, &self.options);
         lsh.check();
         check_self_attention("LshAttention", &input.queries, &input.keys);
@@ -268,7 +256,7 @@ impl LshAttention {
         let mut outputs = Vec::with_capacity(lsh.rounds);
         let mut lses = Vec::with_capacity(lsh.rounds);
         for round in 0..lsh.rounds {
-            let rotations = lsh_rotations::<B>(dim, buckets, lsh.round_seed(round), &device);
+            let rotations = lsh_rotations(dim, buckets, lsh.round_seed(round), &device);
             let mut hashed = angular_buckets(queries.clone(), rotations);
             if let Some(padded) = &padded {
                 hashed = hashed.mask_fill(padded.clone(), buckets as i64);
@@ -312,15 +300,15 @@ impl LshAttention {
     since = "0.1.0",
     note = "use `LshAttention::new(rounds).forward(AttentionInput::new(queries, keys, values))`"
 )]
-pub fn lsh_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn lsh_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     lsh: &LshOptions,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     LshAttention::new(lsh.rounds)
         .with_lsh(lsh.clone())
         .with_options(options.clone())
@@ -335,10 +323,7 @@ pub fn lsh_attention<B: ClusteredAttentionBackend>(
 
 /// Zeroes the output rows of positions past their key length: in shared-QK self-attention a
 /// position whose key is padding is padding. `x`: `[batch, heads, L, D]` with `L = S`.
-pub(crate) fn zero_padded_positions<B: Backend>(
-    input: &Checked<B>,
-    x: Tensor<B, 4>,
-) -> Tensor<B, 4> {
+pub(crate) fn zero_padded_positions(input: &Checked, x: Tensor<4>) -> Tensor<4> {
     match &input.key_padding {
         Some(mask) => {
             let [batch, heads, len, width] = x.dims();
@@ -355,11 +340,7 @@ pub(crate) fn zero_padded_positions<B: Backend>(
 
 /// # Panics
 /// If `keys` and `queries` differ in length.
-pub(crate) fn check_self_attention<B: Backend>(
-    name: &str,
-    queries: &Tensor<B, 4>,
-    keys: &Tensor<B, 4>,
-) {
+pub(crate) fn check_self_attention(name: &str, queries: &Tensor<4>, keys: &Tensor<4>) {
     assert!(
         queries.dims()[2] == keys.dims()[2],
         "{name} is shared-QK self-attention: queries {:?} and keys {:?} must have the same length",
@@ -369,7 +350,7 @@ pub(crate) fn check_self_attention<B: Backend>(
 }
 
 /// Keys scaled to unit L2 norm along the last dimension (Reformer's shared-QK keys).
-pub(crate) fn unit_keys<B: Backend>(keys: Tensor<B, 4>) -> Tensor<B, 4> {
+pub(crate) fn unit_keys(keys: Tensor<4>) -> Tensor<4> {
     // Clamped before the root: a zero key would otherwise give 0 · ∞ in the backward pass.
     let norms = keys.clone().square().sum_dim(3).clamp_min(1e-12).sqrt();
     keys / norms
@@ -378,15 +359,15 @@ pub(crate) fn unit_keys<B: Backend>(keys: Tensor<B, 4>) -> Tensor<B, 4> {
 /// Attention of every chunk of the sorted sequence to itself and the chunk before it.
 /// Returns the output `[batch, heads, L, D]` and the log-sum-exp of each query's scores
 /// `[batch, heads, L, 1]`, both in position order.
-fn chunked_attention<B: ClusteredAttentionBackend>(
-    queries: &Tensor<B, 4>,
-    keys: &Tensor<B, 4>,
-    values: &Tensor<B, 4>,
-    order: Tensor<B, 3, Int>,
+fn chunked_attention(
+    queries: &Tensor<4>,
+    keys: &Tensor<4>,
+    values: &Tensor<4>,
+    order: Tensor<3, Int>,
     chunk_size: usize,
-    input: &Checked<B>,
+    input: &Checked,
     dropout_prob: f64,
-) -> (Tensor<B, 4>, Tensor<B, 4>) {
+) -> (Tensor<4>, Tensor<4>) {
     let [batch, heads, len, dim] = queries.dims();
     let value_dim = values.dims()[3];
     let device = queries.device();
@@ -409,8 +390,8 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
         if extra == 0 {
             (order.clone(), valid)
         } else {
-            let pad = Tensor::<B, 3, Int>::zeros([batch, heads, extra], &device);
-            let pad_valid = Tensor::<B, 3, Bool>::from_data(
+            let pad = Tensor::<3, Int>::zeros([batch, heads, extra], &device);
+            let pad_valid = Tensor::<3, Bool>::from_data(
                 TensorData::new(vec![false; batch * heads * extra], [batch, heads, extra]),
                 &device,
             );
@@ -420,7 +401,7 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
             )
         }
     };
-    let sorted = |x: &Tensor<B, 4>, width: usize| -> Tensor<B, 5> {
+    let sorted = |x: &Tensor<4>, width: usize| -> Tensor<5> {
         x.clone()
             .gather(
                 2,
@@ -432,9 +413,9 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
             .reshape([batch, heads, chunks, m, width])
     };
     // Each chunk's context: the previous chunk, then its own, [.., chunks, 2m, ..].
-    let with_previous = |x: Tensor<B, 5>| -> Tensor<B, 5> {
+    let with_previous = |x: Tensor<5>| -> Tensor<5> {
         let [b, h, n, rows, width] = x.dims();
-        let first = Tensor::<B, 5>::zeros([b, h, 1, rows, width], (&device, x.dtype()));
+        let first = Tensor::<5>::zeros([b, h, 1, rows, width], (&device, x.dtype()));
         let previous = Tensor::cat(
             vec![
                 first,
@@ -450,7 +431,7 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
 
     // Which context keys are valid: [batch, heads, chunks, 1, 2m].
     let valid = slot_valid.reshape([batch, heads, chunks, m]);
-    let no_previous = Tensor::<B, 4, Bool>::from_data(
+    let no_previous = Tensor::<4, Bool>::from_data(
         TensorData::new(vec![false; batch * heads * m], [batch, heads, 1, m]),
         &device,
     );
@@ -469,7 +450,7 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
     let own: Vec<bool> = (0..m)
         .flat_map(|r| (0..2 * m).map(move |c| c == m + r))
         .collect();
-    let own = Tensor::<B, 5, Bool>::from_data(TensorData::new(own, [1, 1, 1, m, 2 * m]), &device)
+    let own = Tensor::<5, Bool>::from_data(TensorData::new(own, [1, 1, 1, m, 2 * m]), &device)
         .expand([batch, heads, chunks, m, 2 * m]);
 
     let scores = sorted_queries
@@ -491,13 +472,13 @@ fn chunked_attention<B: ClusteredAttentionBackend>(
     let lse = lse.reshape([batch, heads, slots, 1]);
 
     // Back to position order: ranks[b, h, i] is the sorted slot of position i.
-    let ranks = Tensor::<B, 3, Int>::zeros([batch, heads, len], &device).scatter(
+    let ranks = Tensor::<3, Int>::zeros([batch, heads, len], &device).scatter(
         2,
         order,
-        positions::<B>(batch, heads, len, &device),
+        positions(batch, heads, len, &device),
         IndexingUpdateOp::Add,
     );
-    let unsort = |x: Tensor<B, 4>, width: usize| {
+    let unsort = |x: Tensor<4>, width: usize| {
         x.gather(
             2,
             ranks

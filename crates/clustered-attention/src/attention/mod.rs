@@ -10,15 +10,14 @@
 //! cluster and get a zero output row. `forward` returns `[batch, heads, L, D]`.
 //!
 //! ```
-//! use burn::backend::NdArray;
-//! use burn::tensor::{Distribution, Int, Tensor};
+//! use burn::tensor::{Device, Distribution, Int, Tensor};
 //! use clustered_attention::{AttentionInput, ImprovedClusteredAttention};
 //!
-//! let device = Default::default();
-//! let queries = Tensor::<NdArray, 4>::random([2, 4, 300, 32], Distribution::Default, &device);
-//! let keys = Tensor::<NdArray, 4>::random([2, 4, 200, 32], Distribution::Default, &device);
-//! let values = Tensor::<NdArray, 4>::random([2, 4, 200, 32], Distribution::Default, &device);
-//! let key_lengths = Tensor::<NdArray, 1, Int>::from_ints([200, 150], &device);
+//! let device = Device::default();
+//! let queries = Tensor::<4>::random([2, 4, 300, 32], Distribution::Default, &device);
+//! let keys = Tensor::<4>::random([2, 4, 200, 32], Distribution::Default, &device);
+//! let values = Tensor::<4>::random([2, 4, 200, 32], Distribution::Default, &device);
+//! let key_lengths = Tensor::<1, Int>::from_ints([200, 150], &device);
 //! // 25 clusters, the 32 top keys of each recomputed per query.
 //! let attention = ImprovedClusteredAttention::new(25, 32).with_seed(42);
 //! let out = attention.forward(
@@ -28,9 +27,9 @@
 //! ```
 //!
 //! The free functions (`full_attention`, …) are the same attentions with positional
-//! arguments, kept, deprecated, for one release. They are made of Burn tensor ops and the backend's
-//! [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) ops, so gradients flow to
-//! queries, keys and values on any autodiff backend.
+//! arguments, kept, deprecated, for one release. They are made of Burn tensor ops and the
+//! [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) ops of the backend of the
+//! tensors' device, so gradients flow to queries, keys and values on any autodiff device.
 //!
 //! - `full.rs`: [`FullAttention`] (eqs. 1–2), the exact baseline.
 //! - `clustered.rs`: [`ClusteredAttention`] (eqs. 3–6).
@@ -77,7 +76,7 @@ pub struct AttentionOptions {
     /// Softmax temperature applied to `q · k`; `None` means `1 / sqrt(E)` (paper eq. 1).
     #[config(default = "None")]
     pub scale: Option<f64>,
-    /// Dropout probability `p` on the attention weights, active only on autodiff backends
+    /// Dropout probability `p` on the attention weights, active only on autodiff devices
     /// (training), as in [`burn::nn::Dropout`]: each weight is zeroed with probability `p` and
     /// the others are scaled by `1 / (1 − p)`, so the expected output of every attention is
     /// its output without dropout.

@@ -3,7 +3,6 @@ use burn::tensor::{Int, Tensor};
 use super::{
     AttentionInput, AttentionOptions, attention_options_builders, dropout, positions, top_keys,
 };
-use crate::ClusteredAttentionBackend;
 use crate::ops::{attention_softmax, sparse_weighted_sum};
 
 /// **oracle-top** (paper Table 1): full attention restricted, for every query, to its `topk`
@@ -17,14 +16,13 @@ use crate::ops::{attention_softmax, sparse_weighted_sum};
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, OracleTopAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 40, 8], Distribution::Default, &device);
-/// let k = Tensor::<NdArray, 4>::random([1, 2, 50, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 50, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 40, 8], Distribution::Default, &device);
+/// let k = Tensor::<4>::random([1, 2, 50, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 50, 3], Distribution::Default, &device);
 /// let out = OracleTopAttention::new(8).forward(AttentionInput::new(q, k, v));
 /// assert_eq!(out.dims(), [1, 2, 40, 3]);
 /// ```
@@ -60,7 +58,7 @@ impl OracleTopAttention {
     /// # Panics
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), a length tensor is
     /// not `[batch]` or out of range, or `topk` is 0.
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (topk, options) = (self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
         let (queries, keys, values, input) = input.checked(options);
@@ -69,7 +67,7 @@ impl OracleTopAttention {
         let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));
         let top = top_keys(scores.clone(), topk);
         // Every query is its own "cluster" of the sparse products.
-        let rows = positions::<B>(batch, heads, len, &device);
+        let rows = positions(batch, heads, len, &device);
         let weights = dropout(
             attention_softmax(scores.gather(3, top.clone())),
             options.dropout,
@@ -83,15 +81,15 @@ impl OracleTopAttention {
     since = "0.1.0",
     note = "use `OracleTopAttention::new(topk).forward(AttentionInput::new(queries, keys, values))`"
 )]
-pub fn oracle_top_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn oracle_top_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     topk: usize,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     OracleTopAttention::new(topk)
         .with_options(options.clone())
         .forward(AttentionInput::from_parts(

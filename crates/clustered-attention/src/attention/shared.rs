@@ -2,7 +2,6 @@ use burn::tensor::{Int, Tensor};
 
 use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
-use crate::ClusteredAttentionBackend;
 use crate::ops::attention_softmax;
 
 /// Full attention with shared queries and keys, the paper's **shared-full** (Table 1): the
@@ -15,13 +14,12 @@ use crate::ops::attention_softmax;
 ///
 /// # Example
 /// ```
-/// use burn::backend::NdArray;
-/// use burn::tensor::{Distribution, Tensor};
+/// use burn::tensor::{Device, Distribution, Tensor};
 /// use clustered_attention::{AttentionInput, SharedFullAttention};
 ///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 4>::random([1, 2, 20, 8], Distribution::Default, &device);
-/// let v = Tensor::<NdArray, 4>::random([1, 2, 20, 3], Distribution::Default, &device);
+/// let device = Device::default();
+/// let q = Tensor::<4>::random([1, 2, 20, 8], Distribution::Default, &device);
+/// let v = Tensor::<4>::random([1, 2, 20, 3], Distribution::Default, &device);
 /// let out = SharedFullAttention::new().forward(AttentionInput::new(q.clone(), q, v));
 /// assert_eq!(out.dims(), [1, 2, 20, 3]);
 /// ```
@@ -58,12 +56,12 @@ impl SharedFullAttention {
     /// # Panics
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
     /// long as `queries`, or a length tensor is not `[batch]` or out of range.
-    pub fn forward<B: ClusteredAttentionBackend>(&self, input: AttentionInput<B>) -> Tensor<B, 4> {
+    pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let options = &self.options;
         check_self_attention("SharedFullAttention", &input.queries, &input.keys);
         let (queries, keys, values, input) = input.checked(options);
         let [batch, heads, len, _] = queries.dims();
-        let positions = Tensor::<B, 1, Int>::arange(0..len as i64, &queries.device());
+        let positions = Tensor::<1, Int>::arange(0..len as i64, &queries.device());
         let own = positions
             .clone()
             .reshape([1, 1, len, 1])
@@ -83,14 +81,14 @@ impl SharedFullAttention {
     since = "0.1.0",
     note = "use `SharedFullAttention::new().forward(AttentionInput::new(queries, keys, values))`"
 )]
-pub fn shared_full_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn shared_full_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
     options: &AttentionOptions,
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     SharedFullAttention::new()
         .with_options(options.clone())
         .forward(AttentionInput::from_parts(

@@ -2,25 +2,43 @@
 //! outputs, no gradient); the three sparse products are differentiated with the inner backend's own
 //! sparse products, since the gradient of each is made of the other two; the centroid attention and
 //! the per-query top-k attention run the inner backend's fused ops forward and its
-//! [`centroid_attention_backward`](ClusteredAttentionBackend::centroid_attention_backward) and
-//! [`top_attention_backward`](ClusteredAttentionBackend::top_attention_backward) backward; the
+//! [`centroid_attention_backward`](ClusteredAttentionBackward::centroid_attention_backward) and
+//! [`top_attention_backward`](ClusteredAttentionBackward::top_attention_backward) backward; the
 //! whole improved attention after clustering
 //! ([`improved_attention`](ClusteredAttentionBackend::improved_attention)) is one node, run forward
 //! by the inner backend's
-//! [`improved_attention_forward`](ClusteredAttentionBackend::improved_attention_forward) and
+//! [`improved_attention_forward`](ClusteredAttentionBackward::improved_attention_forward) and
 //! backward by the inner backend's
-//! [`improved_attention_backward`](ClusteredAttentionBackend::improved_attention_backward).
+//! [`improved_attention_backward`](ClusteredAttentionBackward::improved_attention_backward).
 
-use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Autodiff, TensorMetadata};
+use burn::tensor::Slice;
 
-use crate::ClusteredAttentionBackend;
-use crate::ops::{CentroidAttention, ClusterTop, ImprovedForward, QueryClusters, ScoreProducts};
+use crate::ops::{
+    CentroidAttention, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward,
+    ImprovedForward, Lengths, QueryClusters,
+};
+
+/// The slices that take `len` entries of dimension `dim` from `start`, and all of the other
+/// dimensions of `dims` (as `Tensor::narrow`, on primitives).
+fn narrow_slices(dims: &[usize], dim: usize, start: usize, len: usize) -> Vec<Slice> {
+    dims.iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            if i == dim {
+                Slice::from(start..start + len)
+            } else {
+                Slice::from(0..size)
+            }
+        })
+        .collect()
+}
 
 /// Backward state: the two float inputs, the top-k indices and the assignments.
 type State<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
@@ -119,7 +137,7 @@ type TopState<B> = (
 #[derive(Debug)]
 struct TopAttention;
 
-impl<B: ClusteredAttentionBackend> Backward<B, 5> for TopAttention {
+impl<B: ClusteredAttentionBackward> Backward<B, 5> for TopAttention {
     type State = TopState<B>;
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -166,7 +184,7 @@ type CentroidOutput<B> = (
 #[derive(Debug)]
 struct CentroidAttentionOp;
 
-impl<B: ClusteredAttentionBackend> Backward<B, 3> for CentroidAttentionOp {
+impl<B: ClusteredAttentionBackward> Backward<B, 3> for CentroidAttentionOp {
     type State = CentroidState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -175,10 +193,10 @@ impl<B: ClusteredAttentionBackend> Backward<B, 3> for CentroidAttentionOp {
             ops.state;
         let (grad_values, grad_top) = match top {
             Some(_) => {
-                let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
-                let k = grad.dims()[3] - dim_v;
+                let dims = grad.shape();
+                let k = dims[3] - dim_v;
                 let part =
-                    |start, len| grad.clone().narrow(3, start, len).into_primitive().tensor();
+                    |start, len| B::float_slice(grad.clone(), &narrow_slices(&dims, 3, start, len));
                 (part(0, dim_v), Some(part(dim_v, k)))
             }
             None => (grad, None),
@@ -222,7 +240,7 @@ type ImprovedState<B> = (
 #[derive(Debug)]
 struct ImprovedAttention;
 
-impl<B: ClusteredAttentionBackend> Backward<B, 3> for ImprovedAttention {
+impl<B: ClusteredAttentionBackward> Backward<B, 3> for ImprovedAttention {
     type State = ImprovedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -266,24 +284,24 @@ impl<B: ClusteredAttentionBackend> Backward<B, 3> for ImprovedAttention {
     }
 }
 
-impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBackend
-    for Autodiff<B, C>
+impl<B, C> ClusteredAttentionBackend for Autodiff<B, C>
+where
+    B: ClusteredAttentionBackward,
+    C: CheckpointStrategy,
+    burn::backend::DispatchTensor: burn::backend::DispatchKindConversion<Autodiff<B, C>>,
 {
-    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
-        B::score_products(device, dtype)
-    }
-
     fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let node = x.node();
         match AttentionSoftmax
-            .prepare::<C>([x.node.clone()])
+            .prepare::<C>([node])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let output = B::attention_softmax(x.primitive);
+                let output = B::attention_softmax(x.into_primitive());
                 prep.finish(output.clone(), output)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.primitive)),
+            OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.into_primitive())),
         }
     }
 
@@ -291,21 +309,20 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         topk: usize,
-    ) -> CentroidAttention<Self> {
-        let nodes = [&centroids, &keys, &values].map(|x| x.node.clone());
-        let floats = [centroids, keys, values].map(|x| x.primitive);
+    ) -> (
+        FloatTensor<Self>,
+        Option<(IntTensor<Self>, FloatTensor<Self>)>,
+    ) {
+        let key_lengths = key_lengths.into_option();
+        let nodes = [&centroids, &keys, &values].map(|x| x.node());
+        let floats = [centroids, keys, values].map(|x| x.into_primitive());
         let dim_v = floats[2].shape().dims::<4>()[3];
         let [c, k, v] = floats.clone();
-        let out = B::centroid_attention(c, k, v, key_lengths.clone(), topk);
-        let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
+        let out = B::centroid_attention_forward(c, k, v, key_lengths.clone(), topk);
         let joined = match &out.top {
-            Some((_, weights)) => {
-                let joined =
-                    Tensor::cat(vec![float(out.values.clone()), float(weights.clone())], 3);
-                joined.into_primitive().tensor()
-            }
+            Some((_, weights)) => B::float_cat(vec![out.values.clone(), weights.clone()], 3),
             None => out.values.clone(),
         };
         let top = out.top.as_ref().map(|(top, _)| top.clone());
@@ -320,19 +337,10 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
             }
             OpsKind::UnTracked(prep) => prep.finish(joined),
         };
-        let joined = Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(joined));
-        let part = |start, len| {
-            joined
-                .clone()
-                .narrow(3, start, len)
-                .into_primitive()
-                .tensor()
-        };
-        CentroidAttention {
-            values: part(0, dim_v),
-            top: top.map(|top| (top, part(dim_v, topk))),
-            log_sum_exp: None,
-        }
+        let dims = joined.shape();
+        let part =
+            |start, len| Self::float_slice(joined.clone(), &narrow_slices(&dims, 3, start, len));
+        (part(0, dim_v), top.map(|top| (top, part(dim_v, topk))))
     }
 
     fn top_attention(
@@ -340,23 +348,31 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         clusters: ClusterTop<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let nodes =
-            [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node.clone());
-        let floats = [queries, keys, values, clusters.mass, clusters.rest].map(|x| x.primitive);
+        let key_lengths = key_lengths.into_option();
+        let nodes = [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node());
+        let floats =
+            [queries, keys, values, clusters.mass, clusters.rest].map(|x| x.into_primitive());
         let forward = |[queries, keys, values, mass, rest]: [FloatTensor<B>; 5],
                        assignments,
                        topk,
-                       key_lengths| {
+                       key_lengths: Option<IntTensor<B>>| {
             let clusters = ClusterTop {
                 assignments,
                 topk,
                 mass,
                 rest,
             };
-            B::top_attention(queries, keys, values, clusters, key_lengths, scale)
+            B::top_attention(
+                queries,
+                keys,
+                values,
+                clusters,
+                Lengths::<B>::from(key_lengths),
+                scale,
+            )
         };
         let (assignments, topk) = (clusters.assignments, clusters.topk);
         match TopAttention.prepare::<C>(nodes).compute_bound().stateful() {
@@ -380,16 +396,17 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let nodes = [&queries, &keys, &values].map(|x| x.node.clone());
-        let floats = [queries, keys, values].map(|x| x.primitive);
+        let key_lengths = key_lengths.into_option();
+        let nodes = [&queries, &keys, &values].map(|x| x.node());
+        let floats = [queries, keys, values].map(|x| x.into_primitive());
         // The clustering is a constant: its inverse counts carry no gradient.
         let clusters = QueryClusters::<B> {
             assignments: clusters.assignments,
-            inverse_counts: clusters.inverse_counts.primitive,
+            inverse_counts: clusters.inverse_counts.into_primitive(),
         };
         match ImprovedAttention
             .prepare::<C>(nodes)
@@ -426,7 +443,7 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
                     k,
                     v,
                     clusters,
-                    key_lengths,
+                    Lengths::<B>::from(key_lengths),
                     topk,
                     scale,
                 ))
@@ -435,21 +452,22 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
     }
 
     fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
-        B::lsh_hash(queries.primitive, planes.primitive)
+        B::lsh_hash(queries.into_primitive(), planes.into_primitive())
     }
 
     fn hamming_kmeans(
         codes: IntTensor<Self>,
-        query_lengths: Option<IntTensor<Self>>,
+        query_lengths: Lengths<Self>,
         clusters: usize,
         iterations: usize,
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
+        let query_lengths = Lengths::<B>::from(query_lengths.into_option());
         B::hamming_kmeans(codes, query_lengths, clusters, iterations, seed)
     }
 
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
-        B::topk_indices(scores.primitive, k)
+        B::topk_indices(scores.into_primitive(), k)
     }
 
     fn sparse_dot(
@@ -458,29 +476,21 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         topk: IntTensor<Self>,
         assignments: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        match SparseDot
-            .prepare::<C>([queries.node.clone(), keys.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
+        let nodes = [queries.node(), keys.node()];
+        let (queries, keys) = (queries.into_primitive(), keys.into_primitive());
+        match SparseDot.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let output = B::sparse_dot(
-                    queries.primitive.clone(),
-                    keys.primitive.clone(),
+                    queries.clone(),
+                    keys.clone(),
                     topk.clone(),
                     assignments.clone(),
                 );
-                prep.finish(
-                    (queries.primitive, keys.primitive, topk, assignments),
-                    output,
-                )
+                prep.finish((queries, keys, topk, assignments), output)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::sparse_dot(
-                queries.primitive,
-                keys.primitive,
-                topk,
-                assignments,
-            )),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::sparse_dot(queries, keys, topk, assignments))
+            }
         }
     }
 
@@ -490,29 +500,25 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         topk: IntTensor<Self>,
         assignments: IntTensor<Self>,
     ) -> FloatTensor<Self> {
+        let nodes = [weights.node(), values.node()];
+        let (weights, values) = (weights.into_primitive(), values.into_primitive());
         match SparseWeightedSum
-            .prepare::<C>([weights.node.clone(), values.node.clone()])
+            .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
                 let output = B::sparse_weighted_sum(
-                    weights.primitive.clone(),
-                    values.primitive.clone(),
+                    weights.clone(),
+                    values.clone(),
                     topk.clone(),
                     assignments.clone(),
                 );
-                prep.finish(
-                    (weights.primitive, values.primitive, topk, assignments),
-                    output,
-                )
+                prep.finish((weights, values, topk, assignments), output)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::sparse_weighted_sum(
-                weights.primitive,
-                values.primitive,
-                topk,
-                assignments,
-            )),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::sparse_weighted_sum(weights, values, topk, assignments))
+            }
         }
     }
 
@@ -523,28 +529,22 @@ impl<B: ClusteredAttentionBackend, C: CheckpointStrategy> ClusteredAttentionBack
         assignments: IntTensor<Self>,
         keys_len: usize,
     ) -> FloatTensor<Self> {
-        match SparseScatter
-            .prepare::<C>([weights.node.clone(), x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
+        let nodes = [weights.node(), x.node()];
+        let (weights, x) = (weights.into_primitive(), x.into_primitive());
+        match SparseScatter.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let output = B::sparse_scatter(
-                    weights.primitive.clone(),
-                    x.primitive.clone(),
+                    weights.clone(),
+                    x.clone(),
                     topk.clone(),
                     assignments.clone(),
                     keys_len,
                 );
-                prep.finish((weights.primitive, x.primitive, topk, assignments), output)
+                prep.finish((weights, x, topk, assignments), output)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::sparse_scatter(
-                weights.primitive,
-                x.primitive,
-                topk,
-                assignments,
-                keys_len,
-            )),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::sparse_scatter(weights, x, topk, assignments, keys_len))
+            }
         }
     }
 }

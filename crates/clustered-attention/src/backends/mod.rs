@@ -1,14 +1,18 @@
-//! The implementations of [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) for
-//! Burn's backends, one folder per backend, the same file stem for the same op in each.
+//! The implementations of [`ClusteredAttentionBackend`](crate::ops::ClusteredAttentionBackend)
+//! (and of [`ClusteredAttentionBackward`](crate::ops::ClusteredAttentionBackward), the ops the
+//! `Autodiff` backend calls on the backend it wraps) for Burn's backends, one folder per backend,
+//! the same file stem for the same op in each.
 //!
 //! - [`cpu`]: NdArray and Flex, host loops (and the [`HostAccess`](cpu::HostAccess) trait for
 //!   other CPU backends).
-//! - `cube/`: `CubeBackend` (WGPU, Vulkan, CUDA), each CubeCL kernel beside its launcher, and
-//!   `Fusion`, which registers them as custom operations.
+//! - `cube/`: the CubeCL backend (WGPU, Vulkan, CUDA), each CubeCL kernel beside its launcher,
+//!   and `fusion.rs`, which implements the traits for Burn's `Cube` backend (`Fusion` over
+//!   `CubeBackend`) by registering them as custom operations.
 //! - `autodiff.rs`: `Autodiff`, the backward nodes of the differentiable ops.
 
 #[cfg(feature = "autodiff")]
 mod autodiff;
 pub mod cpu;
+// `pub(crate)`: `ops::score_products` asks `cube::score_products` on a Cube device.
 #[cfg(feature = "cube")]
-mod cube;
+pub(crate) mod cube;

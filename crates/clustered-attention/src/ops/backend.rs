@@ -1,13 +1,15 @@
-//! The backend extension trait and its deprecated former name.
+//! The backend extension trait, [`ClusteredAttentionBackend`], and the trait of the backward
+//! passes that `Autodiff` asks of the backend it wraps, [`ClusteredAttentionBackward`].
+// The `NdArray` selector names the deprecated backend in the generated `Dispatch` impl.
+#![cfg_attr(feature = "ndarray", allow(deprecated))]
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, TensorMetadata};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, TensorMetadata, backend_extension};
 
 use super::reference;
 use super::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
-    QueryClusters, ScoreProducts, TopAttentionGrads,
+    Lengths, QueryClusters, TensorConversion, TopAttentionGrads,
 };
 
 /// A backend that can hash and cluster queries and compute the sparse top-k products of
@@ -16,7 +18,19 @@ use super::{
 /// Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)); a
 /// backend may override them with custom kernels but must then reproduce the default bodies
 /// (bit for bit for the integer outputs).
-pub trait ClusteredAttentionBackend: Backend {
+///
+/// It is a Burn backend extension: `Dispatch` implements it by routing each call to the
+/// backend of its tensors (`NdArray`, `Flex`, `Cube`, and `Autodiff` of each, with the crate
+/// features that compile them), which is what the tensor-level functions of [`crate::ops`] call.
+/// A backend's own implementation takes and returns its primitives; `Option`al lengths are
+/// [`Lengths`].
+#[backend_extension(
+    NdArray: cfg(feature = "ndarray"),
+    Flex: cfg(feature = "flex"),
+    Cube: cfg(feature = "cube"),
+    Autodiff: cfg(feature = "autodiff"),
+)]
+pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// Hashes every query with random hyperplanes (sign of random projections, paper §3.2.2).
     ///
     /// Bit `b` of the code of a query `q` is set when `q · planes[b, ..E] > planes[b, E]`,
@@ -39,7 +53,7 @@ pub trait ClusteredAttentionBackend: Backend {
     /// K-means in Hamming space over the codes of the valid queries (paper §3.2.2).
     ///
     /// The one definition every backend reproduces bit for bit, per `(batch, head)` with
-    /// `n` valid queries (positions `< query_lengths[batch]`, all `L` when `None`):
+    /// `n` valid queries (positions `< query_lengths[batch]`, all `L` with [`Lengths::All`]):
     /// - if `n ≤ clusters`, query `i` is alone in cluster `i` (so clustered attention equals
     ///   full attention) and k-means does not run;
     /// - otherwise the initial centroids are the codes of `clusters` distinct valid positions
@@ -66,7 +80,7 @@ pub trait ClusteredAttentionBackend: Backend {
     /// greater than `L`.
     fn hamming_kmeans(
         codes: IntTensor<Self>,
-        query_lengths: Option<IntTensor<Self>>,
+        #[extension_type] query_lengths: Lengths<Self>,
         clusters: usize,
         iterations: usize,
         seed: u64,
@@ -90,19 +104,6 @@ pub trait ClusteredAttentionBackend: Backend {
         Self::softmax(x, last)
     }
 
-    /// How [`Self::centroid_attention`] and [`Self::top_attention`] compute their scores in
-    /// `dtype` on `device`: [`ScoreProducts::Cmma`] where the CubeCL kernels run them on
-    /// cooperative matrices (the crate's `cmma` feature, `f16` or `bf16`, a device that reports
-    /// a tile shape for that type into `f32`), [`ScoreProducts::MultiplyAdd`] otherwise. Even
-    /// then, a call whose tiles would not fit the kernels' shared memory (wide `E` or `D`, a
-    /// large `topk`) computes its scores by multiply-adds.
-    ///
-    /// The default body answers [`ScoreProducts::MultiplyAdd`].
-    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
-        let _ = (device, dtype);
-        ScoreProducts::MultiplyAdd
-    }
-
     /// The centroid attention of clustered and improved clustered attention in one op (paper
     /// eqs. 4–5 and 9–10): `Aᶜ = softmax(centroids · keysᵀ)` over the keys, with the keys at
     /// or past `key_lengths[b]` masked out, and `Aᶜ · values`; with `topk > 0` also the
@@ -111,80 +112,36 @@ pub trait ClusteredAttentionBackend: Backend {
     /// over the keys outside the row's top-k (the second case of eq. 10, times `values`). The
     /// centroids come scaled by the softmax temperature.
     ///
-    /// The default body composes `matmul`, [`Self::attention_softmax`] and
-    /// [`Self::topk_indices`]; the host loops of the CPU backends compute a block of cluster
-    /// rows at a time in per-thread scratch memory, without the `[C, S]` scores and weights as
-    /// tensors. `Autodiff<B>` runs `B`'s op forward and
-    /// [`Self::centroid_attention_backward`] backward. The attentions call it when there is no
-    /// dropout to apply (dropout masks the weights `Aᶜ` between the softmax and `Aᶜ V`).
+    /// The default body composes `matmul`, [`Self::attention_softmax`] and [`Self::topk_indices`];
+    /// the host loops of the CPU backends compute a block of cluster rows at a time in per-thread
+    /// scratch memory, without the `[C, S]` scores and weights as tensors. `Autodiff<B>` runs `B`'s
+    /// [`ClusteredAttentionBackward::centroid_attention_forward`] forward and
+    /// [`ClusteredAttentionBackward::centroid_attention_backward`] backward. The attentions call it
+    /// when there is no dropout to apply (dropout masks the weights `Aᶜ` between the softmax and
+    /// `Aᶜ V`).
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
     ///   `values`: `[batch, heads, S, D]`
-    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
-    /// - output: [`CentroidAttention`], `values` `[batch, heads, C, D]`, `top`
-    ///   `[batch, heads, C, topk]` twice
+    /// - `key_lengths`: `[batch]` in `1..=S` ([`Lengths::All`]: every key is valid)
+    /// - output: `values` `[batch, heads, C, D]` and, with `topk > 0`, `top`: the indices and
+    ///   the weights, `[batch, heads, C, topk]` each (the fields of [`CentroidAttention`])
     ///
     /// # Panics
     /// If the shapes disagree or `topk > S`; the host loops also when a key length is outside
     /// `1..=S` (the default body does not read the lengths back from the device).
+    #[allow(clippy::type_complexity)]
     fn centroid_attention(
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        #[extension_type] key_lengths: Lengths<Self>,
         topk: usize,
-    ) -> CentroidAttention<Self> {
+    ) -> (
+        FloatTensor<Self>,
+        Option<(IntTensor<Self>, FloatTensor<Self>)>,
+    ) {
         reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
-    }
-
-    /// The gradients of [`Self::centroid_attention`] with respect to `centroids`, `keys` and
-    /// `values`, given its result `forward` and the gradients of its two float outputs:
-    /// `grad_values` of its `values` (`R · values`, where `R` is `Aᶜ` without the top-k keys'
-    /// entries, or all of `Aᶜ` without `top`) and, with `top`, `grad_top_weights` of the
-    /// weights at the top-k keys. With `dA = grad_values · valuesᵀ` outside the top-k keys and
-    /// `grad_top_weights` at them, and `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's
-    /// Jacobian): `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
-    /// `Rᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
-    /// keeps no `[C, S]` tensor.
-    ///
-    /// The default body is made of Burn tensor ops and uses `forward`'s top-k indices only;
-    /// the host loops of the CPU backends take `Aᶜ` from the scores and `forward`'s
-    /// log-sum-exp, and `rowsum(Aᶜ ⊙ dA)` from `forward`'s outputs (`grad_values · values` of
-    /// the rest plus `grad_top_weights · weights`), so that one pass over the keys, a block of
-    /// cluster rows against a part of the keys at a time, gives the three gradients. The
-    /// CubeCL kernels take `rowsum(Aᶜ ⊙ dA)` the same way and recompute `Aᶜ` tile by tile in
-    /// shared memory, one pass over the keys for the centroids' gradient and one over the
-    /// cluster rows for the keys' and values' (`E, D ≤ 128`, `k ≤ 64`; the default body
-    /// otherwise).
-    ///
-    /// # Shapes
-    /// As [`Self::centroid_attention`]; `forward`: its result for these inputs,
-    /// `grad_top_weights`: `[batch, heads, C, topk]`, `grad_values`: `[batch, heads, C, D]`;
-    /// the gradients have the shapes of their inputs ([`CentroidAttentionGrads`]).
-    ///
-    /// # Panics
-    /// As [`Self::centroid_attention`]; if `forward.top` and `grad_top_weights` are not both
-    /// given or both `None`, or the gradients' shapes disagree with the inputs'.
-    #[allow(clippy::too_many_arguments)]
-    fn centroid_attention_backward(
-        centroids: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        forward: CentroidAttention<Self>,
-        grad_values: FloatTensor<Self>,
-        grad_top_weights: Option<FloatTensor<Self>>,
-    ) -> CentroidAttentionGrads<Self> {
-        reference::centroid_attention_backward::<Self>(
-            centroids,
-            keys,
-            values,
-            key_lengths,
-            forward,
-            grad_values,
-            grad_top_weights,
-        )
     }
 
     /// The per-query part of improved clustered attention in one op (paper eqs. 10–11): for
@@ -195,18 +152,19 @@ pub trait ClusteredAttentionBackend: Backend {
     /// padded queries (`j = -1`) are zero.
     ///
     /// The default body composes [`Self::sparse_dot`], [`Self::attention_softmax`] and
-    /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows; the host loops of the
-    /// CPU backends compute each query's scores, softmax and weighted sum in registers, one
-    /// cluster's gathered keys and values at a time. `Autodiff<B>` runs `B`'s op forward and
-    /// [`Self::top_attention_backward`] backward. The attentions call it when there is no
-    /// dropout to apply (dropout masks the weights between the softmax and the weighted sum).
+    /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows; the host loops of the CPU
+    /// backends compute each query's scores, softmax and weighted sum in registers, one cluster's
+    /// gathered keys and values at a time. `Autodiff<B>` runs `B`'s op forward and
+    /// [`ClusteredAttentionBackward::top_attention_backward`] backward. The attentions call it when
+    /// there is no dropout to apply (dropout masks the weights between the softmax and the weighted
+    /// sum).
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
     ///   `values`: `[batch, heads, S, D]`
     /// - `clusters`: [`ClusterTop`], `assignments` `[batch, heads, L]`, `topk`
     ///   `[batch, heads, C, k]`, `mass` `[batch, heads, C, 1]`, `rest` `[batch, heads, C, D]`
-    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
+    /// - `key_lengths`: `[batch]` in `1..=S` ([`Lengths::All`]: every key is valid)
     /// - output: `[batch, heads, L, D]`
     ///
     /// # Panics
@@ -216,54 +174,11 @@ pub trait ClusteredAttentionBackend: Backend {
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        clusters: ClusterTop<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        #[extension_type] clusters: ClusterTop<Self>,
+        #[extension_type] key_lengths: Lengths<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
         reference::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
-    }
-
-    /// The gradients of [`Self::top_attention`] with respect to its five float inputs, given
-    /// the gradient `grad` of its output: with `p_r` the softmax over the cluster's top-k keys,
-    /// `w_r = m̂_j · p_r` and `δ_i = Σ_r p_r · (grad_i · values[t_r])`,
-    /// - `values[t_r]` gets `Σ_i w_r · grad_i` and `rest[j]` gets `Σ_i grad_i`;
-    /// - `mass[j]` gets `Σ_i δ_i`;
-    /// - with `ds_r = scale · m̂_j · p_r · (grad_i · values[t_r] − δ_i)` (the softmax's
-    ///   Jacobian), `queries[i]` gets `Σ_r ds_r · keys[t_r]` and `keys[t_r]` gets
-    ///   `Σ_i ds_r · queries[i]`,
-    ///
-    /// summed over the valid queries `i` of each cluster `j`; padded queries and padded keys get
-    /// nothing. `Autodiff<B>` overrides [`Self::top_attention`] to call it, so the forward pass
-    /// keeps no `[L, k]` tensor: the scores and the softmax are recomputed here.
-    ///
-    /// The default body composes [`Self::sparse_dot`], [`Self::attention_softmax`],
-    /// [`Self::sparse_weighted_sum`] and [`Self::sparse_scatter`]; the host loops of the CPU
-    /// backends compute each cluster's block in one pass over its members.
-    ///
-    /// # Shapes
-    /// As [`Self::top_attention`]; `grad`: `[batch, heads, L, D]`; the gradients have the shapes
-    /// of their inputs ([`TopAttentionGrads`]).
-    ///
-    /// # Panics
-    /// As [`Self::top_attention`], and if `grad` is not `[batch, heads, L, D]`.
-    fn top_attention_backward(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        clusters: ClusterTop<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        scale: f64,
-        grad: FloatTensor<Self>,
-    ) -> TopAttentionGrads<Self> {
-        reference::top_attention_backward::<Self>(
-            queries,
-            keys,
-            values,
-            clusters,
-            key_lengths,
-            scale,
-            grad,
-        )
     }
 
     /// Improved clustered attention once the queries are clustered, in one op (paper eqs. 3–5
@@ -271,10 +186,10 @@ pub trait ClusteredAttentionBackend: Backend {
     /// the scale of the scores), their [`Self::centroid_attention`] with the top-k keys, the
     /// mass `m̂` of those keys (eq. 9) and [`Self::top_attention`] of every query.
     ///
-    /// The default body composes those ops ([`reference::improved_attention`]). Its use is
-    /// the backward pass: `Autodiff<B>` records the whole as one node and differentiates it
-    /// with [`Self::improved_attention_backward`], so that the gradients of the keys and
-    /// values of the two fused ops, and of the queries through their centroids, are summed
+    /// The default body composes those ops ([`reference::improved_attention`]). Its use is the
+    /// backward pass: `Autodiff<B>` records the whole as one node and differentiates it with
+    /// [`ClusteredAttentionBackward::improved_attention_backward`], so that the gradients of the
+    /// keys and values of the two fused ops, and of the queries through their centroids, are summed
     /// where the backend can do so in place. Carries no gradient to `clusters`.
     ///
     /// # Shapes
@@ -282,7 +197,7 @@ pub trait ClusteredAttentionBackend: Backend {
     ///   `values`: `[batch, heads, S, D]`
     /// - `clusters`: [`QueryClusters`], `assignments` `[batch, heads, L]`, `inverse_counts`
     ///   `[batch, heads, C, 1]`
-    /// - `key_lengths`: `[batch]` in `1..=S` (`None`: every key is valid)
+    /// - `key_lengths`: `[batch]` in `1..=S` ([`Lengths::All`]: every key is valid)
     /// - `topk`: in `1..=S`
     /// - output: `[batch, heads, L, D]`
     ///
@@ -292,38 +207,12 @@ pub trait ClusteredAttentionBackend: Backend {
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        #[extension_type] clusters: QueryClusters<Self>,
+        #[extension_type] key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
     ) -> FloatTensor<Self> {
-        Self::improved_attention_forward(queries, keys, values, clusters, key_lengths, topk, scale)
-            .0
-    }
-
-    /// [`Self::improved_attention`] with the intermediate results its backward pass takes
-    /// ([`ImprovedForward`]): the centroids, their [`Self::centroid_attention`] with the top-k
-    /// keys and the mass `m̂` (eq. 9). `Autodiff<B>` runs `B`'s forward through it and keeps
-    /// those results for [`Self::improved_attention_backward`].
-    ///
-    /// The default body composes the backend's ops ([`reference::improved_attention_forward`]).
-    ///
-    /// # Shapes
-    /// As [`Self::improved_attention`]; the intermediate results are described at
-    /// [`ImprovedForward`].
-    ///
-    /// # Panics
-    /// As [`Self::improved_attention`].
-    fn improved_attention_forward(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        topk: usize,
-        scale: f64,
-    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
-        reference::improved_attention_forward::<Self>(
+        reference::improved_attention::<Self>(
             queries,
             keys,
             values,
@@ -331,47 +220,6 @@ pub trait ClusteredAttentionBackend: Backend {
             key_lengths,
             topk,
             scale,
-        )
-    }
-
-    /// The gradients of [`Self::improved_attention`] with respect to `queries`, `keys` and
-    /// `values`, given its intermediate results `forward` (as
-    /// [`Self::improved_attention_forward`] returns them) and the gradient `grad` of its
-    /// output: [`Self::top_attention_backward`], then [`Self::centroid_attention_backward`]
-    /// of the rest's and the mass's gradients (the mass is the sum of the top-k weights), the
-    /// centroids' gradient spread back to their member queries (times `scale` and the
-    /// inverse count), and the sums of the two ops' gradients.
-    ///
-    /// The default body composes those ops ([`reference::improved_attention_backward`]); the
-    /// host loops of the CPU backends add the centroid attention's gradients of the keys and
-    /// values, and the centroids' share of the queries', into the top-k attention's in place.
-    ///
-    /// # Shapes
-    /// As [`Self::improved_attention`]; `grad`: `[batch, heads, L, D]`; the gradients have
-    /// the shapes of their inputs ([`AttentionGrads`]).
-    ///
-    /// # Panics
-    /// As [`Self::improved_attention`], and if `forward` or `grad` does not fit the inputs.
-    #[allow(clippy::too_many_arguments)]
-    fn improved_attention_backward(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        scale: f64,
-        forward: ImprovedForward<Self>,
-        grad: FloatTensor<Self>,
-    ) -> AttentionGrads<Self> {
-        reference::improved_attention_backward::<Self>(
-            queries,
-            keys,
-            values,
-            clusters,
-            key_lengths,
-            scale,
-            forward,
-            grad,
         )
     }
 
@@ -456,13 +304,214 @@ pub trait ClusteredAttentionBackend: Backend {
     }
 }
 
-/// The former name of [`ClusteredAttentionBackend`], which holds the attention and sparse
-/// product ops as well as the clustering ones.
+/// The backward passes of the fused ops of [`ClusteredAttentionBackend`], and their forward
+/// passes with what the backward passes take: what `Autodiff<B>` asks of the backend `B` it
+/// wraps, on `B`'s primitives (not a backend extension: `Dispatch` does not implement it).
 ///
-/// Every [`ClusteredAttentionBackend`] is a `ClusteringBackend`, so bounds written with the
-/// old name keep working; a backend of one's own implements [`ClusteredAttentionBackend`].
-#[deprecated(note = "renamed to `ClusteredAttentionBackend`")]
-pub trait ClusteringBackend: ClusteredAttentionBackend {}
+/// Every method has a default body made of Burn tensor ops and the backend's own ops
+/// ([`reference`](mod@reference)); NdArray, Flex and `Cube` implement it.
+pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
+    /// [`ClusteredAttentionBackend::centroid_attention`] with what its backward pass takes
+    /// ([`CentroidAttention`]): its two outputs and, where the backend computes it (the host
+    /// loops of the CPU backends), each row's log-sum-exp of the scores, so that
+    /// [`Self::centroid_attention_backward`] has `Aᶜ` from one product. `Autodiff<B>` runs
+    /// `B`'s centroid attention forward through it and keeps the result for
+    /// [`Self::centroid_attention_backward`].
+    ///
+    /// The default body calls [`ClusteredAttentionBackend::centroid_attention`] and gives no
+    /// log-sum-exp.
+    ///
+    /// # Shapes
+    /// As [`ClusteredAttentionBackend::centroid_attention`] (`key_lengths`: `None` when every
+    /// key is valid); the log-sum-exp is `[batch, heads, C, 1]` in `f32`.
+    ///
+    /// # Panics
+    /// As [`ClusteredAttentionBackend::centroid_attention`].
+    fn centroid_attention_forward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+    ) -> CentroidAttention<Self> {
+        let key_lengths = Lengths::<Self>::from(key_lengths);
+        let (values, top) = Self::centroid_attention(centroids, keys, values, key_lengths, topk);
+        CentroidAttention {
+            values,
+            top,
+            log_sum_exp: None,
+        }
+    }
 
-#[allow(deprecated)]
-impl<B: ClusteredAttentionBackend> ClusteringBackend for B {}
+    /// The gradients of [`ClusteredAttentionBackend::centroid_attention`] with respect to
+    /// `centroids`, `keys` and `values`, given its result `forward` and the gradients of its two
+    /// float outputs: `grad_values` of its `values` (`R · values`, where `R` is `Aᶜ` without the
+    /// top-k keys' entries, or all of `Aᶜ` without `top`) and, with `top`, `grad_top_weights` of
+    /// the weights at the top-k keys. With `dA = grad_values · valuesᵀ` outside the top-k keys
+    /// and `grad_top_weights` at them, and `dS = Aᶜ ⊙ (dA − rowsum(Aᶜ ⊙ dA))` (the softmax's
+    /// Jacobian): `centroids` gets `dS · keys`, `keys` gets `dSᵀ · centroids` and `values` gets
+    /// `Rᵀ · grad_values`; padded keys get nothing. `Aᶜ` is recomputed, so the forward pass
+    /// keeps no `[C, S]` tensor.
+    ///
+    /// The default body is made of Burn tensor ops and uses `forward`'s top-k indices only;
+    /// the host loops of the CPU backends take `Aᶜ` from the scores and `forward`'s
+    /// log-sum-exp, and `rowsum(Aᶜ ⊙ dA)` from `forward`'s outputs (`grad_values · values` of
+    /// the rest plus `grad_top_weights · weights`), so that one pass over the keys, a block of
+    /// cluster rows against a part of the keys at a time, gives the three gradients. The
+    /// CubeCL kernels take `rowsum(Aᶜ ⊙ dA)` the same way and recompute `Aᶜ` tile by tile in
+    /// shared memory, one pass over the keys for the centroids' gradient and one over the
+    /// cluster rows for the keys' and values' (`E, D ≤ 128`, `k ≤ 64`; the default body
+    /// otherwise).
+    ///
+    /// # Shapes
+    /// As [`ClusteredAttentionBackend::centroid_attention`]; `forward`: its result for these
+    /// inputs, `grad_top_weights`: `[batch, heads, C, topk]`,
+    /// `grad_values`: `[batch, heads, C, D]`; the gradients have the shapes of their inputs
+    /// ([`CentroidAttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`ClusteredAttentionBackend::centroid_attention`]; if `forward.top` and
+    /// `grad_top_weights` are not both given or both `None`, or the gradients' shapes disagree with
+    /// the inputs'.
+    #[allow(clippy::too_many_arguments)]
+    fn centroid_attention_backward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        forward: CentroidAttention<Self>,
+        grad_values: FloatTensor<Self>,
+        grad_top_weights: Option<FloatTensor<Self>>,
+    ) -> CentroidAttentionGrads<Self> {
+        reference::centroid_attention_backward::<Self>(
+            centroids,
+            keys,
+            values,
+            key_lengths,
+            forward,
+            grad_values,
+            grad_top_weights,
+        )
+    }
+
+    /// The gradients of [`ClusteredAttentionBackend::top_attention`] with respect to its five float
+    /// inputs, given the gradient `grad` of its output: with `p_r` the softmax over the cluster's
+    /// top-k keys, `w_r = m̂_j · p_r` and `δ_i = Σ_r p_r · (grad_i · values[t_r])`,
+    /// - `values[t_r]` gets `Σ_i w_r · grad_i` and `rest[j]` gets `Σ_i grad_i`;
+    /// - `mass[j]` gets `Σ_i δ_i`;
+    /// - with `ds_r = scale · m̂_j · p_r · (grad_i · values[t_r] − δ_i)` (the softmax's
+    ///   Jacobian), `queries[i]` gets `Σ_r ds_r · keys[t_r]` and `keys[t_r]` gets
+    ///   `Σ_i ds_r · queries[i]`,
+    ///
+    /// summed over the valid queries `i` of each cluster `j`; padded queries and padded keys get
+    /// nothing. `Autodiff<B>` overrides [`ClusteredAttentionBackend::top_attention`] to call it, so
+    /// the forward pass keeps no `[L, k]` tensor: the scores and the softmax are recomputed here.
+    ///
+    /// The default body composes [`ClusteredAttentionBackend::sparse_dot`],
+    /// [`ClusteredAttentionBackend::attention_softmax`],
+    /// [`ClusteredAttentionBackend::sparse_weighted_sum`] and
+    /// [`ClusteredAttentionBackend::sparse_scatter`]; the host loops of the CPU backends compute
+    /// each cluster's block in one pass over its members.
+    ///
+    /// # Shapes
+    /// As [`ClusteredAttentionBackend::top_attention`]; `grad`: `[batch, heads, L, D]`; the
+    /// gradients have the shapes of their inputs ([`TopAttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`ClusteredAttentionBackend::top_attention`], and if `grad` is not
+    /// `[batch, heads, L, D]`.
+    fn top_attention_backward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+        grad: FloatTensor<Self>,
+    ) -> TopAttentionGrads<Self> {
+        reference::top_attention_backward::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            grad,
+        )
+    }
+
+    /// [`ClusteredAttentionBackend::improved_attention`] with the intermediate results its backward
+    /// pass takes ([`ImprovedForward`]): the centroids, their [`Self::centroid_attention_forward`]
+    /// with the top-k keys and the mass `m̂` (eq. 9). `Autodiff<B>` runs `B`'s forward through it
+    /// and keeps those results for [`Self::improved_attention_backward`].
+    ///
+    /// The default body composes the backend's ops ([`reference::improved_attention_forward`]).
+    ///
+    /// # Shapes
+    /// As [`ClusteredAttentionBackend::improved_attention`]; the intermediate results are described
+    /// at [`ImprovedForward`].
+    ///
+    /// # Panics
+    /// As [`ClusteredAttentionBackend::improved_attention`].
+    fn improved_attention_forward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        topk: usize,
+        scale: f64,
+    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+        reference::improved_attention_forward::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            topk,
+            scale,
+        )
+    }
+
+    /// The gradients of [`ClusteredAttentionBackend::improved_attention`] with respect to
+    /// `queries`, `keys` and `values`, given its intermediate results `forward` (as
+    /// [`Self::improved_attention_forward`] returns them) and the gradient `grad` of its output:
+    /// [`Self::top_attention_backward`], then [`Self::centroid_attention_backward`] of the rest's
+    /// and the mass's gradients (the mass is the sum of the top-k weights), the centroids' gradient
+    /// spread back to their member queries (times `scale` and the inverse count), and the sums of
+    /// the two ops' gradients.
+    ///
+    /// The default body composes those ops ([`reference::improved_attention_backward`]); the
+    /// host loops of the CPU backends add the centroid attention's gradients of the keys and
+    /// values, and the centroids' share of the queries', into the top-k attention's in place.
+    ///
+    /// # Shapes
+    /// As [`ClusteredAttentionBackend::improved_attention`]; `grad`: `[batch, heads, L, D]`; the
+    /// gradients have the shapes of their inputs ([`AttentionGrads`]).
+    ///
+    /// # Panics
+    /// As [`ClusteredAttentionBackend::improved_attention`], and if `forward` or `grad` does not
+    /// fit the inputs.
+    #[allow(clippy::too_many_arguments)]
+    fn improved_attention_backward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Option<IntTensor<Self>>,
+        scale: f64,
+        forward: ImprovedForward<Self>,
+        grad: FloatTensor<Self>,
+    ) -> AttentionGrads<Self> {
+        reference::improved_attention_backward::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            forward,
+            grad,
+        )
+    }
+}

@@ -1,8 +1,8 @@
 //! The argument checks every backend shares: each panics with a message that names the
 //! argument and the shapes.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorMetadata};
+use burn::backend::{Backend, TensorMetadata};
+use burn::tensor::{Int, Tensor};
 
 #[cfg(doc)]
 use super::ClusteredAttentionBackend;
@@ -131,9 +131,9 @@ pub(crate) fn check_top_attention(
 /// As [`check_top_attention`].
 #[cfg(feature = "cube")]
 pub(crate) fn check_cluster_top<B: Backend>(
-    queries: &burn::tensor::ops::FloatTensor<B>,
-    keys: &burn::tensor::ops::FloatTensor<B>,
-    values: &burn::tensor::ops::FloatTensor<B>,
+    queries: &burn::backend::tensor::FloatTensor<B>,
+    keys: &burn::backend::tensor::FloatTensor<B>,
+    values: &burn::backend::tensor::FloatTensor<B>,
     clusters: &super::ClusterTop<B>,
 ) {
     check_top_attention(
@@ -162,9 +162,9 @@ pub(crate) fn check_topk(k: usize, len: usize) {
 ///
 /// # Panics
 /// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
-pub(crate) fn host_lengths<B: Backend>(
+pub(crate) fn host_lengths(
     name: &str,
-    lengths: Option<Tensor<B, 1, Int>>,
+    lengths: Option<Tensor<1, Int>>,
     batch: usize,
     seq_len: usize,
 ) -> Vec<usize> {
@@ -194,8 +194,8 @@ pub(crate) fn host_lengths<B: Backend>(
 ///
 /// # Panics
 /// If the tensor is not `[batch]` or a length is outside `1..=keys_len`.
-pub(crate) fn host_key_lengths<B: Backend>(
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub(crate) fn host_key_lengths(
+    key_lengths: Option<Tensor<1, Int>>,
     batch: usize,
     keys_len: usize,
 ) -> Vec<usize> {

@@ -1,13 +1,17 @@
 //! The backend extension trait, [`ClusteredAttentionBackend`]: the clustering ops, the fused
 //! attention ops and the sparse top-k products of clustered attention, with default bodies
-//! that serve every Burn backend.
+//! that serve every Burn backend, and the tensor-level functions that call it.
 //!
-//! - `backend.rs`: the trait and the deprecated `ClusteringBackend` name.
-//! - `types.rs`: the structs its ops take and return ([`CentroidAttention`], [`ClusterTop`], …).
+//! - `backend.rs`: the extension trait and [`ClusteredAttentionBackward`], the backward passes
+//!   that `Autodiff<B>` asks of `B`.
+//! - `conversion.rs`: [`TensorConversion`], a backend's primitives as [`Tensor`]s and back.
+//! - `types.rs`: the structs its ops take and return ([`CentroidAttention`], [`ClusterTop`],
+//!   [`Lengths`], …).
 //! - `checks.rs`: the argument checks every backend shares (shapes, bits, top-k, lengths).
 //! - `seeding.rs`: the initial K-means centroids, drawn on the host for every backend.
 //! - `grouping.rs`: which query belongs to which cluster, as the sparse products take it.
-//! - `tensor.rs`: the ops on [`Tensor`](burn::tensor::Tensor)s, the crate's tensor-level API.
+//! - `tensor.rs`: the ops on [`Tensor`]s, the crate's tensor-level API, each a call of
+//!   `Dispatch`'s implementation of the trait, which runs the tensors' backend's.
 //! - [`reference`](mod@reference): the default bodies, one file per op family; the specification.
 //!
 //! Clustered attention (Vyas et al., 2020, §3.2.2) groups the queries in two steps:
@@ -32,44 +36,52 @@
 //! [`top_attention`](ClusteredAttentionBackend::top_attention) (eqs. 10–11: each query's
 //! top-k scores, softmax, weighted sum and its cluster's rest). Their default bodies compose
 //! the ops above; the CPU backends override them so that no `[C, S]` or `[L, k]` tensor is
-//! built. `Autodiff<B>` runs `B`'s fused ops forward and differentiates them with
-//! [`centroid_attention_backward`](ClusteredAttentionBackend::centroid_attention_backward)
-//! and [`top_attention_backward`](ClusteredAttentionBackend::top_attention_backward), which
+//! built. `Autodiff<B>` runs `B`'s fused ops forward (the centroid attention through
+//! [`centroid_attention_forward`](ClusteredAttentionBackward::centroid_attention_forward)) and
+//! differentiates them with
+//! [`centroid_attention_backward`](ClusteredAttentionBackward::centroid_attention_backward)
+//! and [`top_attention_backward`](ClusteredAttentionBackward::top_attention_backward), which
 //! recompute the `[C, S]` and `[L, k]` softmax instead of keeping it. Improved clustered
 //! attention calls them through
 //! [`improved_attention`](ClusteredAttentionBackend::improved_attention) (the centroids, both
 //! fused ops and the mass), which `Autodiff<B>` records as one node, run forward by
-//! [`improved_attention_forward`](ClusteredAttentionBackend::improved_attention_forward) and
+//! [`improved_attention_forward`](ClusteredAttentionBackward::improved_attention_forward) and
 //! differentiated by
-//! [`improved_attention_backward`](ClusteredAttentionBackend::improved_attention_backward):
+//! [`improved_attention_backward`](ClusteredAttentionBackward::improved_attention_backward):
 //! the CPU backends add the two ops' gradients of the keys and values, and the centroids'
 //! share of the queries', in place.
 //!
 //! Every method has a default body made of Burn tensor ops ([`reference`](mod@reference)), so every
-//! backend works with `impl ClusteredAttentionBackend for MyBackend {}`. The CPU backends (NdArray,
-//! Flex) override them with multi-threaded host loops ([`crate::backends::cpu`]), the CubeCL
-//! backends (WGPU, Vulkan, CUDA, fused or not) with CubeCL kernels that keep every step on the
+//! backend works with `impl ClusteredAttentionBackend for MyBackend {}` (and
+//! `impl ClusteredAttentionBackward for MyBackend {}` under `Autodiff`), given
+//! [`TensorConversion`]; `Dispatch` reaches the backends its `#[backend_extension]` attribute
+//! lists (NdArray, Flex, `Cube`, and `Autodiff` of each). The CPU backends (NdArray, Flex)
+//! override them with multi-threaded host loops ([`crate::backends::cpu`]), the CubeCL backend
+//! (WGPU, Vulkan, CUDA, with Burn's fusion) with CubeCL kernels that keep every step on the
 //! device; the default bodies are the specification: codes, assignments and counts must be
 //! reproduced bit for bit, top-k sets up to ties, the sparse products up to rounding.
+//!
+//! [`Tensor`]: burn::tensor::Tensor
 
 mod backend;
 pub(crate) mod checks;
+mod conversion;
 pub(crate) mod grouping;
 pub mod reference;
 mod seeding;
 pub(crate) mod tensor;
 mod types;
 
-#[allow(deprecated)]
-pub use backend::{ClusteredAttentionBackend, ClusteringBackend};
+pub use backend::{ClusteredAttentionBackend, ClusteredAttentionBackward};
+pub use conversion::TensorConversion;
 pub use seeding::initial_centroid_positions;
 pub use tensor::{
     attention_softmax, centroid_attention, hamming_kmeans, improved_attention, lsh_hash,
-    sparse_dot, sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
+    score_products, sparse_dot, sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
 };
 pub use types::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, Clusters,
-    ImprovedForward, QueryClusters, ScoreProducts, TopAttentionGrads,
+    ImprovedForward, Lengths, QueryClusters, ScoreProducts, TopAttentionGrads,
 };
 
 /// The CPU backends' host ops, now in [`crate::backends::cpu`].

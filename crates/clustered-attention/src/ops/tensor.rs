@@ -1,12 +1,22 @@
 //! The ops of [`ClusteredAttentionBackend`] on [`Tensor`]s: hashing and K-means (paper
 //! §3.2.2), the softmax, the top-k selection, the fused centroid, top-k and improved attention
 //! ops and the sparse top-k products of improved clustered attention (§3.3, eqs. 9–11); see
-//! the trait for their definitions.
+//! the trait for their definitions. Each calls `Dispatch`'s implementation of the trait, which
+//! runs the implementation of the tensors' backend (`Autodiff`'s on an autodiff device).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+use burn::backend::Dispatch;
+use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor};
 
-use super::{ClusterTop, ClusteredAttentionBackend, Clusters, QueryClusters};
+#[cfg(doc)]
+use super::ClusteredAttentionBackward;
+use super::{
+    ClusterTop, ClusteredAttentionBackend, Clusters, Lengths, QueryClusters, ScoreProducts,
+};
+
+/// A lengths tensor as the ops of `Dispatch` take it.
+fn dispatch_lengths(lengths: Option<Tensor<1, Int>>) -> Lengths<Dispatch> {
+    Lengths::<Dispatch>::from(lengths.map(Tensor::into_dispatch))
+}
 
 /// Hashes the queries: bit `b` of a code is set when `q · planes[b, ..E] > planes[b, E]`.
 /// See [`ClusteredAttentionBackend::lsh_hash`]. Carries no gradient.
@@ -18,14 +28,11 @@ use super::{ClusterTop, ClusteredAttentionBackend, Clusters, QueryClusters};
 ///
 /// # Panics
 /// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
-pub fn lsh_hash<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    planes: Tensor<B, 2>,
-) -> Tensor<B, 3, Int> {
+pub fn lsh_hash(queries: Tensor<4>, planes: Tensor<2>) -> Tensor<3, Int> {
     let planes = planes.cast(queries.dtype());
-    Tensor::from_primitive(B::lsh_hash(
-        queries.into_primitive().tensor(),
-        planes.into_primitive().tensor(),
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::lsh_hash(
+        queries.into_dispatch(),
+        planes.into_dispatch(),
     ))
 }
 
@@ -39,23 +46,23 @@ pub fn lsh_hash<B: ClusteredAttentionBackend>(
 ///
 /// # Panics
 /// If `clusters` is 0 or a query length is outside `0..=L`.
-pub fn hamming_kmeans<B: ClusteredAttentionBackend>(
-    codes: Tensor<B, 3, Int>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
+pub fn hamming_kmeans(
+    codes: Tensor<3, Int>,
+    query_lengths: Option<Tensor<1, Int>>,
     clusters: usize,
     iterations: usize,
     seed: u64,
-) -> Clusters<B> {
-    let (assignments, counts) = B::hamming_kmeans(
-        codes.into_primitive(),
-        query_lengths.map(Tensor::into_primitive),
+) -> Clusters {
+    let (assignments, counts) = <Dispatch as ClusteredAttentionBackend>::hamming_kmeans(
+        codes.into_dispatch(),
+        dispatch_lengths(query_lengths),
         clusters,
         iterations,
         seed,
     );
     Clusters {
-        assignments: Tensor::from_primitive(assignments),
-        counts: Tensor::from_primitive(counts),
+        assignments: Tensor::from_dispatch(assignments),
+        counts: Tensor::from_dispatch(counts),
     }
 }
 
@@ -64,10 +71,10 @@ pub fn hamming_kmeans<B: ClusteredAttentionBackend>(
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, rows, S]`, output of the same shape
-pub fn attention_softmax<B: ClusteredAttentionBackend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::attention_softmax(
-        x.into_primitive().tensor(),
-    )))
+pub fn attention_softmax(x: Tensor<4>) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::attention_softmax(
+        x.into_dispatch(),
+    ))
 }
 
 /// Indices of the `k` largest scores of every row, in descending order of score. No gradient.
@@ -78,11 +85,11 @@ pub fn attention_softmax<B: ClusteredAttentionBackend>(x: Tensor<B, 4>) -> Tenso
 ///
 /// # Panics
 /// If `k` is 0 or greater than `S`.
-pub fn topk_indices<B: ClusteredAttentionBackend>(
-    scores: Tensor<B, 4>,
-    k: usize,
-) -> Tensor<B, 4, Int> {
-    Tensor::from_primitive(B::topk_indices(scores.into_primitive().tensor(), k))
+pub fn topk_indices(scores: Tensor<4>, k: usize) -> Tensor<4, Int> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::topk_indices(
+        scores.into_dispatch(),
+        k,
+    ))
 }
 
 /// Centroid attention and each cluster's top-k keys in one op (paper eqs. 4–5 and 9; see
@@ -92,7 +99,7 @@ pub fn topk_indices<B: ClusteredAttentionBackend>(
 /// weights `Aᶜ` at them; then the first output leaves those keys out (the rest of eq. 10,
 /// `Σ_{l ∉ T_j} Aᶜ_jl v_l`, with no cancellation). The centroids come scaled by the softmax
 /// temperature. Differentiable on `Autodiff` with respect to the centroids, keys and values
-/// (by [`ClusteredAttentionBackend::centroid_attention_backward`]).
+/// (by [`ClusteredAttentionBackward::centroid_attention_backward`]).
 ///
 /// # Shapes
 /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -103,25 +110,23 @@ pub fn topk_indices<B: ClusteredAttentionBackend>(
 /// If the shapes disagree or `topk > S` (the CPU backends also when a key length is outside
 /// `1..=S`).
 #[allow(clippy::type_complexity)]
-pub fn centroid_attention<B: ClusteredAttentionBackend>(
-    centroids: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn centroid_attention(
+    centroids: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    key_lengths: Option<Tensor<1, Int>>,
     topk: usize,
-) -> (Tensor<B, 4>, Option<(Tensor<B, 4, Int>, Tensor<B, 4>)>) {
-    let float = |x| Tensor::from_primitive(TensorPrimitive::Float(x));
-    let out = B::centroid_attention(
-        centroids.into_primitive().tensor(),
-        keys.into_primitive().tensor(),
-        values.into_primitive().tensor(),
-        key_lengths.map(Tensor::into_primitive),
+) -> (Tensor<4>, Option<(Tensor<4, Int>, Tensor<4>)>) {
+    let (values, top) = <Dispatch as ClusteredAttentionBackend>::centroid_attention(
+        centroids.into_dispatch(),
+        keys.into_dispatch(),
+        values.into_dispatch(),
+        dispatch_lengths(key_lengths),
         topk,
     );
-    let top = out
-        .top
-        .map(|(top, weights)| (Tensor::from_primitive(top), float(weights)));
-    (float(out.values), top)
+    let top =
+        top.map(|(top, weights)| (Tensor::from_dispatch(top), Tensor::from_dispatch(weights)));
+    (Tensor::from_dispatch(values), top)
 }
 
 /// The per-query part of improved clustered attention in one op (paper eqs. 10–11; see
@@ -129,7 +134,7 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
 /// `m̂_j · Σ_r softmax_r(scale · q_i · k_{t_r}) · v_{t_r} + rest_j` over the cluster's top-k
 /// keys `t_r` (keys at or past `key_lengths[b]` take no weight), zero for padded queries.
 /// Differentiable on `Autodiff` with respect to the queries, keys, values, mass and rest (by
-/// [`ClusteredAttentionBackend::top_attention_backward`]).
+/// [`ClusteredAttentionBackward::top_attention_backward`]).
 ///
 /// # Shapes
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -143,37 +148,37 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
 /// If the shapes disagree or `k` is 0 or above `S` (the CPU backends also when an index or a
 /// key length is out of range).
 #[allow(clippy::too_many_arguments)]
-pub fn top_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    assignments: Tensor<B, 3, Int>,
-    topk: Tensor<B, 4, Int>,
-    mass: Tensor<B, 4>,
-    rest: Tensor<B, 4>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn top_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    assignments: Tensor<3, Int>,
+    topk: Tensor<4, Int>,
+    mass: Tensor<4>,
+    rest: Tensor<4>,
+    key_lengths: Option<Tensor<1, Int>>,
     scale: f64,
-) -> Tensor<B, 4> {
-    let clusters = ClusterTop {
-        assignments: assignments.into_primitive(),
-        topk: topk.into_primitive(),
-        mass: mass.into_primitive().tensor(),
-        rest: rest.into_primitive().tensor(),
+) -> Tensor<4> {
+    let clusters = ClusterTop::<Dispatch> {
+        assignments: assignments.into_dispatch(),
+        topk: topk.into_dispatch(),
+        mass: mass.into_dispatch(),
+        rest: rest.into_dispatch(),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(B::top_attention(
-        queries.into_primitive().tensor(),
-        keys.into_primitive().tensor(),
-        values.into_primitive().tensor(),
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::top_attention(
+        queries.into_dispatch(),
+        keys.into_dispatch(),
+        values.into_dispatch(),
         clusters,
-        key_lengths.map(Tensor::into_primitive),
+        dispatch_lengths(key_lengths),
         scale,
-    )))
+    ))
 }
 
 /// [`ClusteredAttentionBackend::improved_attention`] on tensors: improved clustered attention
 /// (paper eqs. 3–5 and 9–11) once the queries are clustered; `inverse_counts` is `1 / count` of
-/// each cluster's members. `Autodiff<B>` differentiates it as one node with respect to `queries`,
-/// `keys` and `values`.
+/// each cluster's members. `Autodiff` differentiates it as one node with respect to `queries`,
+/// `keys` and `values` (by [`ClusteredAttentionBackward::improved_attention_backward`]).
 ///
 /// # Shapes
 /// `queries` `[batch, heads, L, E]`, `keys` `[batch, heads, S, E]`, `values`
@@ -184,29 +189,29 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
 /// # Panics
 /// As [`ClusteredAttentionBackend::improved_attention`].
 #[allow(clippy::too_many_arguments)]
-pub fn improved_attention<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    assignments: Tensor<B, 3, Int>,
-    inverse_counts: Tensor<B, 4>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
+pub fn improved_attention(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    assignments: Tensor<3, Int>,
+    inverse_counts: Tensor<4>,
+    key_lengths: Option<Tensor<1, Int>>,
     topk: usize,
     scale: f64,
-) -> Tensor<B, 4> {
-    let clusters = QueryClusters {
-        assignments: assignments.into_primitive(),
-        inverse_counts: inverse_counts.into_primitive().tensor(),
+) -> Tensor<4> {
+    let clusters = QueryClusters::<Dispatch> {
+        assignments: assignments.into_dispatch(),
+        inverse_counts: inverse_counts.into_dispatch(),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(B::improved_attention(
-        queries.into_primitive().tensor(),
-        keys.into_primitive().tensor(),
-        values.into_primitive().tensor(),
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::improved_attention(
+        queries.into_dispatch(),
+        keys.into_dispatch(),
+        values.into_dispatch(),
         clusters,
-        key_lengths.map(Tensor::into_primitive),
+        dispatch_lengths(key_lengths),
         topk,
         scale,
-    )))
+    ))
 }
 
 /// `out[b, h, i, r] = queries[b, h, i] · keys[b, h, topk[b, h, a_i, r]]`, zero for padded
@@ -216,18 +221,18 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, L, k]`
-pub fn sparse_dot<B: ClusteredAttentionBackend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    topk: Tensor<B, 4, Int>,
-    assignments: Tensor<B, 3, Int>,
-) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_dot(
-        queries.into_primitive().tensor(),
-        keys.into_primitive().tensor(),
-        topk.into_primitive(),
-        assignments.into_primitive(),
-    )))
+pub fn sparse_dot(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    topk: Tensor<4, Int>,
+    assignments: Tensor<3, Int>,
+) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::sparse_dot(
+        queries.into_dispatch(),
+        keys.into_dispatch(),
+        topk.into_dispatch(),
+        assignments.into_dispatch(),
+    ))
 }
 
 /// `out[b, h, i] = Σ_r weights[b, h, i, r] · values[b, h, topk[b, h, a_i, r]]`, zero for
@@ -237,18 +242,20 @@ pub fn sparse_dot<B: ClusteredAttentionBackend>(
 /// - `weights`: `[batch, heads, L, k]`, `values`: `[batch, heads, S, D]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, L, D]`
-pub fn sparse_weighted_sum<B: ClusteredAttentionBackend>(
-    weights: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    topk: Tensor<B, 4, Int>,
-    assignments: Tensor<B, 3, Int>,
-) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_weighted_sum(
-        weights.into_primitive().tensor(),
-        values.into_primitive().tensor(),
-        topk.into_primitive(),
-        assignments.into_primitive(),
-    )))
+pub fn sparse_weighted_sum(
+    weights: Tensor<4>,
+    values: Tensor<4>,
+    topk: Tensor<4, Int>,
+    assignments: Tensor<3, Int>,
+) -> Tensor<4> {
+    Tensor::from_dispatch(
+        <Dispatch as ClusteredAttentionBackend>::sparse_weighted_sum(
+            weights.into_dispatch(),
+            values.into_dispatch(),
+            topk.into_dispatch(),
+            assignments.into_dispatch(),
+        ),
+    )
 }
 
 /// `out[b, h, l] = Σ_{i, r : topk[b, h, a_i, r] = l} weights[b, h, i, r] · x[b, h, i]`, the
@@ -258,20 +265,43 @@ pub fn sparse_weighted_sum<B: ClusteredAttentionBackend>(
 /// - `weights`: `[batch, heads, L, k]`, `x`: `[batch, heads, L, F]`
 /// - `topk`: `[batch, heads, C, k]`, `assignments`: `[batch, heads, L]`
 /// - output: `[batch, heads, keys_len, F]`
-pub fn sparse_scatter<B: ClusteredAttentionBackend>(
-    weights: Tensor<B, 4>,
-    x: Tensor<B, 4>,
-    topk: Tensor<B, 4, Int>,
-    assignments: Tensor<B, 3, Int>,
+pub fn sparse_scatter(
+    weights: Tensor<4>,
+    x: Tensor<4>,
+    topk: Tensor<4, Int>,
+    assignments: Tensor<3, Int>,
     keys_len: usize,
-) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::sparse_scatter(
-        weights.into_primitive().tensor(),
-        x.into_primitive().tensor(),
-        topk.into_primitive(),
-        assignments.into_primitive(),
+) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::sparse_scatter(
+        weights.into_dispatch(),
+        x.into_dispatch(),
+        topk.into_dispatch(),
+        assignments.into_dispatch(),
         keys_len,
-    )))
+    ))
+}
+
+/// How [`centroid_attention`] and [`top_attention`] compute their scores in `dtype` on
+/// `device`: [`ScoreProducts::Cmma`] where the CubeCL kernels run them on cooperative matrices
+/// (the crate's `cmma` feature, `f16` or `bf16`, a device that reports a tile shape for that
+/// type into `f32`), [`ScoreProducts::MultiplyAdd`] otherwise. Even then, a call whose tiles
+/// would not fit the kernels' shared memory (wide `E` or `D`, a large `topk`) computes its
+/// scores by multiply-adds.
+///
+/// Asks the CubeCL backend for a `Cube` device (one with autodiff included); every other
+/// device answers [`ScoreProducts::MultiplyAdd`].
+#[allow(unreachable_patterns)] // A build whose only backend is `Cube`.
+pub fn score_products(device: &Device, dtype: DType) -> ScoreProducts {
+    match device.as_dispatch().clone().inner() {
+        #[cfg(feature = "cube")]
+        burn::backend::DispatchDevice::Cube(device) => {
+            crate::backends::cube::score_products(&device, dtype)
+        }
+        _ => {
+            let _ = dtype;
+            ScoreProducts::MultiplyAdd
+        }
+    }
 }
 
 /// `weights` (`[batch, heads, C, S]`) with each row's top-k entries set to exactly zero
@@ -282,10 +312,10 @@ pub fn sparse_scatter<B: ClusteredAttentionBackend>(
 /// # Shapes
 /// - `weights`: `[batch, heads, C, S]`, `top` and `top_weights`: `[batch, heads, C, k]`
 /// - output: `[batch, heads, C, S]`
-pub(crate) fn rest_weights<B: Backend>(
-    weights: Tensor<B, 4>,
-    top: Tensor<B, 4, Int>,
-    top_weights: Tensor<B, 4>,
-) -> Tensor<B, 4> {
+pub(crate) fn rest_weights(
+    weights: Tensor<4>,
+    top: Tensor<4, Int>,
+    top_weights: Tensor<4>,
+) -> Tensor<4> {
     weights.scatter(3, top, top_weights.neg(), IndexingUpdateOp::Add)
 }

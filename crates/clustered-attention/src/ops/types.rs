@@ -1,22 +1,65 @@
-//! The structs the ops of [`ClusteredAttentionBackend`] take and return.
+//! The structs and enums the ops of [`ClusteredAttentionBackend`] and
+//! [`ClusteredAttentionBackward`] take and return.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, ExtensionType};
 use burn::tensor::{Int, Tensor};
 
 #[cfg(doc)]
-use super::{ClusteredAttentionBackend, NO_CLUSTER};
+use super::{ClusteredAttentionBackend, ClusteredAttentionBackward, NO_CLUSTER};
 
 /// The result of clustering the queries of every `(batch, head)`.
 #[derive(Debug, Clone)]
-pub struct Clusters<B: Backend> {
+pub struct Clusters {
     /// Cluster of each query, `[batch, heads, L]`, in `0..C`; `-1` for padded queries.
-    pub assignments: Tensor<B, 3, Int>,
+    pub assignments: Tensor<3, Int>,
     /// Number of valid queries in each cluster, `[batch, heads, C]`.
-    pub counts: Tensor<B, 3, Int>,
+    pub counts: Tensor<3, Int>,
 }
 
-/// The result of [`ClusteredAttentionBackend::centroid_attention`].
+/// The valid lengths of a batch's sequences, as the ops of [`ClusteredAttentionBackend`] take
+/// them: every position valid ([`Lengths::All`]) or a `[batch]` int tensor of lengths
+/// ([`Lengths::Given`]). The ops' `Option` of a lengths tensor, in a form that crosses the
+/// `Dispatch` boundary.
+#[derive(ExtensionType, Debug, Clone)]
+pub enum Lengths<B: Backend> {
+    /// Every position of every sequence is valid.
+    All,
+    /// `[batch]`: the number of valid positions of each sequence (the first ones).
+    Given(IntTensor<B>),
+}
+
+impl<B: Backend> Lengths<B> {
+    /// The lengths tensor, `None` for [`Lengths::All`].
+    pub fn into_option(self) -> Option<IntTensor<B>> {
+        match self {
+            Self::All => None,
+            Self::Given(lengths) => Some(lengths),
+        }
+    }
+
+    /// A reference to the lengths tensor, `None` for [`Lengths::All`].
+    pub fn as_option(&self) -> Option<&IntTensor<B>> {
+        match self {
+            Self::All => None,
+            Self::Given(lengths) => Some(lengths),
+        }
+    }
+}
+
+impl<B: Backend> From<Option<IntTensor<B>>> for Lengths<B> {
+    /// [`Lengths::Given`] of the tensor, [`Lengths::All`] for `None`.
+    fn from(lengths: Option<IntTensor<B>>) -> Self {
+        match lengths {
+            Some(lengths) => Self::Given(lengths),
+            None => Self::All,
+        }
+    }
+}
+
+/// The result of [`ClusteredAttentionBackward::centroid_attention_forward`]: the outputs of
+/// [`ClusteredAttentionBackend::centroid_attention`] and, where the backend computes it, the
+/// log-sum-exp its backward pass takes.
 pub struct CentroidAttention<B: Backend> {
     /// `Aᶜ · values` (paper eq. 5), over the keys outside each row's top-k when `top` is
     /// given (eq. 10, second case), `[batch, heads, C, D]`.
@@ -32,7 +75,7 @@ pub struct CentroidAttention<B: Backend> {
 }
 
 /// The gradients of [`ClusteredAttentionBackend::centroid_attention`] with respect to its inputs,
-/// each of its input's shape.
+/// each of its input's shape ([`ClusteredAttentionBackward::centroid_attention_backward`]).
 pub struct CentroidAttentionGrads<B: Backend> {
     /// `[batch, heads, C, E]`.
     pub centroids: FloatTensor<B>,
@@ -44,6 +87,7 @@ pub struct CentroidAttentionGrads<B: Backend> {
 
 /// Each cluster's share of improved clustered attention that its member queries use: the
 /// input of [`ClusteredAttentionBackend::top_attention`] (paper eqs. 9–10).
+#[derive(ExtensionType, Debug, Clone)]
 pub struct ClusterTop<B: Backend> {
     /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
     /// query.
@@ -57,7 +101,7 @@ pub struct ClusterTop<B: Backend> {
 }
 
 /// The gradients of [`ClusteredAttentionBackend::top_attention`] with respect to its float inputs,
-/// each of its input's shape.
+/// each of its input's shape ([`ClusteredAttentionBackward::top_attention_backward`]).
 pub struct TopAttentionGrads<B: Backend> {
     /// `[batch, heads, L, E]`.
     pub queries: FloatTensor<B>,
@@ -72,7 +116,7 @@ pub struct TopAttentionGrads<B: Backend> {
 }
 
 /// The clustering of the queries that [`ClusteredAttentionBackend::improved_attention`] takes.
-#[derive(Clone, Debug)]
+#[derive(ExtensionType, Debug, Clone)]
 pub struct QueryClusters<B: Backend> {
     /// `[batch, heads, L]`: each query's cluster, in `0..C`, or [`NO_CLUSTER`] for a padded
     /// query.
@@ -83,18 +127,18 @@ pub struct QueryClusters<B: Backend> {
 }
 
 /// The intermediate results of [`ClusteredAttentionBackend::improved_attention`] that its backward
-/// pass takes.
+/// pass takes ([`ClusteredAttentionBackward::improved_attention_forward`]).
 pub struct ImprovedForward<B: Backend> {
     /// `[batch, heads, C, E]`: the scaled centroids.
     pub centroids: FloatTensor<B>,
-    /// Their [`ClusteredAttentionBackend::centroid_attention`] with the top-k keys.
+    /// Their [`ClusteredAttentionBackward::centroid_attention_forward`] with the top-k keys.
     pub centroid_attention: CentroidAttention<B>,
     /// `[batch, heads, C, 1]`: the mass `m̂` of each cluster's top-k keys (eq. 9).
     pub mass: FloatTensor<B>,
 }
 
 /// The gradients of an attention with respect to its queries, keys and values, each of its
-/// input's shape.
+/// input's shape ([`ClusteredAttentionBackward::improved_attention_backward`]).
 pub struct AttentionGrads<B: Backend> {
     /// `[batch, heads, L, E]`.
     pub queries: FloatTensor<B>,
@@ -107,7 +151,7 @@ pub struct AttentionGrads<B: Backend> {
 /// How a backend's fused attention kernels compute the scores, `centroids · keysᵀ` in
 /// [`ClusteredAttentionBackend::centroid_attention`] and `queries · keysᵀ` over each cluster's
 /// top-k keys in [`ClusteredAttentionBackend::top_attention`], in a given float type on a
-/// given device ([`ClusteredAttentionBackend::score_products`]).
+/// given device ([`score_products`](super::score_products)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScoreProducts {
     /// Multiply-adds in `f32`, one score per unit: the CubeCL kernels of every backend by

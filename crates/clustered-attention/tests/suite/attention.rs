@@ -1,9 +1,9 @@
 //! Attention-level checks against the host references, on NdArray and Flex.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Int, Tensor};
 use clustered_attention::{
-    AttentionInput, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
-    ClusteringOptions, FullAttention, ImprovedClusteredAttention, QueryGrouping, cluster_queries,
+    AttentionInput, AttentionOptions, ClusteredAttention, ClusteringOptions, FullAttention,
+    ImprovedClusteredAttention, QueryGrouping, cluster_queries,
 };
 
 use crate::common::*;
@@ -43,8 +43,8 @@ impl Case {
         }
     }
 
-    fn input<B: ClusteredAttentionBackend>(&self) -> AttentionInput<B> {
-        let (queries, keys, values, query_lengths, key_lengths) = self.tensors();
+    fn input(&self, device: &Device) -> AttentionInput {
+        let (queries, keys, values, query_lengths, key_lengths) = self.tensors(device);
         AttentionInput {
             queries,
             keys,
@@ -54,69 +54,61 @@ impl Case {
         }
     }
 
-    fn tensors<B: ClusteredAttentionBackend>(&self) -> Inputs<B> {
-        let device = Default::default();
+    fn tensors(&self, device: &Device) -> Inputs {
         (
-            self.q.to_tensor(&device),
-            self.k.to_tensor(&device),
-            self.v.to_tensor(&device),
-            Some(lengths(&self.query_lengths, &device)),
-            Some(lengths(&self.key_lengths, &device)),
+            self.q.to_tensor(device),
+            self.k.to_tensor(device),
+            self.v.to_tensor(device),
+            Some(lengths(&self.query_lengths, device)),
+            Some(lengths(&self.key_lengths, device)),
         )
     }
 }
 
-type Inputs<B> = (
-    Tensor<B, 4>,
-    Tensor<B, 4>,
-    Tensor<B, 4>,
-    Option<Tensor<B, 1, burn::tensor::Int>>,
-    Option<Tensor<B, 1, burn::tensor::Int>>,
+type Inputs = (
+    Tensor<4>,
+    Tensor<4>,
+    Tensor<4>,
+    Option<Tensor<1, Int>>,
+    Option<Tensor<1, Int>>,
 );
 
-fn full<B: ClusteredAttentionBackend>(case: &Case) -> Host4 {
-    Host4::from_tensor(FullAttention::new().forward(case.input::<B>()))
+fn full(device: &Device, case: &Case) -> Host4 {
+    Host4::from_tensor(FullAttention::new().forward(case.input(device)))
 }
 
-fn clustered<B: ClusteredAttentionBackend>(case: &Case, clustering: &ClusteringOptions) -> Host4 {
+fn clustered(device: &Device, case: &Case, clustering: &ClusteringOptions) -> Host4 {
     Host4::from_tensor(
         ClusteredAttention {
             clustering: clustering.clone(),
             options: AttentionOptions::new(),
         }
-        .forward(case.input::<B>()),
+        .forward(case.input(device)),
     )
 }
 
-fn improved<B: ClusteredAttentionBackend>(
-    case: &Case,
-    clustering: &ClusteringOptions,
-    topk: usize,
-) -> Host4 {
+fn improved(device: &Device, case: &Case, clustering: &ClusteringOptions, topk: usize) -> Host4 {
     Host4::from_tensor(
         ImprovedClusteredAttention {
             clustering: clustering.clone(),
             topk,
             options: AttentionOptions::new(),
         }
-        .forward(case.input::<B>()),
+        .forward(case.input(device)),
     )
 }
 
-fn assignments<B: ClusteredAttentionBackend>(
-    case: &Case,
-    clustering: &ClusteringOptions,
-) -> Vec<i64> {
-    let (q, _, _, ql, _) = case.tensors::<B>();
+fn assignments(device: &Device, case: &Case, clustering: &ClusteringOptions) -> Vec<i64> {
+    let (q, _, _, ql, _) = case.tensors(device);
     host_ints(cluster_queries(q, ql, clustering).assignments)
 }
 
 /// Full attention against the f64 reference, with query padding, key padding and S ≠ L.
-pub fn full_matches_reference<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn full_matches_reference(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 1);
     let diff = max_abs_diff(
-        &full::<B>(&case),
+        &full(device, &case),
         &full_reference(&case.q, &case.k, &case.v, &case.setup()),
     );
     assert!(
@@ -126,19 +118,19 @@ pub fn full_matches_reference<B: ClusteredAttentionBackend>() {
 }
 
 /// Clustered == full when clusters ≥ valid queries; improved == full when topk ≥ S.
-pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn exact_regime_equals_full(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = Case::padded(40, 29, 8, 5, 2);
     let reference = full_reference(&case.q, &case.k, &case.v, &case.setup());
 
     for clusters in [40, 64] {
-        let out = clustered::<B>(&case, &ClusteringOptions::new(clusters));
+        let out = clustered(device, &case, &ClusteringOptions::new(clusters));
         let diff = max_abs_diff(&out, &reference);
         assert!(
             diff <= tolerance,
             "clustered ({clusters} clusters ≥ L) vs full: {diff}"
         );
-        let out = improved::<B>(&case, &ClusteringOptions::new(clusters), 3);
+        let out = improved(device, &case, &ClusteringOptions::new(clusters), 3);
         let diff = max_abs_diff(&out, &reference);
         assert!(
             diff <= tolerance,
@@ -146,7 +138,7 @@ pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>() {
         );
     }
     for topk in [29, 100] {
-        let out = improved::<B>(&case, &ClusteringOptions::new(3), topk);
+        let out = improved(device, &case, &ClusteringOptions::new(3), topk);
         let diff = max_abs_diff(&out, &reference);
         assert!(
             diff <= tolerance,
@@ -155,8 +147,8 @@ pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>() {
     }
     // A batch whose longest sequence has more queries than clusters, but the others fewer.
     let clustering = ClusteringOptions::new(20);
-    let out = clustered::<B>(&case, &clustering);
-    let assignments = assignments::<B>(&case, &clustering);
+    let out = clustered(device, &case, &clustering);
+    let assignments = assignments(device, &case, &clustering);
     let [_, heads, len, _] = case.q.dims;
     for b in 0..3 {
         if case.query_lengths[b] <= 20 {
@@ -188,20 +180,20 @@ pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>() {
 
 /// Clustered and improved attention against the f64 references computed from the same
 /// assignments (C < L, topk < S), with padding.
-pub fn approximate_regime_matches_reference<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn approximate_regime_matches_reference(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = Case::padded(48, 37, 8, 6, 3);
     let clustering = ClusteringOptions::new(5).with_seed(11);
-    let assignments = assignments::<B>(&case, &clustering);
+    let assignments = assignments(device, &case, &clustering);
     let setup = case.setup();
 
     let reference = clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup);
-    let diff = max_abs_diff(&clustered::<B>(&case, &clustering), &reference);
+    let diff = max_abs_diff(&clustered(device, &case, &clustering), &reference);
     assert!(diff <= tolerance, "clustered vs reference: {diff}");
 
     for topk in [1, 4, 13] {
         let reference = improved_reference(&case.q, &case.k, &case.v, &assignments, topk, &setup);
-        let diff = max_abs_diff(&improved::<B>(&case, &clustering, topk), &reference);
+        let diff = max_abs_diff(&improved(device, &case, &clustering, topk), &reference);
         assert!(
             diff <= tolerance,
             "improved (topk {topk}) vs reference: {diff}"
@@ -214,13 +206,13 @@ pub fn approximate_regime_matches_reference<B: ClusteredAttentionBackend>() {
 /// queries than `C`), the same in every head, padded queries in none, the counts their sizes;
 /// clustered and improved attention over them match the f64 references fed the same
 /// assignments, to the tolerance above.
-pub fn position_blocks_match_reference<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn position_blocks_match_reference(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = Case::padded(48, 37, 8, 6, 5);
     for clusters in [5, 24, 48] {
         let clustering =
             ClusteringOptions::new(clusters).with_grouping(QueryGrouping::PositionBlocks);
-        let (q, _, _, ql, _) = case.tensors::<B>();
+        let (q, _, _, ql, _) = case.tensors(device);
         let groups = cluster_queries(q, ql, &clustering);
         let assignments = host_ints(groups.assignments);
         let counts = host_ints(groups.counts);
@@ -264,13 +256,13 @@ pub fn position_blocks_match_reference<B: ClusteredAttentionBackend>() {
         }
         let setup = case.setup();
         let reference = clustered_reference(&case.q, &case.k, &case.v, &assignments, &setup);
-        let diff = max_abs_diff(&clustered::<B>(&case, &clustering), &reference);
+        let diff = max_abs_diff(&clustered(device, &case, &clustering), &reference);
         assert!(
             diff <= tolerance,
             "C {clusters}: clustered over blocks vs reference: {diff}"
         );
         let reference = improved_reference(&case.q, &case.k, &case.v, &assignments, 4, &setup);
-        let diff = max_abs_diff(&improved::<B>(&case, &clustering, 4), &reference);
+        let diff = max_abs_diff(&improved(device, &case, &clustering, 4), &reference);
         assert!(
             diff <= tolerance,
             "C {clusters}: improved over blocks vs reference: {diff}"
@@ -281,15 +273,15 @@ pub fn position_blocks_match_reference<B: ClusteredAttentionBackend>() {
 /// Proposition 2: ‖Aᵗ_i − A_i‖₁ ≤ ‖Aᶜ_j − A_i‖₁ + 1e-6 for every valid query (+ 5e-3 on CUDA,
 /// whose f32 matmul rounds to TF32: [`matmul_tolerance`]). With identity values
 /// (D = S) the outputs are the attention matrices themselves.
-pub fn proposition_2<B: ClusteredAttentionBackend>() {
-    let slack = matmul_tolerance::<B>(1e-6);
+pub fn proposition_2(device: &Device) {
+    let slack = matmul_tolerance(device, 1e-6);
     for (seed, clusters, topk) in [(4, 3, 5), (5, 6, 2), (6, 2, 16)] {
         let mut case = Case::padded(36, 30, 8, 1, seed);
         case.v = identity_values(3, 2, 30);
         let clustering = ClusteringOptions::new(clusters).with_seed(seed);
         let exact = full_reference(&case.q, &case.k, &case.v, &case.setup());
-        let clustered = clustered::<B>(&case, &clustering);
-        let improved = improved::<B>(&case, &clustering, topk);
+        let clustered = clustered(device, &case, &clustering);
+        let improved = improved(device, &case, &clustering, topk);
         let [batch, heads, len, keys_len] = clustered.dims;
         let mut strict = 0;
         for b in 0..batch {
@@ -322,40 +314,43 @@ pub fn proposition_2<B: ClusteredAttentionBackend>() {
 }
 
 /// The same seed gives bit-identical outputs; another seed gives other clusters.
-pub fn same_seed_bit_identical<B: ClusteredAttentionBackend>() {
+pub fn same_seed_bit_identical(device: &Device) {
     let case = Case::padded(64, 50, 8, 4, 7);
     let clustering = ClusteringOptions::new(6).with_seed(3);
     assert_eq!(
-        clustered::<B>(&case, &clustering).data,
-        clustered::<B>(&case, &clustering).data
+        clustered(device, &case, &clustering).data,
+        clustered(device, &case, &clustering).data
     );
     assert_eq!(
-        improved::<B>(&case, &clustering, 5).data,
-        improved::<B>(&case, &clustering, 5).data
+        improved(device, &case, &clustering, 5).data,
+        improved(device, &case, &clustering, 5).data
     );
     let other = ClusteringOptions::new(6).with_seed(4);
     assert_ne!(
-        assignments::<B>(&case, &clustering),
-        assignments::<B>(&case, &other)
+        assignments(device, &case, &clustering),
+        assignments(device, &case, &other)
     );
 }
 
 /// A NaN in one query row leaves every other batch item's output unchanged.
-pub fn nan_query_is_contained<B: ClusteredAttentionBackend>() {
+pub fn nan_query_is_contained(device: &Device) {
     let case = Case::padded(30, 20, 8, 4, 8);
     let mut poisoned = Case::padded(30, 20, 8, 4, 8);
     let [_, heads, len, dim] = case.q.dims;
     let row = (heads + 1) * len + 3; // batch item 1, head 1, query 3
     poisoned.q.data[row * dim..(row + 1) * dim].fill(f32::NAN);
     let clustering = ClusteringOptions::new(4);
-    type Run = fn(&Case, &ClusteringOptions) -> Host4;
+    type Run = fn(&Device, &Case, &ClusteringOptions) -> Host4;
     let runs: [(&str, Run); 3] = [
-        ("full", |c, _| full::<B>(c)),
-        ("clustered", |c, o| clustered::<B>(c, o)),
-        ("improved", |c, o| improved::<B>(c, o, 3)),
+        ("full", |d, c, _| full(d, c)),
+        ("clustered", clustered),
+        ("improved", |d, c, o| improved(d, c, o, 3)),
     ];
     for (name, run) in runs {
-        let (clean, dirty) = (run(&case, &clustering), run(&poisoned, &clustering));
+        let (clean, dirty) = (
+            run(device, &case, &clustering),
+            run(device, &poisoned, &clustering),
+        );
         let per_item = clean.data.len() / 3;
         for b in [0, 2] {
             let range = b * per_item..(b + 1) * per_item;
@@ -378,7 +373,7 @@ fn named_forms_match_positional_forms() {
         clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
         oracle_top_attention, shared_full_attention,
     };
-    type B = crate::common::NdArrayBackend;
+    let device = &ndarray();
 
     let improved = ImprovedClusteredAttention::new(5, 3)
         .with_bits(12)
@@ -419,7 +414,7 @@ fn named_forms_match_positional_forms() {
         .with_rounds(2)
         .with_chunk_size(4)
         .with_seed(5);
-    let (q, k, v, ql, kl) = case.tensors::<B>();
+    let (q, k, v, ql, kl) = case.tensors(device);
     let cross = || AttentionInput {
         queries: q.clone(),
         keys: k.clone(),
@@ -520,83 +515,83 @@ fn named_forms_match_positional_forms() {
 }
 
 macro_rules! attention_tests {
-    ($module:ident, $backend:ty) => {
+    ($module:ident, $device:expr) => {
         mod $module {
             #[test]
             fn full_matches_reference() {
-                super::full_matches_reference::<$backend>();
+                super::full_matches_reference(&$device);
             }
             #[test]
             fn exact_regime_equals_full() {
-                super::exact_regime_equals_full::<$backend>();
+                super::exact_regime_equals_full(&$device);
             }
             #[test]
             fn approximate_regime_matches_reference() {
-                super::approximate_regime_matches_reference::<$backend>();
+                super::approximate_regime_matches_reference(&$device);
             }
             #[test]
             fn proposition_2() {
-                super::proposition_2::<$backend>();
+                super::proposition_2(&$device);
             }
             #[test]
             fn position_blocks_match_reference() {
-                super::position_blocks_match_reference::<$backend>();
+                super::position_blocks_match_reference(&$device);
             }
             #[test]
             fn same_seed_bit_identical() {
-                super::same_seed_bit_identical::<$backend>();
+                super::same_seed_bit_identical(&$device);
             }
             #[test]
             fn nan_query_is_contained() {
-                super::nan_query_is_contained::<$backend>();
+                super::nan_query_is_contained(&$device);
             }
         }
     };
 }
 
-attention_tests!(ndarray, crate::common::NdArrayBackend);
-attention_tests!(flex, crate::common::FlexBackend);
+attention_tests!(ndarray, crate::common::ndarray());
+attention_tests!(flex, crate::common::flex());
 
 /// The attention-level checks on the GPU backends (NaN propagation is left to the CPU ones:
 /// GPU shader arithmetic need not preserve NaN).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 macro_rules! gpu_attention_tests {
-    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
+    ($module:ident, $device:expr $(, $ignore:meta)?) => {
         mod $module {
             #[test]
             $(#[$ignore])?
             fn full_matches_reference() {
-                super::full_matches_reference::<$backend>();
+                super::full_matches_reference(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn exact_regime_equals_full() {
-                super::exact_regime_equals_full::<$backend>();
+                super::exact_regime_equals_full(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn approximate_regime_matches_reference() {
-                super::approximate_regime_matches_reference::<$backend>();
+                super::approximate_regime_matches_reference(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn proposition_2() {
-                super::proposition_2::<$backend>();
+                super::proposition_2(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn same_seed_bit_identical() {
-                super::same_seed_bit_identical::<$backend>();
+                super::same_seed_bit_identical(&$device);
             }
         }
     };
 }
 
 #[cfg(feature = "wgpu")]
-gpu_attention_tests!(wgpu, burn::backend::Wgpu);
+gpu_attention_tests!(wgpu, crate::common::wgpu());
 #[cfg(feature = "cuda")]
 gpu_attention_tests!(
     cuda,
-    burn::backend::Cuda,
+    crate::common::cuda(),
     ignore = "needs an NVIDIA GPU: run with --ignored"
 );

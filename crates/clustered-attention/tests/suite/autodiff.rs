@@ -1,12 +1,10 @@
 //! Gradients: they reach queries, keys and values; in the exact regime they equal full
 //! attention's; in the approximate regime they match central finite differences (f64).
 
-use burn::backend::Autodiff;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use clustered_attention::{
-    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, FullAttention,
-    ImprovedClusteredAttention, LshAttention, OracleTopAttention, SharedFullAttention,
+    AttentionInput, ClusteredAttention, FullAttention, ImprovedClusteredAttention, LshAttention,
+    OracleTopAttention, SharedFullAttention,
 };
 
 use crate::common::*;
@@ -28,8 +26,11 @@ struct Grads {
     values: Vec<f64>,
 }
 
-/// Gradients of `Σ output ⊙ weights` with respect to queries, keys and values.
-fn gradients<B: AutodiffBackend + ClusteredAttentionBackend>(
+/// Gradients of `Σ output ⊙ weights` with respect to queries, keys and values, on `device`
+/// (an autodiff device).
+#[allow(clippy::too_many_arguments)]
+fn gradients(
+    device: &Device,
     kind: Kind,
     q: &Host4,
     k: &Host4,
@@ -38,10 +39,9 @@ fn gradients<B: AutodiffBackend + ClusteredAttentionBackend>(
     query_lengths: &[usize],
     key_lengths: &[usize],
 ) -> Grads {
-    let device = Default::default();
-    let queries = q.to_tensor::<B>(&device).require_grad();
-    let keys = k.to_tensor::<B>(&device).require_grad();
-    let values = v.to_tensor::<B>(&device).require_grad();
+    let queries = q.to_tensor(device).require_grad();
+    let keys = k.to_tensor(device).require_grad();
+    let values = v.to_tensor(device).require_grad();
     let out = run(
         kind,
         queries.clone(),
@@ -50,9 +50,9 @@ fn gradients<B: AutodiffBackend + ClusteredAttentionBackend>(
         query_lengths,
         key_lengths,
     );
-    let loss = (out * weights.to_tensor::<B>(&device)).sum();
+    let loss = (out * weights.to_tensor(device)).sum();
     let grads = loss.backward();
-    let host = |t: Tensor<B, 4>| -> Vec<f64> {
+    let host = |t: Tensor<4>| -> Vec<f64> {
         t.grad(&grads)
             .expect("a gradient")
             .into_data()
@@ -66,18 +66,18 @@ fn gradients<B: AutodiffBackend + ClusteredAttentionBackend>(
     }
 }
 
-fn run<B: ClusteredAttentionBackend>(
+fn run(
     kind: Kind,
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    values: Tensor<4>,
     query_lengths: &[usize],
     key_lengths: &[usize],
-) -> Tensor<B, 4> {
+) -> Tensor<4> {
     let device = queries.device();
     let input = AttentionInput::new(queries, keys, values)
-        .with_query_lengths(lengths::<B>(query_lengths, &device))
-        .with_key_lengths(lengths::<B>(key_lengths, &device));
+        .with_query_lengths(lengths(query_lengths, &device))
+        .with_key_lengths(lengths(key_lengths, &device));
     match kind {
         Kind::Full => FullAttention::new().forward(input),
         Kind::Clustered(c) => ClusteredAttention::new(c).forward(input),
@@ -103,8 +103,8 @@ fn norm(a: &[f64]) -> f64 {
 
 /// Gradients reach queries, keys and values through clustered and improved attention, and in
 /// the exact regime equal full attention's to 1e-4 (5e-3 on CUDA, whose f32 matmul rounds to
-/// TF32: [`matmul_tolerance`]).
-fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteredAttentionBackend>() {
+/// TF32: [`matmul_tolerance`]). `device` is an autodiff device.
+fn gradients_reach_inputs_and_match_full(device: &Device) {
     let q = clustered_queries([2, 2, 24, 8], 3, 1.0, 31);
     let k = normal([2, 2, 19, 8], 32);
     let v = normal([2, 2, 19, 4], 33);
@@ -112,7 +112,7 @@ fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteredAttention
     let (ql, kl) = ([24, 17], [19, 12]);
 
     for kind in [Kind::Clustered(4), Kind::Improved(4, 5)] {
-        let g = gradients::<B>(kind, &q, &k, &v, &weights, &ql, &kl);
+        let g = gradients(device, kind, &q, &k, &v, &weights, &ql, &kl);
         for (name, grad) in [
             ("queries", &g.queries),
             ("keys", &g.keys),
@@ -129,13 +129,13 @@ fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteredAttention
         }
     }
 
-    let full = gradients::<B>(Kind::Full, &q, &k, &v, &weights, &ql, &kl);
+    let full = gradients(device, Kind::Full, &q, &k, &v, &weights, &ql, &kl);
     for kind in [
         Kind::Clustered(24),
         Kind::Improved(24, 3),
         Kind::Improved(2, 19),
     ] {
-        let g = gradients::<B>(kind, &q, &k, &v, &weights, &ql, &kl);
+        let g = gradients(device, kind, &q, &k, &v, &weights, &ql, &kl);
         for (name, a, b) in [
             ("queries", &g.queries, &full.queries),
             ("keys", &g.keys, &full.keys),
@@ -143,22 +143,20 @@ fn gradients_reach_inputs_and_match_full<B: AutodiffBackend + ClusteredAttention
         ] {
             let diff = max_diff(a, b);
             assert!(
-                diff <= matmul_tolerance::<B>(1e-4),
+                diff <= matmul_tolerance(device, 1e-4),
                 "{kind:?} (exact regime): gradient of {name} differs from full by {diff}"
             );
         }
     }
 }
 
-/// Flex holds any float dtype at run time: the f64 tensors are created with an explicit
-/// dtype and every op keeps it. (NdArray<f64> would share its device, and the device's default
-/// dtype, with the NdArray<f32> tests running in the same process.)
-type F64Backend = Autodiff<FlexBackend>;
-
-fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<F64Backend, 4> {
+/// Flex holds any float dtype at run time: the f64 tensors are created on its autodiff device
+/// with an explicit dtype and every op keeps it. (Configuring a device's default float dtype to
+/// f64 would change it for the f32 tests running in the same process.)
+fn tensor_f64(dims: [usize; 4], data: &[f64]) -> Tensor<4> {
     Tensor::from_data(
         TensorData::new(data.to_vec(), dims),
-        (&Default::default(), DType::F64),
+        (&autodiff(&flex()), DType::F64),
     )
 }
 
@@ -206,7 +204,7 @@ fn check_finite_differences(kinds: &[Kind], hosts: [Host4; 3], (ql, kl): ([usize
             let t = tensor_f64(dims[i], &inputs[i]);
             if track { t.require_grad() } else { t }
         });
-        let out = run::<F64Backend>(kind, q.clone(), k.clone(), v.clone(), &ql, &kl);
+        let out = run(kind, q.clone(), k.clone(), v.clone(), &ql, &kl);
         let loss = (out * tensor_f64(out_dims, &weights)).sum();
         (loss, [q, k, v])
     };
@@ -252,23 +250,23 @@ fn check_finite_differences(kinds: &[Kind], hosts: [Host4; 3], (ql, kl): ([usize
 
 #[test]
 fn ndarray_gradients_reach_inputs_and_match_full() {
-    gradients_reach_inputs_and_match_full::<Autodiff<NdArrayBackend>>();
+    gradients_reach_inputs_and_match_full(&autodiff(&ndarray()));
 }
 
 #[test]
 fn flex_gradients_reach_inputs_and_match_full() {
-    gradients_reach_inputs_and_match_full::<Autodiff<FlexBackend>>();
+    gradients_reach_inputs_and_match_full(&autodiff(&flex()));
 }
 
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_gradients_reach_inputs_and_match_full() {
-    gradients_reach_inputs_and_match_full::<Autodiff<burn::backend::Wgpu>>();
+    gradients_reach_inputs_and_match_full(&autodiff(&wgpu()));
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored"]
 fn cuda_gradients_reach_inputs_and_match_full() {
-    gradients_reach_inputs_and_match_full::<Autodiff<burn::backend::Cuda>>();
+    gradients_reach_inputs_and_match_full(&autodiff(&cuda()));
 }

@@ -1,15 +1,13 @@
 //! The paper's baselines (Reformer's lsh-X, shared-full, oracle-top) against straightforward
 //! host references in f64, and dropout on every attention's weights.
 
-use burn::backend::Autodiff;
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use clustered_attention::attention::{angular_buckets, lsh_rotations, sort_by_bucket};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
-    AttentionInput, ClusteredAttention, ClusteredAttentionBackend, ClusteringOptions,
-    FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions, OracleTopAttention,
-    SharedFullAttention, cluster_queries, with_dropout_seed,
+    AttentionInput, ClusteredAttention, ClusteringOptions, FullAttention,
+    ImprovedClusteredAttention, LshAttention, LshOptions, OracleTopAttention, SharedFullAttention,
+    cluster_queries, with_dropout_seed,
 };
 use rand_distr::{Distribution, StandardNormal};
 
@@ -19,11 +17,11 @@ use crate::common::*;
 /// matmul rounds to TF32, raised by [`matmul_tolerance`] in the tests that run there).
 const TOLERANCE: f64 = 1e-5;
 
-type SharedInputs<B> = (
-    Tensor<B, 4>,
-    Tensor<B, 4>,
-    Option<Tensor<B, 1, Int>>,
-    Option<Tensor<B, 1, Int>>,
+type SharedInputs = (
+    Tensor<4>,
+    Tensor<4>,
+    Option<Tensor<1, Int>>,
+    Option<Tensor<1, Int>>,
 );
 
 /// A shared-QK batch: queries are the keys, 3 sequences with padding.
@@ -43,13 +41,12 @@ impl SharedCase {
     }
 
     /// Queries, values, query lengths, key lengths.
-    fn tensors<B: ClusteredAttentionBackend>(&self) -> SharedInputs<B> {
-        let device = Default::default();
+    fn tensors(&self, device: &Device) -> SharedInputs {
         (
-            self.q.to_tensor(&device),
-            self.v.to_tensor(&device),
-            Some(lengths(&self.lengths, &device)),
-            Some(lengths(&self.lengths, &device)),
+            self.q.to_tensor(device),
+            self.v.to_tensor(device),
+            Some(lengths(&self.lengths, device)),
+            Some(lengths(&self.lengths, device)),
         )
     }
 
@@ -59,12 +56,12 @@ impl SharedCase {
 }
 
 /// The input of a shared-QK self-attention: the queries are the keys.
-fn shared_input<B: ClusteredAttentionBackend>(
-    q: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-    query_lengths: Option<Tensor<B, 1, Int>>,
-    key_lengths: Option<Tensor<B, 1, Int>>,
-) -> AttentionInput<B> {
+fn shared_input(
+    q: Tensor<4>,
+    v: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    key_lengths: Option<Tensor<1, Int>>,
+) -> AttentionInput {
     AttentionInput {
         queries: q.clone(),
         keys: q,
@@ -147,14 +144,10 @@ fn bucket(x: &[f64], rotations: &[f64], half: usize) -> usize {
         .1
 }
 
-/// Relative rounding error of one product `xR` on `B`: TF32 on CUDA (10 mantissa bits, both
-/// factors rounded: 2 · 2^-11 ≈ 1e-3, doubled), f32 elsewhere.
-fn projection_tolerance<B: Backend>() -> f64 {
-    if B::name(&Default::default()).contains("cuda") {
-        2e-3
-    } else {
-        1e-5
-    }
+/// Relative rounding error of one product `xR` on `device`: TF32 on CUDA (10 mantissa bits,
+/// both factors rounded: 2 · 2^-11 ≈ 1e-3, doubled), f32 elsewhere.
+fn projection_tolerance(device: &Device) -> f64 {
+    if is_cuda(device) { 2e-3 } else { 1e-5 }
 }
 
 /// Checks a device's bucket `got` of `x` against the f64 arg-max: equal, or a near tie that
@@ -189,12 +182,12 @@ fn check_bucket(
 /// [`lsh_rotations`] and [`angular_buckets`], as [`LshAttention`] hashes), each
 /// `[batch, heads, L]` flattened, checked against the f64 arg-max of the reference's own
 /// rotations ([`check_bucket`]) at the valid positions.
-fn device_buckets<B: ClusteredAttentionBackend>(
+fn device_buckets(
+    device: &Device,
     case: &SharedCase,
     options: &LshOptions,
     reference_rotations: &[Vec<f64>],
 ) -> Vec<Vec<i64>> {
-    let device = Default::default();
     let [_, heads, len, dim] = case.q.dims;
     let buckets = options.buckets_for(len);
     assert_eq!(
@@ -204,8 +197,8 @@ fn device_buckets<B: ClusteredAttentionBackend>(
     );
     (0..options.rounds)
         .map(|r| {
-            let rotations = lsh_rotations::<B>(dim, buckets, options.round_seed(r), &device);
-            let hashed = host_ints(angular_buckets(case.q.to_tensor::<B>(&device), rotations));
+            let rotations = lsh_rotations(dim, buckets, options.round_seed(r), device);
+            let hashed = host_ints(angular_buckets(case.q.to_tensor(device), rotations));
             for (row, keys) in hashed.chunks(len).enumerate() {
                 let (b, h) = (row / heads, row % heads);
                 for (i, &key) in keys.iter().enumerate().take(case.lengths[b]) {
@@ -215,7 +208,7 @@ fn device_buckets<B: ClusteredAttentionBackend>(
                         &reference_rotations[r],
                         buckets / 2,
                         key as usize,
-                        projection_tolerance::<B>(),
+                        projection_tolerance(device),
                     )
                     .unwrap_or_else(|e| panic!("round {r}, position [{b}, {h}, {i}]: {e}"));
                 }
@@ -309,8 +302,8 @@ fn lsh_reference(case: &SharedCase, options: &LshOptions, hashed: &[Vec<i64>]) -
     rows
 }
 
-fn run_lsh<B: ClusteredAttentionBackend>(case: &SharedCase, options: &LshOptions) -> Host4 {
-    let (q, v, ql, kl) = case.tensors::<B>();
+fn run_lsh(device: &Device, case: &SharedCase, options: &LshOptions) -> Host4 {
+    let (q, v, ql, kl) = case.tensors(device);
     Host4::from_tensor(
         LshAttention::new(options.rounds)
             .with_lsh(options.clone())
@@ -318,26 +311,25 @@ fn run_lsh<B: ClusteredAttentionBackend>(case: &SharedCase, options: &LshOptions
     )
 }
 
-fn run_shared_full<B: ClusteredAttentionBackend>(case: &SharedCase) -> Host4 {
-    let (q, v, ql, kl) = case.tensors::<B>();
+fn run_shared_full(device: &Device, case: &SharedCase) -> Host4 {
+    let (q, v, ql, kl) = case.tensors(device);
     Host4::from_tensor(SharedFullAttention::new().forward(shared_input(q, v, ql, kl)))
 }
 
 /// The angular buckets equal the f64 arg-max (near ties excepted on CUDA's TF32 products,
 /// [`check_bucket`]), and the device sort equals a stable host sort by
 /// bucket, with buckets spanning one to three hexadecimal digits.
-pub fn buckets_and_sort_match_reference<B: ClusteredAttentionBackend>() {
-    let device = Default::default();
+pub fn buckets_and_sort_match_reference(device: &Device) {
     let q = normal([2, 3, 300, 8], 11);
     for buckets in [2, 14, 40, 600] {
-        let rotations = lsh_rotations::<B>(8, buckets, 5, &device);
+        let rotations = lsh_rotations(8, buckets, 5, device);
         let host_rotations: Vec<f64> = rotations
             .clone()
             .into_data()
             .iter::<f32>()
             .map(f64::from)
             .collect();
-        let hashed = angular_buckets(q.to_tensor::<B>(&device), rotations);
+        let hashed = angular_buckets(q.to_tensor(device), rotations);
         let hashed_host = host_ints(hashed.clone());
         let order = host_ints(sort_by_bucket(hashed, buckets - 1));
         for (row, keys) in hashed_host.chunks(300).enumerate() {
@@ -348,7 +340,7 @@ pub fn buckets_and_sort_match_reference<B: ClusteredAttentionBackend>() {
                     &host_rotations,
                     buckets / 2,
                     key as usize,
-                    projection_tolerance::<B>(),
+                    projection_tolerance(device),
                 )
                 .unwrap_or_else(|e| panic!("[{b}, {h}, {i}] with {buckets} buckets: {e}"));
             }
@@ -367,8 +359,8 @@ pub fn buckets_and_sort_match_reference<B: ClusteredAttentionBackend>() {
 /// explicit bucket counts, with padded sequences: the device's buckets checked against the
 /// f64 arg-max (near ties excepted, [`check_bucket`]), then the attention against the
 /// reference fed those buckets.
-pub fn lsh_matches_reference<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn lsh_matches_reference(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     for (len, rounds, chunk, buckets, seed) in [
         (64, 1, 8, None, 1),
         (70, 4, 8, None, 2),
@@ -382,9 +374,9 @@ pub fn lsh_matches_reference<B: ClusteredAttentionBackend>() {
             .with_buckets(buckets)
             .with_seed(seed);
         let (_, rotations) = reference_rotations(&case, &options);
-        let hashed = device_buckets::<B>(&case, &options, &rotations);
+        let hashed = device_buckets(device, &case, &options, &rotations);
         let diff = max_abs_diff(
-            &run_lsh::<B>(&case, &options),
+            &run_lsh(device, &case, &options),
             &lsh_reference(&case, &options, &hashed),
         );
         assert!(
@@ -396,10 +388,10 @@ pub fn lsh_matches_reference<B: ClusteredAttentionBackend>() {
 
 /// One chunk covering the sequence: lsh-X attends to every valid key, so it equals the
 /// shared-full reference, as shared-full does.
-pub fn one_chunk_lsh_equals_shared_full<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn one_chunk_lsh_equals_shared_full(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = SharedCase::new(40, 8, 4, 9);
-    let shared = run_shared_full::<B>(&case);
+    let shared = run_shared_full(device, &case);
     let diff = max_abs_diff(&shared, &shared_full_reference(&case));
     assert!(
         diff <= tolerance,
@@ -407,7 +399,7 @@ pub fn one_chunk_lsh_equals_shared_full<B: ClusteredAttentionBackend>() {
     );
     for rounds in [1, 3] {
         let options = LshOptions::new().with_rounds(rounds).with_chunk_size(40);
-        let lsh = run_lsh::<B>(&case, &options);
+        let lsh = run_lsh(device, &case, &options);
         let diff = max_abs_diff(&lsh, &shared_full_reference(&case));
         assert!(
             diff <= tolerance,
@@ -417,10 +409,10 @@ pub fn one_chunk_lsh_equals_shared_full<B: ClusteredAttentionBackend>() {
 }
 
 /// A query whose other keys are all padded attends to itself.
-pub fn lone_query_attends_to_itself<B: ClusteredAttentionBackend>() {
+pub fn lone_query_attends_to_itself(device: &Device) {
     let mut case = SharedCase::new(10, 4, 2, 12);
     case.lengths = vec![1, 10, 2];
-    let lsh = run_lsh::<B>(&case, &LshOptions::new().with_chunk_size(4));
+    let lsh = run_lsh(device, &case, &LshOptions::new().with_chunk_size(4));
     for h in 0..2 {
         for d in 0..2 {
             let (actual, expected) = (lsh.at(0, h, 0, d), case.v.at(0, h, 0, d));
@@ -435,19 +427,15 @@ pub fn lone_query_attends_to_itself<B: ClusteredAttentionBackend>() {
 /// In shared-QK attention a position past its key length is padding even when its query
 /// length covers it: with every query length the whole sequence, lsh-X and shared-full give
 /// their references' rows at the key lengths and zero rows past them.
-pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
-    let tolerance = matmul_tolerance::<B>(TOLERANCE);
+pub fn positions_past_key_length_are_padding(device: &Device) {
+    let tolerance = matmul_tolerance(device, TOLERANCE);
     let case = SharedCase::new(30, 8, 3, 14);
-    let device = Default::default();
     let options = LshOptions::new().with_chunk_size(4).with_rounds(2);
     for shared in [false, true] {
-        let (q, v) = (
-            case.q.to_tensor::<B>(&device),
-            case.v.to_tensor::<B>(&device),
-        );
+        let (q, v) = (case.q.to_tensor(device), case.v.to_tensor(device));
         let (ql, kl) = (
-            Some(lengths::<B>(&[30, 30, 30], &device)),
-            Some(lengths::<B>(&case.lengths, &device)),
+            Some(lengths(&[30, 30, 30], device)),
+            Some(lengths(&case.lengths, device)),
         );
         let input = shared_input(q, v, ql, kl);
         let (out, reference) = if shared {
@@ -465,7 +453,7 @@ pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
                     lsh_reference(
                         &case,
                         &options,
-                        &device_buckets::<B>(&case, &options, &rotations),
+                        &device_buckets(device, &case, &options, &rotations),
                     )
                 },
             )
@@ -482,14 +470,13 @@ pub fn positions_past_key_length_are_padding<B: ClusteredAttentionBackend>() {
 /// A zero key (its norm is 0) leaves every gradient finite.
 #[test]
 fn zero_key_gives_finite_gradients() {
-    type B = Autodiff<NdArrayBackend>;
-    let device = Default::default();
+    let device = autodiff(&ndarray());
     let mut q = normal([1, 2, 12, 4], 15);
     q.data[3 * 4..4 * 4].fill(0.0);
     let v = normal([1, 2, 12, 2], 16);
     for shared in [false, true] {
-        let queries = q.to_tensor::<B>(&device).require_grad();
-        let values = v.to_tensor::<B>(&device);
+        let queries = q.to_tensor(&device).require_grad();
+        let values = v.to_tensor(&device);
         let out = if shared {
             SharedFullAttention::new().forward(AttentionInput::new(
                 queries.clone(),
@@ -520,26 +507,25 @@ fn zero_key_gives_finite_gradients() {
 }
 
 /// The same seed gives bit-identical outputs; another seed other buckets.
-pub fn lsh_same_seed_bit_identical<B: ClusteredAttentionBackend>() {
+pub fn lsh_same_seed_bit_identical(device: &Device) {
     let case = SharedCase::new(96, 8, 4, 13);
     let options = LshOptions::new()
         .with_rounds(2)
         .with_chunk_size(8)
         .with_seed(1);
     assert_eq!(
-        run_lsh::<B>(&case, &options).data,
-        run_lsh::<B>(&case, &options).data
+        run_lsh(device, &case, &options).data,
+        run_lsh(device, &case, &options).data
     );
     assert_ne!(
-        run_lsh::<B>(&case, &options).data,
-        run_lsh::<B>(&case, &options.clone().with_seed(2)).data
+        run_lsh(device, &case, &options).data,
+        run_lsh(device, &case, &options.clone().with_seed(2)).data
     );
 }
 
 /// oracle-top: each query's top-k valid keys by score, softmax over them; with `k ≥ S` it is
 /// full attention.
-pub fn oracle_top_matches_reference<B: ClusteredAttentionBackend>() {
-    let device = Default::default();
+pub fn oracle_top_matches_reference(device: &Device) {
     let q = clustered_queries([3, 2, 30, 8], 4, 1.5, 21);
     let k = normal([3, 2, 25, 8], 22);
     let v = normal([3, 2, 25, 3], 23);
@@ -549,12 +535,12 @@ pub fn oracle_top_matches_reference<B: ClusteredAttentionBackend>() {
         let out = Host4::from_tensor(
             OracleTopAttention::new(topk).forward(
                 AttentionInput::new(
-                    q.to_tensor::<B>(&device),
-                    k.to_tensor(&device),
-                    v.to_tensor(&device),
+                    q.to_tensor(device),
+                    k.to_tensor(device),
+                    v.to_tensor(device),
                 )
-                .with_query_lengths(lengths(&query_lengths, &device))
-                .with_key_lengths(lengths(&key_lengths, &device)),
+                .with_query_lengths(lengths(&query_lengths, device))
+                .with_key_lengths(lengths(&key_lengths, device)),
             ),
         );
         let mut reference = Vec::new();
@@ -583,73 +569,73 @@ pub fn oracle_top_matches_reference<B: ClusteredAttentionBackend>() {
 }
 
 macro_rules! baseline_tests {
-    ($module:ident, $backend:ty) => {
+    ($module:ident, $device:expr) => {
         mod $module {
             #[test]
             fn buckets_and_sort_match_reference() {
-                super::buckets_and_sort_match_reference::<$backend>();
+                super::buckets_and_sort_match_reference(&$device);
             }
             #[test]
             fn lsh_matches_reference() {
-                super::lsh_matches_reference::<$backend>();
+                super::lsh_matches_reference(&$device);
             }
             #[test]
             fn one_chunk_lsh_equals_shared_full() {
-                super::one_chunk_lsh_equals_shared_full::<$backend>();
+                super::one_chunk_lsh_equals_shared_full(&$device);
             }
             #[test]
             fn lone_query_attends_to_itself() {
-                super::lone_query_attends_to_itself::<$backend>();
+                super::lone_query_attends_to_itself(&$device);
             }
             #[test]
             fn positions_past_key_length_are_padding() {
-                super::positions_past_key_length_are_padding::<$backend>();
+                super::positions_past_key_length_are_padding(&$device);
             }
             #[test]
             fn lsh_same_seed_bit_identical() {
-                super::lsh_same_seed_bit_identical::<$backend>();
+                super::lsh_same_seed_bit_identical(&$device);
             }
             #[test]
             fn oracle_top_matches_reference() {
-                super::oracle_top_matches_reference::<$backend>();
+                super::oracle_top_matches_reference(&$device);
             }
         }
     };
 }
 
-baseline_tests!(ndarray, crate::common::NdArrayBackend);
-baseline_tests!(flex, crate::common::FlexBackend);
+baseline_tests!(ndarray, crate::common::ndarray());
+baseline_tests!(flex, crate::common::flex());
 
 /// lsh-X and shared-full on the GPU backends.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 macro_rules! gpu_baseline_tests {
-    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
+    ($module:ident, $device:expr $(, $ignore:meta)?) => {
         mod $module {
             #[test]
             $(#[$ignore])?
             fn buckets_and_sort_match_reference() {
-                super::buckets_and_sort_match_reference::<$backend>();
+                super::buckets_and_sort_match_reference(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn lsh_matches_reference() {
-                super::lsh_matches_reference::<$backend>();
+                super::lsh_matches_reference(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn one_chunk_lsh_equals_shared_full() {
-                super::one_chunk_lsh_equals_shared_full::<$backend>();
+                super::one_chunk_lsh_equals_shared_full(&$device);
             }
         }
     };
 }
 
 #[cfg(feature = "wgpu")]
-gpu_baseline_tests!(wgpu, burn::backend::Wgpu);
+gpu_baseline_tests!(wgpu, crate::common::wgpu());
 #[cfg(feature = "cuda")]
 gpu_baseline_tests!(
     cuda,
-    burn::backend::Cuda,
+    crate::common::cuda(),
     ignore = "needs an NVIDIA GPU: run with --ignored"
 );
 
@@ -668,14 +654,13 @@ fn dropout_zeroes_and_scales_the_weights() {
     if !in_child_process("baselines::dropout_zeroes_and_scales_the_weights") {
         return;
     }
-    type B = Autodiff<NdArrayBackend>;
+    let device = autodiff(&ndarray());
     let (prob, draws) = (0.3, 20);
     let case = SharedCase::new(24, 4, 2, 31);
-    let (q, _, ql, kl) = case.tensors::<B>();
+    let (q, _, ql, kl) = case.tensors(&device);
     let [batch, heads, len, _] = q.dims();
-    let device = q.device();
-    B::seed(&device, 7);
-    let identity = Tensor::<B, 2>::eye(len, &device)
+    device.seed(7);
+    let identity = Tensor::<2>::eye(len, &device)
         .reshape([1, 1, len, len])
         .expand([batch, heads, len, len]);
     let clustering = ClusteringOptions::new(3).with_seed(2);
@@ -783,16 +768,15 @@ fn dropout_zeroes_and_scales_the_weights() {
 /// gets alone); another seed gives other masks; a nested seed leaves the outer sequence as it
 /// was; the masks are 0 or exactly `1 / (1 − p)`; the zeroed fraction of 200,000 draws is
 /// within 5 standard errors of `p`; without autodiff, dropout is the identity.
-fn host_floats<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
-    tensor.into_data().convert::<f32>().to_vec().unwrap()
+fn host_floats<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
+    tensor.into_data().try_into_vec_as::<f32>().unwrap()
 }
 
 #[test]
 fn seeded_dropout_repeats_per_thread() {
-    type B = Autodiff<NdArrayBackend>;
+    let device = autodiff(&ndarray());
     let prob = 0.25;
-    let device = Default::default();
-    let ones = || Tensor::<B, 2>::ones([400, 500], &device);
+    let ones = || Tensor::<2>::ones([400, 500], &device);
     let draw = || host_floats(dropout(ones(), prob).inner());
     let first = with_dropout_seed(11, draw);
     let scale = (1.0 / (1.0 - prob)) as f32;
@@ -807,12 +791,10 @@ fn seeded_dropout_repeats_per_thread() {
     assert_ne!(with_dropout_seed(12, draw), first);
     let threads: Vec<_> = (0..2)
         .map(|_| {
+            let device = device.clone();
             std::thread::spawn(move || {
                 with_dropout_seed(11, || {
-                    host_floats(
-                        dropout(Tensor::<B, 2>::ones([400, 500], &Default::default()), prob)
-                            .inner(),
-                    )
+                    host_floats(dropout(Tensor::<2>::ones([400, 500], &device), prob).inner())
                 })
             })
         })
@@ -833,7 +815,7 @@ fn seeded_dropout_repeats_per_thread() {
     );
     assert_eq!(plain_second, nested_second);
     assert_ne!(plain_second, first);
-    let x = Tensor::<NdArrayBackend, 2>::ones([3, 4], &device);
+    let x = Tensor::<2>::ones([3, 4], &ndarray());
     let same = with_dropout_seed(11, || dropout(x.clone(), prob));
     assert_eq!(host_floats(same), host_floats(x));
 }
@@ -841,17 +823,17 @@ fn seeded_dropout_repeats_per_thread() {
 /// shared-full, lsh-X with one chunk (1 and 3 rounds) and oracle-top with topk ≥ S in `dtype`
 /// against the `f64` references on the inputs rounded to `dtype`, within
 /// [`crate::half::tolerance`] of the largest output.
-pub fn half_baselines_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
+pub fn half_baselines_match_reference(device: &Device, dtype: DType) {
     let tolerance = crate::half::tolerance(dtype);
     let exact = SharedCase::new(40, 8, 4, 9);
-    let (q, v, ql, kl) = exact.tensors::<B>();
+    let (q, v, ql, kl) = exact.tensors(device);
     let (q, v) = (q.cast(dtype), v.cast(dtype));
     let case = SharedCase {
         q: Host4::from_tensor(q.clone().cast(DType::F32)),
         v: Host4::from_tensor(v.clone().cast(DType::F32)),
         lengths: exact.lengths.clone(),
     };
-    let check = |name: &str, out: Tensor<B, 4>, reference: &Rows| {
+    let check = |name: &str, out: Tensor<4>, reference: &Rows| {
         assert_eq!(out.dtype(), dtype, "{name}: the output dtype");
         let error =
             crate::half::relative_error(&Host4::from_tensor(out.cast(DType::F32)), reference);

@@ -1,7 +1,6 @@
 //! Host-side data and independent references.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
@@ -47,8 +46,39 @@ pub fn in_child_process(name: &str) -> bool {
     false
 }
 
-pub type NdArrayBackend = burn::backend::NdArray<f32>;
+/// The concrete backends whose primitives the tests hand to the default bodies
+/// ([`crate::defaults`]) and to the backward ops; their tensors live on [`ndarray`] and [`flex`].
+#[allow(deprecated)]
+pub type NdArrayBackend = burn::backend::NdArray;
 pub type FlexBackend = burn::backend::Flex;
+
+/// The NdArray device (deprecated in Burn 0.22 in favour of Flex; the crate still serves it).
+#[allow(deprecated)]
+pub fn ndarray() -> Device {
+    Device::ndarray()
+}
+
+/// The Flex device.
+pub fn flex() -> Device {
+    Device::flex()
+}
+
+/// The default WGPU device (what `burn::backend::Wgpu`'s default device was on Burn 0.21).
+#[cfg(feature = "wgpu")]
+pub fn wgpu() -> Device {
+    Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)
+}
+
+/// The first CUDA device.
+#[cfg(feature = "cuda")]
+pub fn cuda() -> Device {
+    Device::cuda(0)
+}
+
+/// `device` with autodiff on (tensors created on it are tracked once they `require_grad`).
+pub fn autodiff(device: &Device) -> Device {
+    device.clone().autodiff()
+}
 
 /// A host copy of a `[batch, heads, rows, cols]` tensor.
 #[derive(Clone, Debug)]
@@ -67,11 +97,11 @@ impl Host4 {
         (0..self.dims[3]).map(|j| self.at(b, h, i, j)).collect()
     }
 
-    pub fn to_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 4> {
+    pub fn to_tensor(&self, device: &Device) -> Tensor<4> {
         Tensor::from_data(TensorData::new(self.data.clone(), self.dims), device)
     }
 
-    pub fn from_tensor<B: Backend>(tensor: Tensor<B, 4>) -> Self {
+    pub fn from_tensor(tensor: Tensor<4>) -> Self {
         let dims = tensor.dims();
         let data = tensor.into_data().iter::<f32>().collect();
         Self { dims, data }
@@ -83,21 +113,27 @@ impl Host4 {
 /// `definition/blueprint.rs`) runs `f32` products on tensor cores in TF32, which keeps 10
 /// mantissa bits (unit roundoff 2^-11 ≈ 4.9e-4): outputs of size about 1 then carry errors of
 /// a few 1e-4 (8.5e-4 for full attention on an H200), and 5e-3 allows for that.
-pub fn matmul_tolerance<B: Backend>(tolerance: f64) -> f64 {
-    if B::name(&Default::default()).contains("cuda") {
+pub fn matmul_tolerance(device: &Device, tolerance: f64) -> f64 {
+    if is_cuda(device) {
         tolerance.max(TF32_TOLERANCE)
     } else {
         tolerance
     }
 }
 
+/// Whether `device` (with or without autodiff) is a CUDA device: a Cube device on the CUDA
+/// runtime, which Burn's `Debug` prints as `Cube(Cuda(CudaDevice { .. }))`.
+pub fn is_cuda(device: &Device) -> bool {
+    format!("{device:?}").contains("Cuda(")
+}
+
 /// See [`matmul_tolerance`].
 const TF32_TOLERANCE: f64 = 5e-3;
 
-/// `host` on `B` in `dtype`: the host copy of the values as rounded to `dtype`, and the tensor
-/// in `dtype` (`host` itself, as a tensor, for `f32`).
-pub fn rounded<B: Backend>(host: &Host4, dtype: DType) -> (Host4, Tensor<B, 4>) {
-    let tensor = host.to_tensor::<B>(&Default::default());
+/// `host` on `device` in `dtype`: the host copy of the values as rounded to `dtype`, and the
+/// tensor in `dtype` (`host` itself, as a tensor, for `f32`).
+pub fn rounded(host: &Host4, dtype: DType, device: &Device) -> (Host4, Tensor<4>) {
+    let tensor = host.to_tensor(device);
     if dtype == DType::F32 {
         return (host.clone(), tensor);
     }
@@ -158,14 +194,17 @@ pub fn identity_values(batch: usize, heads: usize, len: usize) -> Host4 {
     }
 }
 
-pub fn lengths<B: Backend>(values: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+/// Sequence lengths as an int tensor on `device` (in the device's int dtype: `i32` on Flex and
+/// the Cube backends, `i64` on NdArray).
+pub fn lengths(values: &[usize], device: &Device) -> Tensor<1, Int> {
     Tensor::from_data(
         TensorData::new(values.iter().map(|&n| n as i64).collect(), [values.len()]),
         device,
     )
 }
 
-pub fn host_ints<B: Backend, const D: usize>(tensor: Tensor<B, D, Int>) -> Vec<i64> {
+/// The values of an int tensor of any int dtype, as `i64`.
+pub fn host_ints<const D: usize>(tensor: Tensor<D, Int>) -> Vec<i64> {
     tensor.into_data().iter::<i64>().collect()
 }
 

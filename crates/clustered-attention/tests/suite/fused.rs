@@ -4,15 +4,15 @@
 //! the default bodies. The per-backend test functions are in `sparse.rs`'s `sparse_tests!`.
 
 use burn::backend::Autodiff;
-use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor};
-use clustered_attention::ClusteredAttentionBackend;
+use burn::tensor::{DType, Device, Int, Tensor};
 use clustered_attention::ops::{
-    ClusterTop, QueryClusters, TopAttentionGrads, centroid_attention, reference, top_attention,
+    ClusteredAttentionBackend, ClusteredAttentionBackward, centroid_attention, improved_attention,
+    reference, top_attention,
 };
 
 use crate::common::*;
-use crate::sparse::{Indices, float, indices, max_diff};
+use crate::defaults;
+use crate::sparse::{Indices, indices, max_diff};
 
 /// The backend's centroid attention against plain f64 loops: `Aᶜ V` over the keys outside the
 /// returned top-k (all of it with `topk` 0) and the top-k weights to 1e-5, the top-k sets by
@@ -23,8 +23,8 @@ use crate::sparse::{Indices, float, indices, max_diff};
 /// and one (batch, head) with enough clusters for the host loops to split its rows between
 /// threads (on a machine with two or more); in the last case the centroids and keys are in
 /// `{-1, 0, 1}`, so that many scores tie with the k-th best (ties go to the lower key).
-pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
-    centroid_attention_matches_loops_in::<B>(DType::F32);
+pub fn centroid_attention_matches_loops(device: &Device) {
+    centroid_attention_matches_loops_in(device, DType::F32);
 }
 
 /// [`centroid_attention_matches_loops`] in `dtype`, the references fed the inputs rounded to
@@ -34,10 +34,9 @@ pub fn centroid_attention_matches_loops<B: ClusteredAttentionBackend>() {
 /// device's cooperative matrices may round each product to the half type, as lavapipe's seem
 /// to, and a key near the k-th best may then rank either way); with one more case at the bench's
 /// widths (`E = D = 64`, `topk` 32).
-pub fn centroid_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType) {
-    let device = Default::default();
+pub fn centroid_attention_matches_loops_in(device: &Device, dtype: DType) {
     let half = dtype != DType::F32;
-    let tolerance = matmul_tolerance::<B>(1e-5);
+    let tolerance = matmul_tolerance(device, 1e-5);
     // TF32 rounds a score relative to its size; f32 elsewhere keeps 1e-5 absolute.
     let score_slack = |kth: f64| {
         if half {
@@ -65,13 +64,18 @@ pub fn centroid_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: 
         let [batch, heads, clusters, dim] = centroid_dims;
         let seed = 90 + 3 * n as u64;
         let ternary = |x: Host4| if n == ties { ternary(x) } else { x };
-        let (centroids, centroids_in) = rounded::<B>(&ternary(normal(centroid_dims, seed)), dtype);
-        let (keys, keys_in) = rounded::<B>(
+        let (centroids, centroids_in) =
+            rounded(&ternary(normal(centroid_dims, seed)), dtype, device);
+        let (keys, keys_in) = rounded(
             &ternary(normal([batch, heads, keys_len, dim], seed + 1)),
             dtype,
+            device,
         );
-        let (values, values_in) =
-            rounded::<B>(&normal([batch, heads, keys_len, dim_v], seed + 2), dtype);
+        let (values, values_in) = rounded(
+            &normal([batch, heads, keys_len, dim_v], seed + 2),
+            dtype,
+            device,
+        );
         let tolerance = if half {
             crate::half::tolerance(dtype) * largest(&values)
         } else {
@@ -87,7 +91,7 @@ pub fn centroid_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: 
                 centroids_in.clone(),
                 keys_in.clone(),
                 values_in.clone(),
-                Some(lengths::<B>(key_lengths, &device)),
+                Some(lengths(key_lengths, device)),
                 topk,
             );
             assert_eq!(out.dims(), [batch, heads, clusters, dim_v]);
@@ -179,8 +183,10 @@ fn ternary(mut x: Host4) -> Host4 {
 /// blocks of the host kernels (k = 33, E = 70, D = 20), and one (batch, head) with enough
 /// queries for the host loops to split them between threads (on a machine with two or more),
 /// with the tolerance of `sparse_products_match_reference`.
-pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
-    top_attention_matches_loops_in::<B>(DType::F32);
+///
+/// `X` is the backend of `device`, whose default body is checked too.
+pub fn top_attention_matches_loops<X: ClusteredAttentionBackend>(device: &Device) {
+    top_attention_matches_loops_in::<X>(device, DType::F32);
 }
 
 /// [`top_attention_matches_loops`] in `dtype` (the backend's op only), the references fed the
@@ -188,8 +194,7 @@ pub fn top_attention_matches_loops<B: ClusteredAttentionBackend>() {
 /// [`tolerance`](crate::half::tolerance) of the largest entries of the values and the rests
 /// added (an output is its cluster's mass, below 1, times a convex combination of values,
 /// plus its rest); with one more case at the bench's widths (`E = D = 64`, `k` 32).
-pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType) {
-    let device = Default::default();
+pub fn top_attention_matches_loops_in<X: ClusteredAttentionBackend>(device: &Device, dtype: DType) {
     let half = dtype != DType::F32;
     // (batch, heads, L, S, E, D, C, k, key lengths, tolerance)
     type Case = (
@@ -225,23 +230,33 @@ pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType
             }
         }
         let (queries, queries_in) =
-            rounded::<B>(&normal([batch, heads, len, dim], seed + 1), dtype);
-        let (keys, keys_in) = rounded::<B>(&normal([batch, heads, keys_len, dim], seed + 2), dtype);
-        let (values, values_in) =
-            rounded::<B>(&normal([batch, heads, keys_len, dim_v], seed + 3), dtype);
+            rounded(&normal([batch, heads, len, dim], seed + 1), dtype, device);
+        let (keys, keys_in) = rounded(
+            &normal([batch, heads, keys_len, dim], seed + 2),
+            dtype,
+            device,
+        );
+        let (values, values_in) = rounded(
+            &normal([batch, heads, keys_len, dim_v], seed + 3),
+            dtype,
+            device,
+        );
         let mut mass = normal([batch, heads, clusters, 1], seed + 4);
         for m in &mut mass.data {
             *m = m.abs() / (1.0 + m.abs());
         }
-        let (mass, mass_in) = rounded::<B>(&mass, dtype);
-        let (rest, rest_in) =
-            rounded::<B>(&normal([batch, heads, clusters, dim_v], seed + 5), dtype);
+        let (mass, mass_in) = rounded(&mass, dtype, device);
+        let (rest, rest_in) = rounded(
+            &normal([batch, heads, clusters, dim_v], seed + 5),
+            dtype,
+            device,
+        );
         let tolerance = if half {
             crate::half::tolerance(dtype) * (largest(&values) + largest(&rest))
         } else {
             tolerance
         };
-        let (topk, assignments) = ix.tensors::<B>();
+        let (topk, assignments) = ix.tensors(device);
         let inputs = || {
             (
                 queries_in.clone(),
@@ -251,7 +266,7 @@ pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType
                 assignments.clone(),
                 mass_in.clone(),
                 rest_in.clone(),
-                Some(lengths::<B>(key_lengths, &device)),
+                Some(lengths(key_lengths, device)),
             )
         };
         let (q, kt, v, t, a, m, r, l) = inputs();
@@ -260,20 +275,7 @@ pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType
         // The default body in `f32` only: in a half type it rounds at every op.
         if !half {
             let (q, kt, v, t, a, m, r, l) = inputs();
-            let clusters_top = ClusterTop {
-                assignments: a.into_primitive(),
-                topk: t.into_primitive(),
-                mass: m.into_primitive().tensor(),
-                rest: r.into_primitive().tensor(),
-            };
-            let default_body = float::<B>(reference::top_attention::<B>(
-                q.into_primitive().tensor(),
-                kt.into_primitive().tensor(),
-                v.into_primitive().tensor(),
-                clusters_top,
-                l.map(Tensor::into_primitive),
-                scale,
-            ));
+            let default_body = defaults::top_attention::<X>(q, kt, v, a, t, m, r, l, scale);
             checked.push(("default body", default_body));
         }
         for (name, out) in checked {
@@ -340,10 +342,17 @@ pub fn top_attention_matches_loops_in<B: ClusteredAttentionBackend>(dtype: DType
 /// (`E = D = 32`, `topk` 16) over several row blocks and key blocks of the CubeCL kernels; and centroids and keys in `{-1, 0, 1}`, whose scores tie with the k-th best
 /// (the last case). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
 /// rounds to TF32 ([`matmul_tolerance`]).
-pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend>() {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let tolerance = matmul_tolerance::<B>(1e-4) as f32;
+///
+/// `X` is the backend of `device`: the backend's op runs through the crate's tensor-level
+/// `centroid_attention` on `device`'s autodiff form (which Burn routes to `Autodiff<X>`'s op, and
+/// so to `X`'s forward and backward), the default forward body is `Autodiff<X>`'s.
+pub fn centroid_attention_gradients_match_reference<X>(device: &Device)
+where
+    X: ClusteredAttentionBackward,
+    Autodiff<X>: ClusteredAttentionBackend,
+{
+    let ad = autodiff(device);
+    let tolerance = matmul_tolerance(device, 1e-4) as f32;
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
     let cases: [Case; 8] = [
@@ -370,75 +379,51 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
         // A weight per key, gathered at each row's top-k: the loss does not depend on the order
         // of the top-k (by score on the backends, in key order in the default body at topk = S).
         let outer_top = normal([batch, heads, clusters, keys_len], seed + 4);
-        type Forward<B> = fn(
-            [FloatTensor<A<B>>; 3],
-            Option<burn::tensor::ops::IntTensor<A<B>>>,
+        type Forward = fn(
+            [Tensor<4>; 3],
+            Option<Tensor<1, Int>>,
             usize,
-        ) -> clustered_attention::ops::CentroidAttention<A<B>>;
+        ) -> (Tensor<4>, Option<(Tensor<4, Int>, Tensor<4>)>);
         // Gradients of Σ Aᶜ V ⊙ outer_values + Σ top weights ⊙ outer_top at the top-k keys.
-        let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-            let x: Vec<Tensor<A<B>, 4>> = inputs
+        let gradients = |forward: Forward| -> Vec<Tensor<4>> {
+            let x: Vec<Tensor<4>> = inputs
                 .iter()
-                .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+                .map(|h| h.to_tensor(&ad).require_grad())
                 .collect();
-            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-            let out = forward(
-                [float_in(0), float_in(1), float_in(2)],
-                Some(lengths::<A<B>>(key_lengths, &device).into_primitive()),
+            let (values, top) = forward(
+                [x[0].clone(), x[1].clone(), x[2].clone()],
+                Some(lengths(key_lengths, &ad)),
                 topk,
             );
-            let mut loss =
-                (float::<A<B>>(out.values) * outer_values.to_tensor::<A<B>>(&device)).sum();
-            if let Some((top, weights)) = out.top {
-                let outer = outer_top
-                    .to_tensor::<A<B>>(&device)
-                    .gather(3, Tensor::from_primitive(top));
-                loss = loss + (float::<A<B>>(weights) * outer).sum();
+            let mut loss = (values * outer_values.to_tensor(&ad)).sum();
+            if let Some((top, weights)) = top {
+                let outer = outer_top.to_tensor(&ad).gather(3, top);
+                loss = loss + (weights * outer).sum();
             }
             let grads = loss.backward();
             x.iter()
                 .map(|x| x.grad(&grads).expect("a gradient"))
                 .collect()
         };
-        let expected =
-            gradients(|[c, k, v], l, topk| reference::centroid_attention::<A<B>>(c, k, v, l, topk));
-        let backend = gradients(|[c, k, v], l, topk| A::<B>::centroid_attention(c, k, v, l, topk));
-        let default_body = {
-            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
+        let expected = gradients(|[c, k, v], l, topk| {
+            defaults::centroid_attention::<Autodiff<X>>(c, k, v, l, topk)
+        });
+        let backend = gradients(|[c, k, v], l, topk| centroid_attention(c, k, v, l, topk));
+        let default_body = defaults::centroid_attention_backward::<X>(
+            inputs[0].to_tensor(device),
+            inputs[1].to_tensor(device),
+            inputs[2].to_tensor(device),
+            Some(lengths(key_lengths, device)),
+            topk,
+            outer_values.to_tensor(device),
             // The top-k indices as the default forward body picks them.
-            let forward = reference::centroid_attention::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                Some(lengths::<B>(key_lengths, &device).into_primitive()),
-                topk,
-            );
-            let top = forward.top.as_ref().map(|(top, _)| top.clone());
-            let grads = reference::centroid_attention_backward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                Some(lengths::<B>(key_lengths, &device).into_primitive()),
-                forward,
-                outer_values
-                    .to_tensor::<B>(&device)
-                    .into_primitive()
-                    .tensor(),
-                top.map(|top| {
-                    outer_top
-                        .to_tensor::<B>(&device)
-                        .gather(3, Tensor::from_primitive(top))
-                        .into_primitive()
-                        .tensor()
-                }),
-            );
-            [grads.centroids, grads.keys, grads.values]
-                .into_iter()
-                .map(float::<B>)
-                .collect::<Vec<_>>()
-        };
+            |top| outer_top.to_tensor(device).gather(3, top),
+        );
         let names = ["centroids", "keys", "values"];
-        for (body, got) in [("backend", backend), ("default body", default_body)] {
+        for (body, got) in [
+            ("backend", backend),
+            ("default body", Vec::from(default_body)),
+        ] {
             for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
                 assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
                 let diff = max_diff(got, expected.clone());
@@ -458,13 +443,19 @@ pub fn centroid_attention_gradients_match_reference<B: ClusteredAttentionBackend
 /// widths across the 16-lane blocks of the host kernels (k = 17, E = 19, D = 18), and one
 /// (batch, head) with clusters of several hundred queries, which the host loops take in runs
 /// and split between threads (on a machine with two or more).
-pub fn top_attention_gradients_match_reference<B: ClusteredAttentionBackend>() {
+///
+/// `X` is the backend of `device`, as in [`centroid_attention_gradients_match_reference`].
+pub fn top_attention_gradients_match_reference<X>(device: &Device)
+where
+    X: ClusteredAttentionBackward,
+    Autodiff<X>: ClusteredAttentionBackend,
+{
     let cases: [TopGradCase; 2] = [
         (2, 2, 41, 37, 19, 18, 4, 17, &[37, 9]),
         (1, 1, 2500, 300, 16, 12, 6, 9, &[280]),
     ];
     for (n, case) in cases.into_iter().enumerate() {
-        top_attention_gradients_case::<B>(n, case, 91 + 10 * n as u64);
+        top_attention_gradients_case::<X>(device, n, case, 91 + 10 * n as u64);
     }
 }
 
@@ -522,102 +513,79 @@ impl TopBackwardInputs {
     }
 
     /// The gradients of the queries, keys, values, mass and rest by `backward` (the backend's
-    /// op or its default body), with scale 0.4.
-    #[allow(clippy::type_complexity)]
-    fn backward<B: ClusteredAttentionBackend>(
+    /// op or its default body, of `X`, the backend of `device`), with scale 0.4.
+    fn backward<X: ClusteredAttentionBackward>(
         &self,
-        backward: fn(
-            FloatTensor<B>,
-            FloatTensor<B>,
-            FloatTensor<B>,
-            ClusterTop<B>,
-            Option<burn::tensor::ops::IntTensor<B>>,
-            f64,
-            FloatTensor<B>,
-        ) -> TopAttentionGrads<B>,
-    ) -> Vec<Tensor<B, 4>> {
-        let device = Default::default();
-        let float_in = |i: usize| {
-            self.floats[i]
-                .to_tensor::<B>(&device)
-                .into_primitive()
-                .tensor()
-        };
-        let (topk, assignments) = self.ix.tensors::<B>();
-        let grads = backward(
+        device: &Device,
+        backward: defaults::TopBackward<X>,
+    ) -> Vec<Tensor<4>> {
+        let float_in = |i: usize| self.floats[i].to_tensor(device);
+        let (topk, assignments) = self.ix.tensors(device);
+        defaults::top_attention_backward::<X>(
+            backward,
             float_in(0),
             float_in(1),
             float_in(2),
-            ClusterTop {
-                assignments: assignments.into_primitive(),
-                topk: topk.into_primitive(),
-                mass: float_in(3),
-                rest: float_in(4),
-            },
-            Some(lengths::<B>(self.key_lengths, &device).into_primitive()),
+            assignments,
+            topk,
+            float_in(3),
+            float_in(4),
+            Some(lengths(self.key_lengths, device)),
             0.4,
             float_in(5),
-        );
-        [
-            grads.queries,
-            grads.keys,
-            grads.values,
-            grads.mass,
-            grads.rest,
-        ]
-        .into_iter()
-        .map(float::<B>)
-        .collect()
+        )
+        .into()
     }
 }
 
-fn top_attention_gradients_case<B: ClusteredAttentionBackend>(
-    n: usize,
-    case: TopGradCase,
-    seed: u64,
-) {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
+fn top_attention_gradients_case<X>(device: &Device, n: usize, case: TopGradCase, seed: u64)
+where
+    X: ClusteredAttentionBackward,
+    Autodiff<X>: ClusteredAttentionBackend,
+{
+    let ad = autodiff(device);
     let scale = 0.4;
     let input = TopBackwardInputs::new(case, seed);
-    type Forward<B> = fn(
-        [FloatTensor<A<B>>; 3],
-        ClusterTop<A<B>>,
-        Option<burn::tensor::ops::IntTensor<A<B>>>,
+    // Queries, keys, values, mass, rest; assignments, top-k, key lengths, scale.
+    type Forward = fn(
+        [Tensor<4>; 5],
+        Tensor<3, Int>,
+        Tensor<4, Int>,
+        Option<Tensor<1, Int>>,
         f64,
-    ) -> FloatTensor<A<B>>;
+    ) -> Tensor<4>;
     // Gradients of Σ out ⊙ outer.
-    let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-        let x: Vec<Tensor<A<B>, 4>> = input.floats[..5]
+    let gradients = |forward: Forward| -> Vec<Tensor<4>> {
+        let x: Vec<Tensor<4>> = input.floats[..5]
             .iter()
-            .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+            .map(|h| h.to_tensor(&ad).require_grad())
             .collect();
-        let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-        let (topk, assignments) = input.ix.tensors::<A<B>>();
-        let clusters_top = ClusterTop {
-            assignments: assignments.into_primitive(),
-            topk: topk.into_primitive(),
-            mass: float_in(3),
-            rest: float_in(4),
-        };
-        let lengths = Some(lengths::<A<B>>(input.key_lengths, &device).into_primitive());
+        let (topk, assignments) = input.ix.tensors(&ad);
         let out = forward(
-            [float_in(0), float_in(1), float_in(2)],
-            clusters_top,
-            lengths,
+            [
+                x[0].clone(),
+                x[1].clone(),
+                x[2].clone(),
+                x[3].clone(),
+                x[4].clone(),
+            ],
+            assignments,
+            topk,
+            Some(lengths(input.key_lengths, &ad)),
             scale,
         );
-        let outer = input.floats[5].to_tensor::<A<B>>(&device);
-        let loss = (float::<A<B>>(out) * outer).sum();
+        let outer = input.floats[5].to_tensor(&ad);
+        let loss = (out * outer).sum();
         let grads = loss.backward();
         x.iter()
             .map(|x| x.grad(&grads).expect("a gradient"))
             .collect()
     };
-    let expected =
-        gradients(|[q, k, v], c, l, s| reference::top_attention::<A<B>>(q, k, v, c, l, s));
-    let backend = gradients(|[q, k, v], c, l, s| A::<B>::top_attention(q, k, v, c, l, s));
-    let default_body = input.backward::<B>(reference::top_attention_backward::<B>);
+    let expected = gradients(|[q, k, v, m, r], a, t, l, s| {
+        defaults::top_attention::<Autodiff<X>>(q, k, v, a, t, m, r, l, s)
+    });
+    let backend = gradients(|[q, k, v, m, r], a, t, l, s| top_attention(q, k, v, a, t, m, r, l, s));
+    let default_body = input.backward::<X>(device, reference::top_attention_backward::<X>);
     let names = ["queries", "keys", "values", "mass", "rest"];
     for (body, got) in [("backend", backend), ("default body", default_body)] {
         for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
@@ -640,10 +608,15 @@ fn top_attention_gradients_case<B: ClusteredAttentionBackend>(
 /// case with more keys than a part of the host loops (512) and clusters of several hundred
 /// queries. The centroid scores on both sides are Burn matmuls: 1e-4, raised where the
 /// matmul rounds to TF32 ([`matmul_tolerance`]).
-pub fn improved_attention_gradients_match_reference<B: ClusteredAttentionBackend>() {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
-    let tolerance = matmul_tolerance::<B>(1e-4) as f32;
+///
+/// `X` is the backend of `device`, as in [`centroid_attention_gradients_match_reference`].
+pub fn improved_attention_gradients_match_reference<X>(device: &Device)
+where
+    X: ClusteredAttentionBackward,
+    Autodiff<X>: ClusteredAttentionBackend,
+{
+    let ad = autodiff(device);
+    let tolerance = matmul_tolerance(device, 1e-4) as f32;
     let scale = 0.3;
     // (batch, heads, L, S, E, D, C, k, key lengths)
     let cases: [TopGradCase; 2] = [
@@ -680,83 +653,56 @@ pub fn improved_attention_gradients_match_reference<B: ClusteredAttentionBackend
             normal([batch, heads, keys_len, dim_v], seed + 3),
         ];
         let outer = normal([batch, heads, len, dim_v], seed + 4);
-        type Forward<B> = fn(
-            [FloatTensor<A<B>>; 3],
-            QueryClusters<A<B>>,
-            Option<burn::tensor::ops::IntTensor<A<B>>>,
+        // Queries, keys, values; assignments, inverse counts, key lengths, topk, scale.
+        type Forward = fn(
+            [Tensor<4>; 3],
+            Tensor<3, Int>,
+            Tensor<4>,
+            Option<Tensor<1, Int>>,
             usize,
             f64,
-        ) -> FloatTensor<A<B>>;
+        ) -> Tensor<4>;
         // Gradients of Σ out ⊙ outer.
-        let gradients = |forward: Forward<B>| -> Vec<Tensor<B, 4>> {
-            let x: Vec<Tensor<A<B>, 4>> = inputs
+        let gradients = |forward: Forward| -> Vec<Tensor<4>> {
+            let x: Vec<Tensor<4>> = inputs
                 .iter()
-                .map(|h| h.to_tensor::<A<B>>(&device).require_grad())
+                .map(|h| h.to_tensor(&ad).require_grad())
                 .collect();
-            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-            let clusters = QueryClusters {
-                assignments: ix.tensors::<A<B>>().1.into_primitive(),
-                inverse_counts: inverse_counts
-                    .to_tensor::<A<B>>(&device)
-                    .into_primitive()
-                    .tensor(),
-            };
-            let lengths = Some(lengths::<A<B>>(key_lengths, &device).into_primitive());
             let out = forward(
-                [float_in(0), float_in(1), float_in(2)],
-                clusters,
-                lengths,
+                [x[0].clone(), x[1].clone(), x[2].clone()],
+                ix.tensors(&ad).1,
+                inverse_counts.to_tensor(&ad),
+                Some(lengths(key_lengths, &ad)),
                 k,
                 scale,
             );
-            let loss = (float::<A<B>>(out) * outer.to_tensor::<A<B>>(&device)).sum();
+            let loss = (out * outer.to_tensor(&ad)).sum();
             let grads = loss.backward();
             x.iter()
                 .map(|x| x.grad(&grads).expect("a gradient"))
                 .collect()
         };
-        let expected = gradients(|[q, k, v], c, l, topk, s| {
-            reference::improved_attention::<A<B>>(q, k, v, c, l, topk, s)
+        let expected = gradients(|[q, k, v], a, c, l, topk, s| {
+            defaults::improved_attention::<Autodiff<X>>(q, k, v, a, c, l, topk, s)
         });
-        let backend = gradients(|[q, k, v], c, l, topk, s| {
-            A::<B>::improved_attention(q, k, v, c, l, topk, s)
-        });
-        let default_body = {
-            let float_in = |i: usize| inputs[i].to_tensor::<B>(&device).into_primitive().tensor();
-            let clusters = || QueryClusters {
-                assignments: ix.tensors::<B>().1.into_primitive(),
-                inverse_counts: inverse_counts
-                    .to_tensor::<B>(&device)
-                    .into_primitive()
-                    .tensor(),
-            };
-            let lengths = || Some(lengths::<B>(key_lengths, &device).into_primitive());
-            let (_, forward) = reference::improved_attention_forward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                clusters(),
-                lengths(),
-                k,
-                scale,
-            );
-            let grads = reference::improved_attention_backward::<B>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                clusters(),
-                lengths(),
-                scale,
-                forward,
-                outer.to_tensor::<B>(&device).into_primitive().tensor(),
-            );
-            [grads.queries, grads.keys, grads.values]
-                .into_iter()
-                .map(float::<B>)
-                .collect::<Vec<_>>()
-        };
+        let backend =
+            gradients(|[q, k, v], a, c, l, topk, s| improved_attention(q, k, v, a, c, l, topk, s));
+        let default_body = defaults::improved_attention_backward::<X>(
+            inputs[0].to_tensor(device),
+            inputs[1].to_tensor(device),
+            inputs[2].to_tensor(device),
+            ix.tensors(device).1,
+            inverse_counts.to_tensor(device),
+            Some(lengths(key_lengths, device)),
+            k,
+            scale,
+            outer.to_tensor(device),
+        );
         let names = ["queries", "keys", "values"];
-        for (body, got) in [("backend", backend), ("default body", default_body)] {
+        for (body, got) in [
+            ("backend", backend),
+            ("default body", Vec::from(default_body)),
+        ] {
             for ((name, got), expected) in names.iter().zip(got).zip(&expected) {
                 assert_eq!(got.dims(), expected.dims(), "case {n}, {body}, {name}");
                 let diff = max_diff(got, expected.clone());
@@ -773,7 +719,10 @@ pub fn improved_attention_gradients_match_reference<B: ClusteredAttentionBackend
 /// and on four, where the host loops split each of the two heads' clusters between tasks (their
 /// key and value gradients are added in cluster order either way): clusters of several hundred
 /// queries, one of them empty, padded keys and queries, keys in the top-k of several clusters.
-pub fn top_attention_backward_is_deterministic_across_threads<B: ClusteredAttentionBackend>() {
+/// `X` is the backend of `device`.
+pub fn top_attention_backward_is_deterministic_across_threads<X: ClusteredAttentionBackward>(
+    device: &Device,
+) {
     // Few keys, so that most are in the top-k of several clusters, and of both halves.
     let len = 2500;
     let mut input = TopBackwardInputs::new((1, 2, len, 24, 16, 12, 6, 9, &[20]), 141);
@@ -789,9 +738,9 @@ pub fn top_attention_backward_is_deterministic_across_threads<B: ClusteredAttent
             .expect("a thread pool");
         pool.install(|| {
             input
-                .backward::<B>(B::top_attention_backward)
+                .backward::<X>(device, X::top_attention_backward)
                 .into_iter()
-                .map(|x| x.into_data().to_vec::<f32>().expect("f32"))
+                .map(|x| x.into_data().try_into_vec::<f32>().expect("f32"))
                 .collect()
         })
     };

@@ -10,16 +10,12 @@
 
 use burn::backend::Autodiff;
 use burn::module::{Module, ModuleMapper, Param};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{
-    DType, Distribution, ElementConversion, FloatDType, Int, Tensor, TensorPrimitive,
-};
-use clustered_attention::ops::reference;
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{DType, Device, Distribution, FloatDType, Int, Tensor};
 use clustered_attention::{
-    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionBackend,
-    ClusteredAttentionConfig, ClusteredAttentionInput, ClusteringOptions, FullAttention,
-    ImprovedClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
+    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionConfig,
+    ClusteredAttentionInput, ClusteringOptions, FullAttention, ImprovedClusteredAttention,
+    MultiHeadClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
 
 use crate::common::*;
@@ -37,28 +33,29 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// Batch of 2 with query and key padding, S ≠ L, in `dtype`; the host copies hold the values
-/// rounded to `dtype`.
-struct HalfCase<B: Backend> {
+/// Batch of 2 with query and key padding, S ≠ L, in `dtype` on `device`; the host copies hold
+/// the values rounded to `dtype`.
+struct HalfCase {
+    device: Device,
     q: Host4,
     k: Host4,
     v: Host4,
-    tensors: [Tensor<B, 4>; 3],
+    tensors: [Tensor<4>; 3],
     query_lengths: Vec<usize>,
     key_lengths: Vec<usize>,
 }
 
-impl<B: ClusteredAttentionBackend> HalfCase<B> {
-    fn new(len: usize, keys_len: usize, dtype: DType, seed: u64) -> Self {
-        let device = Default::default();
+impl HalfCase {
+    fn new(device: &Device, len: usize, keys_len: usize, dtype: DType, seed: u64) -> Self {
         let round = |host: Host4| {
-            let tensor = host.to_tensor::<B>(&device).cast(dtype);
+            let tensor = host.to_tensor(device).cast(dtype);
             (Host4::from_tensor(tensor.clone().cast(DType::F32)), tensor)
         };
         let (q, tq) = round(clustered_queries([2, 2, len, 16], 4, 1.5, seed));
         let (k, tk) = round(normal([2, 2, keys_len, 16], seed + 1));
         let (v, tv) = round(normal([2, 2, keys_len, 8], seed + 2));
         Self {
+            device: device.clone(),
             q,
             k,
             v,
@@ -76,15 +73,14 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
         }
     }
 
-    fn lengths(&self) -> [Option<Tensor<B, 1, Int>>; 2] {
-        let device = Default::default();
+    fn lengths(&self) -> [Option<Tensor<1, Int>>; 2] {
         [
-            Some(lengths(&self.query_lengths, &device)),
-            Some(lengths(&self.key_lengths, &device)),
+            Some(lengths(&self.query_lengths, &self.device)),
+            Some(lengths(&self.key_lengths, &self.device)),
         ]
     }
 
-    fn input(&self) -> AttentionInput<B> {
+    fn input(&self) -> AttentionInput {
         let [queries, keys, values] = self.tensors.clone();
         let [query_lengths, key_lengths] = self.lengths();
         AttentionInput {
@@ -96,11 +92,11 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
         }
     }
 
-    fn full(&self) -> Tensor<B, 4> {
+    fn full(&self) -> Tensor<4> {
         FullAttention::new().forward(self.input())
     }
 
-    fn clustered(&self, clustering: &ClusteringOptions) -> Tensor<B, 4> {
+    fn clustered(&self, clustering: &ClusteringOptions) -> Tensor<4> {
         ClusteredAttention {
             clustering: clustering.clone(),
             options: AttentionOptions::new(),
@@ -108,7 +104,7 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
         .forward(self.input())
     }
 
-    fn improved(&self, clustering: &ClusteringOptions, topk: usize) -> Tensor<B, 4> {
+    fn improved(&self, clustering: &ClusteringOptions, topk: usize) -> Tensor<4> {
         ImprovedClusteredAttention {
             clustering: clustering.clone(),
             topk,
@@ -123,17 +119,17 @@ impl<B: ClusteredAttentionBackend> HalfCase<B> {
     }
 }
 
-/// The gradients of the centroid attention in `dtype` on `B` under Autodiff (both outputs
+/// The gradients of the centroid attention in `dtype` on `device`'s autodiff form (both outputs
 /// weighted: the rest of `Aᶜ V` and the top-k weights; padded keys; `topk` 4 and 0), against
 /// Autodiff through the default forward body on NdArray in `f32` with the same inputs and outer
 /// gradients rounded to `dtype`: each input's gradient within [`tolerance`] of its largest
 /// reference entry. The backward passes compute in `f32` from the half-type inputs, forward
 /// outputs and outer gradients, and round their results once.
-pub fn centroid_gradients_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
+pub fn centroid_gradients_match_reference(device: &Device, dtype: DType) {
     type Reference = Autodiff<NdArrayBackend>;
-    let device = Default::default();
+    let reference_device = autodiff(&ndarray());
     let rounded =
-        |host: Host4| Host4::from_tensor(host.to_tensor::<B>(&device).cast(dtype).cast(DType::F32));
+        |host: Host4| Host4::from_tensor(host.to_tensor(device).cast(dtype).cast(DType::F32));
     let (clusters, keys_len, key_lengths) = (9, 70, [70, 33]);
     // Centroids of a quarter of the keys' scale, so that the weights spread over many keys.
     let mut centroids = normal([2, 2, clusters, 16], 300);
@@ -147,22 +143,20 @@ pub fn centroid_gradients_match_reference<B: ClusteredAttentionBackend>(dtype: D
         let outer_values = rounded(normal([2, 2, clusters, 8], 303));
         let outer_top = rounded(normal([2, 2, clusters, topk], 304));
         let expected = {
-            let x: Vec<Tensor<Reference, 4>> = inputs
+            let x: Vec<Tensor<4>> = inputs
                 .iter()
-                .map(|h| h.to_tensor::<Reference>(&Default::default()).require_grad())
+                .map(|h| h.to_tensor(&reference_device).require_grad())
                 .collect();
-            let float_in = |i: usize| x[i].clone().into_primitive().tensor();
-            let out = reference::centroid_attention::<Reference>(
-                float_in(0),
-                float_in(1),
-                float_in(2),
-                Some(lengths::<Reference>(&key_lengths, &Default::default()).into_primitive()),
+            let (values, top) = crate::defaults::centroid_attention::<Reference>(
+                x[0].clone(),
+                x[1].clone(),
+                x[2].clone(),
+                Some(lengths(&key_lengths, &reference_device)),
                 topk,
             );
-            let float = |t| Tensor::<Reference, 4>::from_primitive(TensorPrimitive::Float(t));
-            let mut loss = (float(out.values) * outer_values.to_tensor(&Default::default())).sum();
-            if let Some((_, weights)) = out.top {
-                loss = loss + (float(weights) * outer_top.to_tensor(&Default::default())).sum();
+            let mut loss = (values * outer_values.to_tensor(&reference_device)).sum();
+            if let Some((_, weights)) = top {
+                loss = loss + (weights * outer_top.to_tensor(&reference_device)).sum();
             }
             let grads = loss.backward();
             x.iter()
@@ -170,9 +164,9 @@ pub fn centroid_gradients_match_reference<B: ClusteredAttentionBackend>(dtype: D
                 .collect::<Vec<_>>()
         };
         let got = {
-            let half = |h: &Host4| h.to_tensor::<Autodiff<B>>(&device).cast(dtype);
-            let x: Vec<Tensor<Autodiff<B>, 4>> =
-                inputs.iter().map(|h| half(h).require_grad()).collect();
+            let device = autodiff(device);
+            let half = |h: &Host4| h.to_tensor(&device).cast(dtype);
+            let x: Vec<Tensor<4>> = inputs.iter().map(|h| half(h).require_grad()).collect();
             let (values, top) = clustered_attention::ops::centroid_attention(
                 x[0].clone(),
                 x[1].clone(),
@@ -214,7 +208,7 @@ pub fn centroid_gradients_match_reference<B: ClusteredAttentionBackend>(dtype: D
 }
 
 /// The output, checked to be of `dtype`, as `f32` host values.
-fn host<B: Backend>(out: Tensor<B, 4>, dtype: DType) -> Host4 {
+fn host(out: Tensor<4>, dtype: DType) -> Host4 {
     assert_eq!(out.dtype(), dtype, "the output dtype");
     Host4::from_tensor(out.cast(DType::F32))
 }
@@ -230,11 +224,11 @@ pub fn relative_error(out: &Host4, reference: &Rows) -> f64 {
 
 /// Full, clustered and improved attention in `dtype` against the `f64` references (the latter
 /// two on the assignments the half-precision run made), with C < L and topk < S.
-pub fn attention_matches_reference<B: ClusteredAttentionBackend>(dtype: DType) {
+pub fn attention_matches_reference(device: &Device, dtype: DType) {
     let tolerance = tolerance(dtype);
-    let case = HalfCase::<B>::new(96, 80, dtype, 5);
+    let case = HalfCase::new(device, 96, 80, dtype, 5);
     let setup = case.setup();
-    let check = |name: &str, out: Tensor<B, 4>, reference: Rows| {
+    let check = |name: &str, out: Tensor<4>, reference: Rows| {
         let error = relative_error(&host(out, dtype), &reference);
         assert!(
             error <= tolerance,
@@ -264,11 +258,11 @@ pub fn attention_matches_reference<B: ClusteredAttentionBackend>(dtype: DType) {
 
 /// With no more valid queries than clusters, clustered and improved attention in `dtype` equal
 /// full attention (the `f64` reference); so does improved with topk ≥ S.
-pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>(dtype: DType) {
+pub fn exact_regime_equals_full(device: &Device, dtype: DType) {
     let tolerance = tolerance(dtype);
-    let case = HalfCase::<B>::new(40, 30, dtype, 9);
+    let case = HalfCase::new(device, 40, 30, dtype, 9);
     let full = full_reference(&case.q, &case.k, &case.v, &case.setup());
-    let check = |name: &str, out: Tensor<B, 4>| {
+    let check = |name: &str, out: Tensor<4>| {
         let error = relative_error(&host(out, dtype), &full);
         assert!(
             error <= tolerance,
@@ -288,13 +282,12 @@ pub fn exact_regime_equals_full<B: ClusteredAttentionBackend>(dtype: DType) {
 /// threshold than 1 % of `Σ |q_e · p_e| + |threshold|` matches the `f64` projection of the
 /// rounded query on the rounded plane. Then K-means on those codes gives the same assignments
 /// and counts as the default body (integer arithmetic) computes on NdArray in `f32`.
-pub fn hashing_and_kmeans_match_reference<B: ClusteredAttentionBackend>(dtype: DType) {
-    let device = Default::default();
+pub fn hashing_and_kmeans_match_reference(device: &Device, dtype: DType) {
     let dims = [2, 2, 300, 16];
     let queries = clustered_queries(dims, 3, 1.0, 21)
-        .to_tensor::<B>(&device)
+        .to_tensor(device)
         .cast(dtype);
-    let planes = lsh_planes::<B>(32, 16, true, 4, &device).cast(dtype);
+    let planes = lsh_planes(32, 16, true, 4, device).cast(dtype);
     let codes = lsh_hash(queries.clone(), planes.clone());
     let q = Host4::from_tensor(queries.cast(DType::F32));
     let p: Vec<f64> = planes
@@ -330,29 +323,25 @@ pub fn hashing_and_kmeans_match_reference<B: ClusteredAttentionBackend>(dtype: D
 
     // Two clusters of ~300 members each: more than bf16 holds exactly as integers (256).
     let query_lengths = [300, 250];
-    let clusters = hamming_kmeans(codes, Some(lengths::<B>(&query_lengths, &device)), 2, 10, 8);
-    let cpu = Default::default();
-    let codes_f32 = Tensor::<NdArrayBackend, 3, Int>::from_data(
-        burn::tensor::TensorData::new(host_codes, [2, 2, 300]),
-        &cpu,
-    );
-    let (assignments, counts) = reference::hamming_kmeans::<NdArrayBackend>(
-        codes_f32.into_primitive(),
-        Some(lengths::<NdArrayBackend>(&query_lengths, &cpu).into_primitive()),
+    let clusters = hamming_kmeans(codes, Some(lengths(&query_lengths, device)), 2, 10, 8);
+    let cpu = ndarray();
+    let codes_f32 =
+        Tensor::<3, Int>::from_data(burn::tensor::TensorData::new(host_codes, [2, 2, 300]), &cpu);
+    let (assignments, counts) = crate::defaults::hamming_kmeans::<NdArrayBackend>(
+        codes_f32,
+        Some(lengths(&query_lengths, &cpu)),
         2,
         10,
         8,
     );
     assert_eq!(
         host_ints(clusters.assignments),
-        host_ints(Tensor::<NdArrayBackend, 3, Int>::from_primitive(
-            assignments
-        )),
+        host_ints(assignments),
         "{dtype:?}: assignments"
     );
     assert_eq!(
         host_ints(clusters.counts),
-        host_ints(Tensor::<NdArrayBackend, 3, Int>::from_primitive(counts)),
+        host_ints(counts),
         "{dtype:?}: counts"
     );
 }
@@ -360,8 +349,8 @@ pub fn hashing_and_kmeans_match_reference<B: ClusteredAttentionBackend>(dtype: D
 /// Casts every float parameter of a module to `dtype`, keeping it a trainable leaf.
 struct CastParams(FloatDType);
 
-impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+impl ModuleMapper for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let dtype = self.0;
         param.map(|tensor| tensor.cast(dtype).detach().require_grad())
     }
@@ -371,10 +360,9 @@ impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
 /// targets are the sequence mean of the inputs through a fixed random matrix (reachable with
 /// uniform attention), and within 300 Adam steps the mean squared error falls below 0.1 % of
 /// its start (the same floor an `f32` run reaches: clusters and top-k sets move as the
-/// queries do).
-pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteredAttentionBackend>(dtype: FloatDType) {
-    let device = Default::default();
-    B::seed(&device, 3);
+/// queries do). `device` is an autodiff device.
+pub fn layer_trains_one_batch(device: &Device, dtype: FloatDType) {
+    device.seed(3);
     let (batch, len, d_model) = (2, 40, 16);
     let layer = ClusteredAttentionConfig::new(
         d_model,
@@ -384,10 +372,10 @@ pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteredAttentionBackend>(dt
             topk: 4,
         },
     )
-    .init::<B>(&device);
+    .init(device);
     let mut layer = layer.map(&mut CastParams(dtype));
-    let x = Tensor::<B, 3>::random([batch, len, d_model], Distribution::Default, &device);
-    let mixing = Tensor::<B, 2>::random([d_model, d_model], Distribution::Default, &device);
+    let x = Tensor::<3>::random([batch, len, d_model], Distribution::Default, device);
+    let mixing = Tensor::<2>::random([d_model, d_model], Distribution::Default, device);
     let target = x
         .clone()
         .mean_dim(1)
@@ -397,17 +385,17 @@ pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteredAttentionBackend>(dt
         .detach();
     let x = x.cast(dtype).detach();
     let mut optim = AdamConfig::new().init();
-    let mse = |layer: &clustered_attention::MultiHeadClusteredAttention<B>| {
+    let mse = |layer: &MultiHeadClusteredAttention| {
         let out = layer.forward(ClusteredAttentionInput::self_attn(x.clone()));
         assert_eq!(out.dtype(), DType::from(dtype), "the layer's output dtype");
 
         (out - target.clone()).powi_scalar(2).mean()
     };
-    let start: f32 = mse(&layer).cast(DType::F32).into_scalar().elem();
+    let start: f32 = mse(&layer).cast(DType::F32).into_scalar::<f32>();
     let mut best = start;
     for step in 0..300 {
         let loss = mse(&layer);
-        best = best.min(loss.clone().cast(DType::F32).into_scalar().elem());
+        best = best.min(loss.clone().cast(DType::F32).into_scalar::<f32>());
         if best < 1e-3 * start {
             break;
         }
@@ -421,41 +409,42 @@ pub fn layer_trains_one_batch<B: AutodiffBackend + ClusteredAttentionBackend>(dt
 }
 
 mod flex {
-    use burn::backend::{Autodiff, Flex};
     use burn::tensor::{DType, FloatDType};
+
+    use crate::common::{autodiff, flex};
 
     #[test]
     fn attention_matches_reference() {
-        super::attention_matches_reference::<Flex>(DType::F16);
-        super::attention_matches_reference::<Flex>(DType::BF16);
+        super::attention_matches_reference(&flex(), DType::F16);
+        super::attention_matches_reference(&flex(), DType::BF16);
     }
 
     #[test]
     fn exact_regime_equals_full() {
-        super::exact_regime_equals_full::<Flex>(DType::F16);
-        super::exact_regime_equals_full::<Flex>(DType::BF16);
+        super::exact_regime_equals_full(&flex(), DType::F16);
+        super::exact_regime_equals_full(&flex(), DType::BF16);
     }
 
     #[test]
     fn baselines_match_reference() {
-        crate::baselines::half_baselines_match_reference::<Flex>(DType::F16);
-        crate::baselines::half_baselines_match_reference::<Flex>(DType::BF16);
+        crate::baselines::half_baselines_match_reference(&flex(), DType::F16);
+        crate::baselines::half_baselines_match_reference(&flex(), DType::BF16);
     }
 
     #[test]
     fn hashing_and_kmeans_match_reference() {
-        super::hashing_and_kmeans_match_reference::<Flex>(DType::F16);
-        super::hashing_and_kmeans_match_reference::<Flex>(DType::BF16);
+        super::hashing_and_kmeans_match_reference(&flex(), DType::F16);
+        super::hashing_and_kmeans_match_reference(&flex(), DType::BF16);
     }
 
     #[test]
     fn layer_trains_one_batch_in_bf16() {
-        super::layer_trains_one_batch::<Autodiff<Flex>>(FloatDType::BF16);
+        super::layer_trains_one_batch(&autodiff(&flex()), FloatDType::BF16);
     }
 
     #[test]
     fn centroid_gradients_match_reference() {
-        super::centroid_gradients_match_reference::<Flex>(DType::F16);
-        super::centroid_gradients_match_reference::<Flex>(DType::BF16);
+        super::centroid_gradients_match_reference(&flex(), DType::F16);
+        super::centroid_gradients_match_reference(&flex(), DType::BF16);
     }
 }

@@ -6,10 +6,10 @@ use clustered_attention::{
     FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions, lsh_planes,
 };
 
-use crate::common::{NdArrayBackend as B, lengths};
+use crate::common::{lengths, ndarray};
 
-fn random(dims: [usize; 4]) -> Tensor<B, 4> {
-    Tensor::random(dims, Distribution::Default, &Default::default())
+fn random(dims: [usize; 4]) -> Tensor<4> {
+    Tensor::random(dims, Distribution::Default, &ndarray())
 }
 
 #[test]
@@ -27,7 +27,7 @@ fn bits_zero() {
 #[test]
 #[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 33")]
 fn bits_33() {
-    lsh_planes::<B>(33, 4, true, 0, &Default::default());
+    lsh_planes(33, 4, true, 0, &ndarray());
 }
 
 #[test]
@@ -35,7 +35,7 @@ fn bits_33() {
 fn layer_bits_33() {
     ClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 2 })
         .with_bits(33)
-        .init::<B>(&Default::default());
+        .init(&ndarray());
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn clustered_with_key_lengths(key_lengths: &[usize]) {
             random([2, 1, 6, 4]),
             random([2, 1, 6, 4]),
         )
-        .with_key_lengths(lengths::<B>(key_lengths, &Default::default())),
+        .with_key_lengths(lengths(key_lengths, &ndarray())),
     );
 }
 
@@ -99,35 +99,35 @@ fn key_length_too_long() {
 #[test]
 #[should_panic(expected = "query_lengths[0] = 9 is outside 0..=8 (the sequence length)")]
 fn query_length_too_long() {
-    let device = Default::default();
+    let device = ndarray();
     FullAttention::new().forward(
         AttentionInput::new(
             random([2, 1, 8, 4]),
             random([2, 1, 6, 4]),
             random([2, 1, 6, 4]),
         )
-        .with_query_lengths(lengths::<B>(&[9, 1], &device)),
+        .with_query_lengths(lengths(&[9, 1], &device)),
     );
 }
 
 #[test]
 #[should_panic(expected = "query_lengths must have shape [batch] = [2], got [3]")]
 fn lengths_wrong_shape() {
-    let device = Default::default();
+    let device = ndarray();
     FullAttention::new().forward(
         AttentionInput::new(
             random([2, 1, 8, 4]),
             random([2, 1, 6, 4]),
             random([2, 1, 6, 4]),
         )
-        .with_query_lengths(lengths::<B>(&[1, 2, 3], &device)),
+        .with_query_lengths(lengths(&[1, 2, 3], &device)),
     );
 }
 
 #[test]
 #[should_panic(expected = "d_model (30) must be divisible by n_heads (4)")]
 fn d_model_not_divisible() {
-    ClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init::<B>(&Default::default());
+    ClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init(&ndarray());
 }
 
 /// `ClusteredAttentionConfig::validate` accepts what `init` builds, and for each setting that
@@ -143,7 +143,7 @@ fn validate_reports_what_init_panics_on() {
         },
     );
     assert_eq!(good.validate(), Ok(()));
-    good.init::<B>(&Default::default());
+    good.init(&ndarray());
     let bad = [
         (
             ClusteredAttentionConfig::new(30, 4, AttentionKind::Full),
@@ -190,7 +190,7 @@ fn validate_reports_what_init_panics_on() {
     ];
     for (config, message) in bad {
         assert_eq!(config.validate(), Err(message.to_string()), "{config:?}");
-        let init = || config.init::<B>(&Default::default());
+        let init = || config.init(&ndarray());
         let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
             .expect_err("init must panic where validate fails");
         let text = panic
@@ -205,9 +205,9 @@ fn validate_reports_what_init_panics_on() {
 #[should_panic(expected = "query must have shape [batch, seq, d_model = 8], got [1, 5, 6]")]
 fn layer_input_width() {
     use clustered_attention::ClusteredAttentionInput;
-    let layer =
-        ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&Default::default());
-    let x = Tensor::<B, 3>::zeros([1, 5, 6], &Default::default());
+    let device = ndarray();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let x = Tensor::<3>::zeros([1, 5, 6], &device);
     layer.forward(ClusteredAttentionInput::self_attn(x));
 }
 

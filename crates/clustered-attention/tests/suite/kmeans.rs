@@ -1,8 +1,8 @@
 //! Hashing and Hamming K-means against plain-loop references.
 
-use burn::tensor::{Int, Tensor, TensorData};
-use clustered_attention::ops::{initial_centroid_positions, reference};
-use clustered_attention::{ClusteredAttentionBackend, hamming_kmeans, lsh_hash, lsh_planes};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use clustered_attention::ops::{ClusteredAttentionBackend, initial_centroid_positions};
+use clustered_attention::{hamming_kmeans, lsh_hash, lsh_planes};
 use rand::RngExt;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -121,12 +121,9 @@ pub(crate) fn kmeans_reference(
     (assignments, counts, fixed_point)
 }
 
-fn codes_tensor<B: ClusteredAttentionBackend>(
-    codes: &[u32],
-    dims: [usize; 3],
-) -> Tensor<B, 3, Int> {
+fn codes_tensor(codes: &[u32], dims: [usize; 3], device: &Device) -> Tensor<3, Int> {
     let values: Vec<i64> = codes.iter().map(|&c| c as i32 as i64).collect();
-    Tensor::from_data(TensorData::new(values, dims), &Default::default())
+    Tensor::from_data(TensorData::new(values, dims), device)
 }
 
 /// Which implementation of the ops a test runs.
@@ -138,8 +135,11 @@ pub enum Implementation {
     Reference,
 }
 
-fn run<B: ClusteredAttentionBackend>(
+/// The K-means of `implementation` on `device`, whose backend is `X`.
+#[allow(clippy::too_many_arguments)]
+fn run<X: ClusteredAttentionBackend>(
     implementation: Implementation,
+    device: &Device,
     codes: &[u32],
     dims: [usize; 3],
     query_lengths: Option<&[usize]>,
@@ -147,26 +147,15 @@ fn run<B: ClusteredAttentionBackend>(
     iterations: usize,
     seed: u64,
 ) -> (Vec<i64>, Vec<i64>) {
-    let device = Default::default();
-    let codes = codes_tensor::<B>(codes, dims);
-    let query_lengths = query_lengths.map(|l| lengths::<B>(l, &device));
+    let codes = codes_tensor(codes, dims, device);
+    let query_lengths = query_lengths.map(|l| lengths(l, device));
     let (assignments, counts) = match implementation {
         Implementation::Backend => {
             let clusters = hamming_kmeans(codes, query_lengths, clusters, iterations, seed);
             (clusters.assignments, clusters.counts)
         }
         Implementation::Reference => {
-            let (a, c) = reference::hamming_kmeans::<B>(
-                codes.into_primitive(),
-                query_lengths.map(Tensor::into_primitive),
-                clusters,
-                iterations,
-                seed,
-            );
-            (
-                Tensor::<B, 3, Int>::from_primitive(a),
-                Tensor::from_primitive(c),
-            )
+            crate::defaults::hamming_kmeans::<X>(codes, query_lengths, clusters, iterations, seed)
         }
     };
     (host_ints(assignments), host_ints(counts))
@@ -176,7 +165,10 @@ fn run<B: ClusteredAttentionBackend>(
 /// with more, as many and fewer valid queries than clusters. The 1500-query case reaches a
 /// fixed point of the updates after a few rounds that change centroids and before its last
 /// round (checked below), where an implementation may stop early.
-fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implementation) {
+fn kmeans_matches_reference<X: ClusteredAttentionBackend>(
+    implementation: Implementation,
+    device: &Device,
+) {
     let mut rng = rng(21);
     let mut early_fixed_points = 0;
     for (len, clusters, iterations, bits) in [
@@ -198,8 +190,9 @@ fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implem
             .collect();
         for query_lengths in [None, Some(vec![len, len / 2, 1])] {
             let seed = 1000 + len as u64;
-            let (assignments, counts) = run::<B>(
+            let (assignments, counts) = run::<X>(
                 implementation,
+                device,
                 &codes,
                 [batch, heads, len],
                 query_lengths.as_deref(),
@@ -253,7 +246,7 @@ fn kmeans_matches_reference<B: ClusteredAttentionBackend>(implementation: Implem
 /// 0x00, cluster 1 = {B, W = 0x1F} ties on bits 5–7 and must keep 0xFF. Expected: A, X → 0 and
 /// B, W → 1. (Ties to the highest index would send X to 1; ties setting a bit would pull W
 /// to cluster 0x0F; ties clearing a bit would pull X to 0x1F.)
-fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation) {
+fn kmeans_tie_rules<X: ClusteredAttentionBackend>(implementation: Implementation, device: &Device) {
     let (len, clusters, seed) = (4, 2, 5);
     let initial = initial_positions(&[len], 1, clusters, seed);
     let (pa, pb) = (initial[0] as usize, initial[1] as usize);
@@ -264,8 +257,16 @@ fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation
     codes[pb] = 0xFF;
     codes[px] = 0x0F;
     codes[pw] = 0x1F;
-    let (assignments, counts) =
-        run::<B>(implementation, &codes, [1, 1, len], None, clusters, 1, seed);
+    let (assignments, counts) = run::<X>(
+        implementation,
+        device,
+        &codes,
+        [1, 1, len],
+        None,
+        clusters,
+        1,
+        seed,
+    );
     let mut expected = vec![0i64; len];
     expected[pb] = 1;
     expected[pw] = 1;
@@ -288,8 +289,16 @@ fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation
         .collect();
     codes[others[0]] = 0x0F;
     codes[others[1]] = 0x1F;
-    let (assignments, counts) =
-        run::<B>(implementation, &codes, [1, 1, len], None, clusters, 3, seed);
+    let (assignments, counts) = run::<X>(
+        implementation,
+        device,
+        &codes,
+        [1, 1, len],
+        None,
+        clusters,
+        3,
+        seed,
+    );
     let mut expected = vec![0i64; len];
     expected[initial[2] as usize] = 2;
     expected[others[1]] = 2;
@@ -300,7 +309,10 @@ fn kmeans_tie_rules<B: ClusteredAttentionBackend>(implementation: Implementation
 /// Planted groups of codes (centres ≥ 16 bits apart, members ≤ 2 bits from their centre) are
 /// recovered exactly when each group holds one initial centroid, and never mixed when there
 /// are more clusters than groups.
-fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: Implementation) {
+fn kmeans_recovers_planted_groups<X: ClusteredAttentionBackend>(
+    implementation: Implementation,
+    device: &Device,
+) {
     let centres: [u32; 4] = [0x0000_0000, 0xFFFF_0000, 0x0000_FFFF, 0xF0F0_F0F0];
     for (a, b) in [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)] {
         assert!((centres[a] ^ centres[b]).count_ones() >= 16);
@@ -327,7 +339,16 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
             hit == [0, 1, 2, 3]
         })
         .expect("some seed covers the four groups");
-    let (assignments, counts) = run::<B>(implementation, &codes, [1, 1, len], None, 4, 10, seed);
+    let (assignments, counts) = run::<X>(
+        implementation,
+        device,
+        &codes,
+        [1, 1, len],
+        None,
+        4,
+        10,
+        seed,
+    );
     for i in 0..len {
         for j in 0..len {
             assert_eq!(
@@ -340,7 +361,16 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
     assert_eq!(counts.iter().sum::<i64>(), len as i64);
 
     for seed in 0..5 {
-        let (assignments, _) = run::<B>(implementation, &codes, [1, 1, len], None, 9, 10, seed);
+        let (assignments, _) = run::<X>(
+            implementation,
+            device,
+            &codes,
+            [1, 1, len],
+            None,
+            9,
+            10,
+            seed,
+        );
         for i in 0..len {
             for j in 0..len {
                 if assignments[i] == assignments[j] {
@@ -358,30 +388,27 @@ fn kmeans_recovers_planted_groups<B: ClusteredAttentionBackend>(implementation: 
 /// Codes (of the backend's `lsh_hash` or of the default body) against a plain-loop hash on
 /// dyadic inputs (exact in f32 whatever the summation order), for every bit count class and
 /// with and without the bias column.
-fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>(implementation: Implementation) {
-    let device = Default::default();
+fn lsh_hash_matches_reference<X: ClusteredAttentionBackend>(
+    implementation: Implementation,
+    device: &Device,
+) {
     let (batch, heads, len, dim) = (2, 3, 17, 8);
     let mut rng = rng(8);
     let queries: Vec<f32> = (0..batch * heads * len * dim)
         .map(|_| rng.random_range(-64i32..64) as f32 / 16.0)
         .collect();
     for (bits, hash_bias) in [(1, true), (8, false), (31, true), (32, true), (32, false)] {
-        let planes = lsh_planes::<B>(bits, dim, hash_bias, 3, &device);
+        let planes = lsh_planes(bits, dim, hash_bias, 3, device);
         // Round the planes to multiples of 1/64 so every projection is exact.
         let planes = planes.mul_scalar(64.0).round().div_scalar(64.0);
         let host_planes: Vec<f32> = planes.clone().into_data().iter::<f32>().collect();
-        let q = Tensor::<B, 4>::from_data(
+        let q = Tensor::<4>::from_data(
             TensorData::new(queries.clone(), [batch, heads, len, dim]),
-            &device,
+            device,
         );
         let codes = match implementation {
             Implementation::Backend => lsh_hash(q, planes),
-            Implementation::Reference => {
-                Tensor::<B, 3, Int>::from_primitive(reference::lsh_hash::<B>(
-                    q.into_primitive().tensor(),
-                    planes.into_primitive().tensor(),
-                ))
-            }
+            Implementation::Reference => crate::defaults::lsh_hash::<X>(q, planes),
         };
         let codes: Vec<u32> = host_ints(codes).iter().map(|&c| c as i32 as u32).collect();
         for (n, &code) in codes.iter().enumerate() {
@@ -404,38 +431,46 @@ fn lsh_hash_matches_reference<B: ClusteredAttentionBackend>(implementation: Impl
 }
 
 macro_rules! kmeans_tests {
-    ($module:ident, $backend:ty, $implementation:expr) => {
+    ($module:ident, $backend:ty, $device:expr, $implementation:expr) => {
         mod $module {
             use super::Implementation;
             #[test]
             fn kmeans_matches_reference() {
-                super::kmeans_matches_reference::<$backend>($implementation);
+                super::kmeans_matches_reference::<$backend>($implementation, &$device);
             }
             #[test]
             fn kmeans_tie_rules() {
-                super::kmeans_tie_rules::<$backend>($implementation);
+                super::kmeans_tie_rules::<$backend>($implementation, &$device);
             }
             #[test]
             fn kmeans_recovers_planted_groups() {
-                super::kmeans_recovers_planted_groups::<$backend>($implementation);
+                super::kmeans_recovers_planted_groups::<$backend>($implementation, &$device);
             }
             #[test]
             fn lsh_hash_matches_reference() {
-                super::lsh_hash_matches_reference::<$backend>($implementation);
+                super::lsh_hash_matches_reference::<$backend>($implementation, &$device);
             }
         }
     };
 }
 
-// The default bodies (Burn tensor ops) and the host loops of NdArray and Flex.
+// The default bodies (Burn tensor ops) and the host loops of NdArray and Flex; `$backend` is the
+// backend of `$device`, whose default bodies `Implementation::Reference` calls.
 kmeans_tests!(
     reference_ndarray,
     crate::common::NdArrayBackend,
+    crate::common::ndarray(),
     Implementation::Reference
 );
 kmeans_tests!(
     ndarray,
     crate::common::NdArrayBackend,
+    crate::common::ndarray(),
     Implementation::Backend
 );
-kmeans_tests!(flex, crate::common::FlexBackend, Implementation::Backend);
+kmeans_tests!(
+    flex,
+    crate::common::FlexBackend,
+    crate::common::flex(),
+    Implementation::Backend
+);

@@ -2,18 +2,28 @@
 
 use burn::module::Module;
 use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig};
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
-use burn::tensor::{Bool, Distribution, Tensor, TensorData};
+use burn::store::ModuleRecord;
+use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
 use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
 
-use crate::common::{Host4, NdArrayBackend as B, dot, softmax};
+use crate::common::{Host4, dot, host_ints, ndarray, softmax};
 
-fn max_abs(a: Tensor<B, 3>, b: Tensor<B, 3>) -> f32 {
-    (a - b).abs().max().into_scalar()
+fn max_abs(a: Tensor<3>, b: Tensor<3>) -> f32 {
+    (a - b).abs().max().into_scalar::<f32>()
+}
+
+/// `module`'s record (`Module::into_record`) through its burnpack bytes and back: what a file
+/// written with `Module::save_file` holds (Burn 0.22 has no `Recorder`s).
+fn through_bytes(module: impl Module) -> ModuleRecord {
+    let bytes = module
+        .into_record()
+        .into_bytes()
+        .expect("the record serializes");
+    ModuleRecord::from_bytes(bytes).expect("the record deserializes")
 }
 
 /// Draws the lazily initialized weights now, so that clones share them.
-fn materialize(linears: &[&burn::nn::Linear<B>]) {
+fn materialize(linears: &[&burn::nn::Linear]) {
     for linear in linears {
         linear.weight.val();
         if let Some(bias) = &linear.bias {
@@ -22,35 +32,31 @@ fn materialize(linears: &[&burn::nn::Linear<B>]) {
     }
 }
 
-fn padding_mask(batch_lengths: &[usize], len: usize) -> Tensor<B, 2, Bool> {
+fn padding_mask(batch_lengths: &[usize], len: usize, device: &Device) -> Tensor<2, Bool> {
     let mask: Vec<bool> = batch_lengths
         .iter()
         .flat_map(|&n| (0..len).map(move |i| i >= n))
         .collect();
-    Tensor::from_data(
-        TensorData::new(mask, [batch_lengths.len(), len]),
-        &Default::default(),
-    )
+    Tensor::from_data(TensorData::new(mask, [batch_lengths.len(), len]), device)
 }
 
-/// A burn-nn `MultiHeadAttention` record loads into the layer (and back), and with the `Full`
-/// kind both give the same output to 1e-5, with and without a padding mask.
+/// A burn-nn `MultiHeadAttention` record (serialized to burnpack bytes) loads into the layer
+/// (and back), and with the `Full` kind both give the same output to 1e-5, with and without a
+/// padding mask.
 #[test]
 fn burn_nn_record_round_trip() {
-    let device = Default::default();
+    let device = ndarray();
     let (d_model, n_heads, len) = (32, 4, 11);
-    let mha = MultiHeadAttentionConfig::new(d_model, n_heads).init::<B>(&device);
+    let mha = MultiHeadAttentionConfig::new(d_model, n_heads).init(&device);
     // Burn initializes parameters lazily, and the clones of an uninitialized parameter each
     // draw their own values: materialize them before cloning.
     materialize(&[&mha.query, &mha.key, &mha.value, &mha.output]);
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
-    let bytes = recorder.record(mha.clone().into_record(), ()).unwrap();
     let layer = ClusteredAttentionConfig::new(d_model, n_heads, AttentionKind::Full)
         .with_seed(1)
-        .init::<B>(&device)
-        .load_record(recorder.load(bytes, &device).unwrap());
+        .init(&device)
+        .load_record(through_bytes(mha.clone()));
 
-    let x = Tensor::<B, 3>::random([2, len, d_model], Distribution::Default, &device);
+    let x = Tensor::<3>::random([2, len, d_model], Distribution::Default, &device);
     let diff = max_abs(
         mha.forward(MhaInput::self_attn(x.clone())).context,
         layer.forward(ClusteredAttentionInput::self_attn(x.clone())),
@@ -58,7 +64,7 @@ fn burn_nn_record_round_trip() {
     assert!(diff <= 1e-5, "unmasked: {diff}");
 
     // Padding: keys past each length are masked in both; compare the valid query rows.
-    let mask = padding_mask(&[len, 7], len);
+    let mask = padding_mask(&[len, 7], len, &device);
     let expected = mha
         .forward(MhaInput::self_attn(x.clone()).mask_pad(mask.clone()))
         .context;
@@ -72,10 +78,9 @@ fn burn_nn_record_round_trip() {
     }
 
     // And back: the layer's record loads into burn-nn's module.
-    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
     let mha2 = MultiHeadAttentionConfig::new(d_model, n_heads)
-        .init::<B>(&device)
-        .load_record(recorder.load(bytes, &device).unwrap());
+        .init(&device)
+        .load_record(through_bytes(layer.clone()));
     let diff = max_abs(
         mha2.forward(MhaInput::self_attn(x.clone())).context,
         layer.forward(ClusteredAttentionInput::self_attn(x)),
@@ -89,12 +94,12 @@ fn burn_nn_record_round_trip() {
 /// small C changes the output.
 #[test]
 fn swap_attention_kind_keeps_weights() {
-    let device = Default::default();
+    let device = ndarray();
     let len = 20;
     let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::Clustered { clusters: 3 })
-        .init::<B>(&device);
+        .init(&device);
     materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
-    let x = Tensor::<B, 3>::random([2, len, 16], Distribution::Default, &device);
+    let x = Tensor::<3>::random([2, len, 16], Distribution::Default, &device);
     let lengths = Tensor::from_data(TensorData::new(vec![20i64, 13], [2]), &device);
     let forward = |kind| {
         layer
@@ -102,13 +107,11 @@ fn swap_attention_kind_keeps_weights() {
             .with_attention(kind)
             .forward(ClusteredAttentionInput::self_attn(x.clone()).key_lengths(lengths.clone()))
     };
-    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
-    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
     let mha = MultiHeadAttentionConfig::new(16, 2)
-        .init::<B>(&device)
-        .load_record(recorder.load(bytes, &device).unwrap());
+        .init(&device)
+        .load_record(through_bytes(layer.clone()));
     let full = mha
-        .forward(MhaInput::self_attn(x.clone()).mask_pad(padding_mask(&[20, 13], len)))
+        .forward(MhaInput::self_attn(x.clone()).mask_pad(padding_mask(&[20, 13], len, &device)))
         .context;
     // In self-attention the key lengths also mark the padded queries, whose context is zero:
     // their output rows are the output projection's bias (burn-nn computes them as queries).
@@ -190,10 +193,10 @@ fn attention_kind_parses_and_prints() {
     expected = "mask_pad [1, 4] must mask a suffix of each row (padding); row 0 unmasks a position after a masked one"
 )]
 fn mask_pad_must_be_padding() {
-    let device = Default::default();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&device);
-    let x = Tensor::<B, 3>::zeros([1, 4, 8], &device);
-    let mask = Tensor::<B, 2, Bool>::from_data(
+    let device = ndarray();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let x = Tensor::<3>::zeros([1, 4, 8], &device);
+    let mask = Tensor::<2, Bool>::from_data(
         TensorData::new(vec![false, true, false, true], [1, 4]),
         &device,
     );
@@ -203,10 +206,10 @@ fn mask_pad_must_be_padding() {
 #[test]
 #[should_panic(expected = "give either mask_pad [1, 4] or key_lengths [1], not both")]
 fn mask_pad_and_key_lengths_conflict() {
-    let device = Default::default();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&device);
-    let x = Tensor::<B, 3>::zeros([1, 4, 8], &device);
-    let mask = Tensor::<B, 2, Bool>::from_data(
+    let device = ndarray();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let x = Tensor::<3>::zeros([1, 4, 8], &device);
+    let mask = Tensor::<2, Bool>::from_data(
         TensorData::new(vec![false, false, true, true], [1, 4]),
         &device,
     );
@@ -223,14 +226,15 @@ fn mask_pad_and_key_lengths_conflict() {
     expected = "lsh:4 needs a layer trained with shared queries and keys; this one was created with full"
 )]
 fn shared_qk_kind_needs_shared_layer() {
-    let device = Default::default();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init::<B>(&device);
+    let device = ndarray();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let _ = layer.with_attention("lsh:4".parse().unwrap());
 }
 
 /// Softmax attention of every query over every key, in `f64` on the host, scores scaled by
-/// `1/√E`; with `shared`, each query's own key scores −10⁴ (Reformer's shared-QK rule).
-fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool) -> Tensor<B, 4> {
+/// `1/√E`; with `shared`, each query's own key scores −10⁴ (Reformer's shared-QK rule). On
+/// `device`.
+fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool, device: &Device) -> Tensor<4> {
     let [batch, heads, len, dim] = q.dims;
     let scale = 1.0 / (dim as f64).sqrt();
     let mut out = Vec::new();
@@ -253,10 +257,7 @@ fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool) -> Tensor<B, 4> 
             }
         }
     }
-    Tensor::from_data(
-        TensorData::new(out, [batch, heads, len, v.dims[3]]),
-        &Default::default(),
-    )
+    Tensor::from_data(TensorData::new(out, [batch, heads, len, v.dims[3]]), device)
 }
 
 /// A shared-QK layer computes its keys with the query projection, normalised, whatever kind
@@ -264,14 +265,14 @@ fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool) -> Tensor<B, 4> 
 /// on those keys, the latter with each query's own key masked.
 #[test]
 fn shared_qk_layer_uses_query_projection() {
-    let device = Default::default();
+    let device = ndarray();
     let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::SharedFull)
         .with_dropout(0.0)
-        .init::<B>(&device);
+        .init(&device);
     materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
     assert!(layer.shared_qk);
-    let x = Tensor::<B, 3>::random([2, 9, 16], Distribution::Default, &device);
-    let heads = |linear: &burn::nn::Linear<B>| {
+    let x = Tensor::<3>::random([2, 9, 16], Distribution::Default, &device);
+    let heads = |linear: &burn::nn::Linear| {
         linear
             .forward(x.clone())
             .reshape([2, 9, 2, 8])
@@ -281,14 +282,14 @@ fn shared_qk_layer_uses_query_projection() {
     let norms = queries.clone().square().sum_dim(3).sqrt();
     let keys = queries.clone() / norms;
     let values = heads(&layer.value);
-    let merge = |context: Tensor<B, 4>| {
+    let merge = |context: Tensor<4>| {
         layer
             .output
             .forward(context.swap_dims(1, 2).reshape([2, 9, 16]))
     };
     let [q, k, v] = [queries, keys, values].map(Host4::from_tensor);
-    let expected_shared = merge(attention_f64(&q, &k, &v, true));
-    let expected_full = merge(attention_f64(&q, &k, &v, false));
+    let expected_shared = merge(attention_f64(&q, &k, &v, true, &device));
+    let expected_full = merge(attention_f64(&q, &k, &v, false, &device));
     let shared = layer
         .clone()
         .forward(ClusteredAttentionInput::self_attn(x.clone()));
@@ -308,9 +309,9 @@ fn shared_qk_layer_uses_query_projection() {
 #[test]
 fn query_clusters_are_those_of_the_layers_queries() {
     use clustered_attention::{ClusteringOptions, QueryGrouping, cluster_queries};
-    let device = Default::default();
+    let device = ndarray();
     let (batch, len, d_model, heads) = (2, 30, 8, 2);
-    let x = Tensor::<B, 3>::random([batch, len, d_model], Distribution::Default, &device);
+    let x = Tensor::<3>::random([batch, len, d_model], Distribution::Default, &device);
     let lengths = || {
         Some(Tensor::from_data(
             TensorData::new(vec![30i64, 21], [2]),
@@ -336,9 +337,9 @@ fn query_clusters_are_those_of_the_layers_queries() {
     ] {
         let layer = ClusteredAttentionConfig::new(d_model, heads, kind)
             .with_seed(9)
-            .init::<B>(&device);
+            .init(&device);
         // Queries on the host: [batch, heads, len, d_k].
-        let w: Vec<f32> = layer.query.weight.val().into_data().to_vec().unwrap();
+        let w: Vec<f32> = layer.query.weight.val().into_data().try_into_vec().unwrap();
         let bias: Vec<f32> = layer
             .query
             .bias
@@ -346,9 +347,9 @@ fn query_clusters_are_those_of_the_layers_queries() {
             .unwrap()
             .val()
             .into_data()
-            .to_vec()
+            .try_into_vec()
             .unwrap();
-        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        let xs: Vec<f32> = x.clone().into_data().try_into_vec().unwrap();
         let d_k = d_model / heads;
         let mut q = vec![0f32; batch * heads * len * d_k];
         for b in 0..batch {
@@ -363,8 +364,7 @@ fn query_clusters_are_those_of_the_layers_queries() {
                 }
             }
         }
-        let queries =
-            Tensor::<B, 4>::from_data(TensorData::new(q, [batch, heads, len, d_k]), &device);
+        let queries = Tensor::<4>::from_data(TensorData::new(q, [batch, heads, len, d_k]), &device);
         let clusters = match kind {
             AttentionKind::Clustered { clusters }
             | AttentionKind::Improved { clusters, .. }
@@ -379,13 +379,8 @@ fn query_clusters_are_those_of_the_layers_queries() {
             .query_clusters(x.clone(), lengths())
             .unwrap()
             .assignments;
-        assert_eq!(
-            ours.into_data().to_vec::<i64>().unwrap(),
-            expected.into_data().to_vec::<i64>().unwrap(),
-            "{kind}"
-        );
+        assert_eq!(host_ints(ours), host_ints(expected), "{kind}");
     }
-    let full =
-        ClusteredAttentionConfig::new(d_model, heads, AttentionKind::Full).init::<B>(&device);
+    let full = ClusteredAttentionConfig::new(d_model, heads, AttentionKind::Full).init(&device);
     assert!(full.query_clusters(x, lengths()).is_none());
 }

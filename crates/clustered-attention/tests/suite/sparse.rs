@@ -4,15 +4,15 @@
 //! which runs these and the fused ops' tests (`fused.rs`) on every backend.
 
 use burn::backend::Autodiff;
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use clustered_attention::ClusteredAttentionBackend;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clustered_attention::ops::{
-    attention_softmax, reference, sparse_dot, sparse_scatter, sparse_weighted_sum, topk_indices,
+    ClusteredAttentionBackend, ClusteredAttentionBackward, attention_softmax, sparse_dot,
+    sparse_scatter, sparse_weighted_sum, topk_indices,
 };
 use rand::RngExt;
 
 use crate::common::*;
+use crate::defaults;
 
 pub const TOLERANCE: f32 = 1e-5;
 
@@ -58,19 +58,19 @@ pub fn indices(
 }
 
 impl Indices {
-    pub fn tensors<B: Backend>(&self) -> (Tensor<B, 4, Int>, Tensor<B, 3, Int>) {
-        let device = Default::default();
+    /// The top-k sets and the assignments on `device`, in its int dtype.
+    pub fn tensors(&self, device: &Device) -> (Tensor<4, Int>, Tensor<3, Int>) {
         (
-            Tensor::from_data(TensorData::new(self.topk.clone(), self.topk_dims), &device),
+            Tensor::from_data(TensorData::new(self.topk.clone(), self.topk_dims), device),
             Tensor::from_data(
                 TensorData::new(self.assignments.clone(), self.assignment_dims),
-                &device,
+                device,
             ),
         )
     }
 }
 
-pub fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
+pub fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
     let a: Vec<f32> = a.into_data().iter::<f32>().collect();
     let b: Vec<f32> = b.into_data().iter::<f32>().collect();
     assert_eq!(a.len(), b.len());
@@ -80,28 +80,26 @@ pub fn max_diff<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {
         .fold(0.0, f32::max)
 }
 
-pub fn float<B: Backend>(x: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
 /// The backend's sparse products equal the default bodies, and `sparse_dot` equals plain loops:
 /// a small case, and one whose queries span several cubes of the GPU kernels (256 queries).
 /// A third case has widths across the 16-lane blocks of the host kernels (k = 33, E = 70,
 /// cluster sizes not multiples of 4); its tolerance is scaled for 70-term sums of products of
-/// unit normals (|q · k| up to about 30, f32 rounding about 2⁻²⁴ per term).
-fn sparse_products_match_reference<B: ClusteredAttentionBackend>() {
-    check_sparse_products::<B>((2, 3, 37, 29, 10, 5, 6), TOLERANCE);
-    check_sparse_products::<B>((1, 2, 700, 300, 8, 7, 5), TOLERANCE);
-    check_sparse_products::<B>((1, 2, 301, 90, 70, 6, 33), 1e-4);
+/// unit normals (|q · k| up to about 30, f32 rounding about 2⁻²⁴ per term). `X` is the
+/// backend of `device`.
+fn sparse_products_match_reference<X: ClusteredAttentionBackend>(device: &Device) {
+    check_sparse_products::<X>(device, (2, 3, 37, 29, 10, 5, 6), TOLERANCE);
+    check_sparse_products::<X>(device, (1, 2, 700, 300, 8, 7, 5), TOLERANCE);
+    check_sparse_products::<X>(device, (1, 2, 301, 90, 70, 6, 33), 1e-4);
     // Clusters of about 500 queries, which the host scatter takes in runs (a key's scattered
     // sum has 500 terms and a size of about 50: 1e-4).
-    check_sparse_products::<B>((1, 1, 1500, 200, 8, 3, 5), 1e-4);
+    check_sparse_products::<X>(device, (1, 1, 1500, 200, 8, 3, 5), 1e-4);
     // One key per cluster (the centroids' sums and clustered attention's broadcast), keys
     // shared between clusters, rows wider than a vector block (70-term dot products: 1e-4).
-    check_sparse_products::<B>((2, 3, 150, 12, 70, 40, 1), 1e-4);
+    check_sparse_products::<X>(device, (2, 3, 150, 12, 70, 40, 1), 1e-4);
 }
 
-fn check_sparse_products<B: ClusteredAttentionBackend>(
+fn check_sparse_products<X: ClusteredAttentionBackend>(
+    device: &Device,
     (batch, heads, len, keys_len, dim, clusters, k): (
         usize,
         usize,
@@ -113,25 +111,17 @@ fn check_sparse_products<B: ClusteredAttentionBackend>(
     ),
     tolerance: f32,
 ) {
-    let device = Default::default();
     let ix = indices(batch, heads, len, keys_len, clusters, k, 61);
     let queries = normal([batch, heads, len, dim], 62);
     let keys = normal([batch, heads, keys_len, dim], 63);
     let weights = normal([batch, heads, len, k], 64);
-    let (q, kt) = (
-        queries.to_tensor::<B>(&device),
-        keys.to_tensor::<B>(&device),
-    );
-    let w = weights.to_tensor::<B>(&device);
-    let (topk, assignments) = ix.tensors::<B>();
+    let (q, kt) = (queries.to_tensor(device), keys.to_tensor(device));
+    let w = weights.to_tensor(device);
+    let (topk, assignments) = ix.tensors(device);
 
     let dots = sparse_dot(q.clone(), kt.clone(), topk.clone(), assignments.clone());
-    let expected = float::<B>(reference::sparse_dot::<B>(
-        q.clone().into_primitive().tensor(),
-        kt.clone().into_primitive().tensor(),
-        topk.clone().into_primitive(),
-        assignments.clone().into_primitive(),
-    ));
+    let expected =
+        defaults::sparse_dot::<X>(q.clone(), kt.clone(), topk.clone(), assignments.clone());
     let diff = max_diff(dots.clone(), expected);
     assert!(diff <= tolerance, "sparse_dot vs default body: {diff}");
     let dots = Host4::from_tensor(dots);
@@ -156,12 +146,12 @@ fn check_sparse_products<B: ClusteredAttentionBackend>(
     }
 
     let sums = sparse_weighted_sum(w.clone(), kt.clone(), topk.clone(), assignments.clone());
-    let expected = float::<B>(reference::sparse_weighted_sum::<B>(
-        w.clone().into_primitive().tensor(),
-        kt.clone().into_primitive().tensor(),
-        topk.clone().into_primitive(),
-        assignments.clone().into_primitive(),
-    ));
+    let expected = defaults::sparse_weighted_sum::<X>(
+        w.clone(),
+        kt.clone(),
+        topk.clone(),
+        assignments.clone(),
+    );
     let diff = max_diff(sums, expected);
     assert!(
         diff <= tolerance,
@@ -175,23 +165,17 @@ fn check_sparse_products<B: ClusteredAttentionBackend>(
         assignments.clone(),
         keys_len,
     );
-    let expected = float::<B>(reference::sparse_scatter::<B>(
-        w.into_primitive().tensor(),
-        q.into_primitive().tensor(),
-        topk.into_primitive(),
-        assignments.into_primitive(),
-        keys_len,
-    ));
+    let expected = defaults::sparse_scatter::<X>(w, q, topk, assignments, keys_len);
     let diff = max_diff(scattered, expected);
     assert!(diff <= tolerance, "sparse_scatter vs default body: {diff}");
 }
 
 /// The backend's top-k equals a sort (no ties in random data); among ties it takes the
-/// lowest index (host loops, CubeCL kernel), and k = S returns every index.
-fn topk_matches_sort<B: ClusteredAttentionBackend>() {
-    let device = Default::default();
+/// lowest index (host loops, CubeCL kernel), and k = S returns every index. `X` is the backend
+/// of `device`.
+fn topk_matches_sort<X: ClusteredAttentionBackend>(device: &Device) {
     let scores = normal([2, 2, 7, 40], 71);
-    let t = scores.to_tensor::<B>(&device);
+    let t = scores.to_tensor(device);
     for k in [1, 5, 40] {
         let ours = host_ints(topk_indices(t.clone(), k));
         for row in 0..2 * 2 * 7 {
@@ -205,24 +189,22 @@ fn topk_matches_sort<B: ClusteredAttentionBackend>() {
                 "k {k}, row {row}"
             );
         }
-        let reference = host_ints(Tensor::<B, 4, Int>::from_primitive(
-            reference::topk_indices::<B>(t.clone().into_primitive().tensor(), k),
-        ));
+        let reference = host_ints(defaults::topk_indices::<X>(t.clone(), k));
         assert_eq!(ours, reference, "k {k}: backend vs default body");
     }
-    let ties = Tensor::<B, 4>::from_data(
+    let ties = Tensor::<4>::from_data(
         TensorData::new(
             vec![1.0f32, 3.0, 3.0, 2.0, 3.0, f32::NEG_INFINITY],
             [1, 1, 1, 6],
         ),
-        &device,
+        device,
     );
     assert_eq!(host_ints(topk_indices(ties, 3)), vec![1, 2, 4]);
     // Long rows with many ties (scores rounded to 16 levels), across the units of a GPU
     // kernel: by score, descending, then by index.
     let long = normal([1, 1, 3, 5000], 72);
     let rounded: Vec<f32> = long.data.iter().map(|x| (x * 4.0).round() / 4.0).collect();
-    let t = Tensor::<B, 4>::from_data(TensorData::new(rounded.clone(), [1, 1, 3, 5000]), &device);
+    let t = Tensor::<4>::from_data(TensorData::new(rounded.clone(), [1, 1, 3, 5000]), device);
     for k in [1, 32, 100] {
         let ours = host_ints(topk_indices(t.clone(), k));
         for row in 0..3 {
@@ -238,9 +220,9 @@ fn topk_matches_sort<B: ClusteredAttentionBackend>() {
         }
     }
     // A tie at the boundary of the top-k keeps the earliest index.
-    let boundary = Tensor::<B, 4>::from_data(
+    let boundary = Tensor::<4>::from_data(
         TensorData::new(vec![3.0f32, 1.0, 1.0, 1.0], [1, 1, 1, 4]),
-        &device,
+        device,
     );
     assert_eq!(host_ints(topk_indices(boundary, 2)), vec![0, 1]);
 }
@@ -248,8 +230,7 @@ fn topk_matches_sort<B: ClusteredAttentionBackend>() {
 /// The backend's attention softmax against an f64 softmax: random rows of several widths
 /// (below, at and across the 16-lane blocks), rows with large scores and `−∞` (masked keys,
 /// exactly 0), and scores spanning more than the f32 exponent range below the maximum.
-fn attention_softmax_matches_reference<B: ClusteredAttentionBackend>() {
-    let device = Default::default();
+fn attention_softmax_matches_reference(device: &Device) {
     for (width, seed) in [(1, 81), (7, 82), (16, 83), (37, 84), (300, 85)] {
         let mut x = normal([2, 3, 5, width], seed);
         for (n, v) in x.data.iter_mut().enumerate() {
@@ -260,7 +241,7 @@ fn attention_softmax_matches_reference<B: ClusteredAttentionBackend>() {
                 _ => {}
             }
         }
-        let ours = Host4::from_tensor(attention_softmax(x.to_tensor::<B>(&device)));
+        let ours = Host4::from_tensor(attention_softmax(x.to_tensor(device)));
         for (row, values) in x.data.chunks(width).enumerate() {
             let max = values
                 .iter()
@@ -283,48 +264,33 @@ fn attention_softmax_matches_reference<B: ClusteredAttentionBackend>() {
 }
 
 /// Under Autodiff, the custom backward of the sparse products (made of the inner backend's
-/// sparse products) equals autodiff through the default bodies.
-fn sparse_gradients_match_reference<B: ClusteredAttentionBackend>() {
-    type A<B> = Autodiff<B>;
-    let device = Default::default();
+/// sparse products) equals autodiff through the default bodies. `X` is the backend of `device`;
+/// the ops run on its autodiff form, the default bodies as `Autodiff<X>`'s.
+fn sparse_gradients_match_reference<X>(device: &Device)
+where
+    X: ClusteredAttentionBackward,
+    Autodiff<X>: ClusteredAttentionBackend,
+{
+    let device = &autodiff(device);
     let (batch, heads, len, keys_len, dim, clusters, k) = (2, 2, 23, 17, 6, 4, 5);
     let ix = indices(batch, heads, len, keys_len, clusters, k, 81);
     let x = normal([batch, heads, len, dim], 82);
     let y = normal([batch, heads, keys_len, dim], 83);
     let w = normal([batch, heads, len, k], 84);
-    let (topk, assignments) = ix.tensors::<A<B>>();
-    let outer_dot = normal([batch, heads, len, k], 85).to_tensor::<A<B>>(&device);
-    let outer_sum = normal([batch, heads, len, dim], 86).to_tensor::<A<B>>(&device);
-    let outer_scatter = normal([batch, heads, keys_len, dim], 87).to_tensor::<A<B>>(&device);
+    let (topk, assignments) = ix.tensors(device);
+    let outer_dot = normal([batch, heads, len, k], 85).to_tensor(device);
+    let outer_sum = normal([batch, heads, len, dim], 86).to_tensor(device);
+    let outer_scatter = normal([batch, heads, keys_len, dim], 87).to_tensor(device);
 
-    type Op<B> = fn(
-        Tensor<A<B>, 4>,
-        Tensor<A<B>, 4>,
-        Tensor<A<B>, 4, Int>,
-        Tensor<A<B>, 3, Int>,
-    ) -> Tensor<A<B>, 4>;
-    type Case<'a, B> = (
-        &'a str,
-        &'a Host4,
-        &'a Host4,
-        Op<B>,
-        Op<B>,
-        &'a Tensor<A<B>, 4>,
-    );
-    let cases: [Case<B>; 3] = [
+    type Op = fn(Tensor<4>, Tensor<4>, Tensor<4, Int>, Tensor<3, Int>) -> Tensor<4>;
+    type Case<'a> = (&'a str, &'a Host4, &'a Host4, Op, Op, &'a Tensor<4>);
+    let cases: [Case; 3] = [
         (
             "sparse_dot",
             &x,
             &y,
             |a, b, t, s| sparse_dot(a, b, t, s),
-            |a, b, t, s| {
-                float(reference::sparse_dot::<A<B>>(
-                    a.into_primitive().tensor(),
-                    b.into_primitive().tensor(),
-                    t.into_primitive(),
-                    s.into_primitive(),
-                ))
-            },
+            |a, b, t, s| defaults::sparse_dot::<Autodiff<X>>(a, b, t, s),
             &outer_dot,
         ),
         (
@@ -332,14 +298,7 @@ fn sparse_gradients_match_reference<B: ClusteredAttentionBackend>() {
             &w,
             &y,
             |a, b, t, s| sparse_weighted_sum(a, b, t, s),
-            |a, b, t, s| {
-                float(reference::sparse_weighted_sum::<A<B>>(
-                    a.into_primitive().tensor(),
-                    b.into_primitive().tensor(),
-                    t.into_primitive(),
-                    s.into_primitive(),
-                ))
-            },
+            |a, b, t, s| defaults::sparse_weighted_sum::<Autodiff<X>>(a, b, t, s),
             &outer_sum,
         ),
         (
@@ -347,22 +306,14 @@ fn sparse_gradients_match_reference<B: ClusteredAttentionBackend>() {
             &w,
             &x,
             |a, b, t, s| sparse_scatter(a, b, t, s, 17),
-            |a, b, t, s| {
-                float(reference::sparse_scatter::<A<B>>(
-                    a.into_primitive().tensor(),
-                    b.into_primitive().tensor(),
-                    t.into_primitive(),
-                    s.into_primitive(),
-                    17,
-                ))
-            },
+            |a, b, t, s| defaults::sparse_scatter::<Autodiff<X>>(a, b, t, s, 17),
             &outer_scatter,
         ),
     ];
     for (name, first, second, ours, theirs, outer) in cases {
-        let grads = |op: Op<B>| {
-            let a = first.to_tensor::<A<B>>(&device).require_grad();
-            let b = second.to_tensor::<A<B>>(&device).require_grad();
+        let grads = |op: Op| {
+            let a = first.to_tensor(device).require_grad();
+            let b = second.to_tensor(device).require_grad();
             let loss =
                 (op(a.clone(), b.clone(), topk.clone(), assignments.clone()) * outer.clone()).sum();
             let g = loss.backward();
@@ -378,98 +329,95 @@ fn sparse_gradients_match_reference<B: ClusteredAttentionBackend>() {
 }
 
 macro_rules! sparse_tests {
-    ($module:ident, $backend:ty $(, $ignore:meta)?) => {
+    ($module:ident, $backend:ty, $device:expr $(, $ignore:meta)?) => {
         mod $module {
             #[test]
             $(#[$ignore])?
             fn sparse_products_match_reference() {
-                super::sparse_products_match_reference::<$backend>();
+                super::sparse_products_match_reference::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn topk_matches_sort() {
-                super::topk_matches_sort::<$backend>();
+                super::topk_matches_sort::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn attention_softmax_matches_reference() {
-                super::attention_softmax_matches_reference::<$backend>();
+                super::attention_softmax_matches_reference(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn centroid_attention_matches_loops() {
-                crate::fused::centroid_attention_matches_loops::<$backend>();
+                crate::fused::centroid_attention_matches_loops(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn top_attention_matches_loops() {
-                crate::fused::top_attention_matches_loops::<$backend>();
+                crate::fused::top_attention_matches_loops::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn sparse_gradients_match_reference() {
-                super::sparse_gradients_match_reference::<$backend>();
+                super::sparse_gradients_match_reference::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn centroid_attention_gradients_match_reference() {
-                crate::fused::centroid_attention_gradients_match_reference::<$backend>();
+                crate::fused::centroid_attention_gradients_match_reference::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn top_attention_gradients_match_reference() {
-                crate::fused::top_attention_gradients_match_reference::<$backend>();
+                crate::fused::top_attention_gradients_match_reference::<$backend>(&$device);
             }
             #[test]
             $(#[$ignore])?
             fn improved_attention_gradients_match_reference() {
-                crate::fused::improved_attention_gradients_match_reference::<$backend>();
+                crate::fused::improved_attention_gradients_match_reference::<$backend>(&$device);
             }
         }
     };
 }
 
-sparse_tests!(ndarray, crate::common::NdArrayBackend);
-sparse_tests!(flex, crate::common::FlexBackend);
+// `$backend` is the backend of `$device`, whose default bodies the tests call.
+sparse_tests!(
+    ndarray,
+    crate::common::NdArrayBackend,
+    crate::common::ndarray()
+);
+sparse_tests!(flex, crate::common::FlexBackend, crate::common::flex());
 
 // The host loops' split between threads (the CubeCL backends do not use the pool).
 #[test]
 fn ndarray_top_attention_backward_is_deterministic_across_threads() {
     crate::fused::top_attention_backward_is_deterministic_across_threads::<
         crate::common::NdArrayBackend,
-    >();
+    >(&crate::common::ndarray());
 }
 #[test]
 fn flex_top_attention_backward_is_deterministic_across_threads() {
     crate::fused::top_attention_backward_is_deterministic_across_threads::<
         crate::common::FlexBackend,
-    >();
+    >(&crate::common::flex());
 }
 
-// The CubeCL kernels: fused (`Wgpu`), unfused (`CubeBackend`) and, forward, under `Autodiff`
-// (the gradient tests wrap each backend in `Autodiff` themselves).
+// The CubeCL kernels, fused (`burn::backend::Cube`, the only CubeCL backend Burn 0.22's dispatch
+// reaches with fusion on) and, forward, under `Autodiff` (the gradient tests run each backend
+// under `Autodiff` themselves).
 #[cfg(feature = "wgpu")]
-sparse_tests!(wgpu, burn::backend::Wgpu);
-#[cfg(feature = "wgpu")]
-sparse_tests!(
-    wgpu_unfused,
-    burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>
-);
+sparse_tests!(wgpu, burn::backend::Cube, crate::common::wgpu());
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_autodiff_sparse_products_match_reference() {
-    sparse_products_match_reference::<Autodiff<burn::backend::Wgpu>>();
-    topk_matches_sort::<Autodiff<burn::backend::Wgpu>>();
+    let device = autodiff(&wgpu());
+    sparse_products_match_reference::<Autodiff<burn::backend::Cube>>(&device);
+    topk_matches_sort::<Autodiff<burn::backend::Cube>>(&device);
 }
 #[cfg(feature = "cuda")]
 sparse_tests!(
     cuda,
-    burn::backend::Cuda,
-    ignore = "needs an NVIDIA GPU: run with --ignored"
-);
-#[cfg(feature = "cuda")]
-sparse_tests!(
-    cuda_unfused,
-    burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+    burn::backend::Cube,
+    crate::common::cuda(),
     ignore = "needs an NVIDIA GPU: run with --ignored"
 );

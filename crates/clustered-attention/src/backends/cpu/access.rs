@@ -1,17 +1,16 @@
 //! Host-memory access to the CPU backends' tensors: [`HostAccess`] (NdArray and Flex borrow
 //! their `f32` storage), and the reads and writes of the host ops.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
-
-use crate::ops::checks::host_key_lengths;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, TensorMetadata, get_or_init_device_settings};
+use burn::tensor::{DType, TensorData, read_sync};
 
 /// Host-memory access to a CPU backend's tensors.
 ///
-/// The default methods go through `into_data` (a copy when the tensor is shared); NdArray and
-/// Flex override [`HostAccess::with_f32`] to borrow their `f32` storage without copying, and
-/// NdArray [`HostAccess::ints_to_vec`] to copy its int storage in one piece.
+/// The default methods go through the backend's `float_into_data` / `int_into_data` (a copy
+/// when the tensor is shared); NdArray and Flex override [`HostAccess::with_f32`] to borrow
+/// their `f32` storage without copying, and [`HostAccess::ints_to_vec`] to copy their int
+/// storage in one piece.
 pub trait HostAccess: Backend {
     /// Calls `f` with the values of `x` in row-major order, as `f32` (`f16` and `bf16` values
     /// are widened exactly).
@@ -19,10 +18,13 @@ pub trait HostAccess: Backend {
     /// # Panics
     /// If `x` is not an `f32`, `f16` or `bf16` tensor.
     fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
-        let data = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(x.clone())).into_data();
-        match data.dtype {
+        let data = read_sync(Self::float_into_data(x.clone())).expect("the tensor's values");
+        match data.dtype() {
             DType::F32 => f(data.as_slice::<f32>().expect("an f32 tensor")),
-            DType::F16 | DType::BF16 => f(&data.convert::<f32>().into_vec::<f32>().expect("f32")),
+            DType::F16 | DType::BF16 => f(&data
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .expect("f32 data")),
             other => panic!("expected an f32, f16 or bf16 tensor, got {other:?}"),
         }
     }
@@ -33,14 +35,14 @@ pub trait HostAccess: Backend {
     }
 }
 
-/// The values of the int tensor `x` in row-major order, as `i64`, through `into_data`: the
-/// default [`HostAccess::ints_to_vec`].
+/// The values of the int tensor `x` in row-major order, as `i64`, through the backend's
+/// `int_into_data`: the default [`HostAccess::ints_to_vec`].
 pub(super) fn ints_through_data<B: Backend>(x: IntTensor<B>) -> Vec<i64> {
-    let data = Tensor::<B, 1, Int>::from_primitive(x).into_data();
-    match data.dtype {
-        DType::I64 => data.into_vec::<i64>().expect("i64 data"),
+    let data = read_sync(B::int_into_data(x)).expect("the tensor's values");
+    match data.dtype() {
+        DType::I64 => data.try_into_vec::<i64>().expect("i64 data"),
         DType::I32 => data
-            .into_vec::<i32>()
+            .try_into_vec::<i32>()
             .expect("i32 data")
             .into_iter()
             .map(i64::from)
@@ -66,30 +68,70 @@ pub(super) fn write_float<B: Backend, const D: usize>(
     device: &B::Device,
     dtype: DType,
 ) -> FloatTensor<B> {
-    let data = TensorData::new(values, dims).convert_dtype(dtype);
-    Tensor::<B, D>::from_data(data, (device, dtype))
-        .into_primitive()
-        .tensor()
+    B::float_from_data(TensorData::new(values, dims).convert_dtype(dtype), device)
 }
 
+/// An int tensor of the device's int dtype (its settings' `int_dtype`: `i64` on NdArray, `i32`
+/// on Flex unless the device is configured otherwise) from `i64` values.
 pub(super) fn write_ints<B: Backend, const D: usize>(
     values: Vec<i64>,
     dims: [usize; D],
     device: &B::Device,
 ) -> IntTensor<B> {
-    Tensor::<B, D, Int>::from_data(TensorData::new(values, dims), device).into_primitive()
+    let dtype = DType::from(get_or_init_device_settings::<B>(device).int_dtype);
+    B::int_from_data(TensorData::new(values, dims).convert_dtype(dtype), device)
 }
 
-/// Reads `key_lengths` (`[batch]`) to the host: all `keys_len` when `None`.
+/// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
+/// sequence's length `seq_len`.
+///
+/// Returns one length per batch item (all `seq_len` when `None`).
+///
+/// # Panics
+/// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
+pub(super) fn lengths_on_host<B: HostAccess>(
+    name: &str,
+    lengths: Option<IntTensor<B>>,
+    batch: usize,
+    seq_len: usize,
+) -> Vec<usize> {
+    let Some(lengths) = lengths else {
+        return vec![seq_len; batch];
+    };
+    let shape = lengths.shape();
+    let dims: &[usize] = &shape;
+    assert!(
+        dims == [batch],
+        "{name} must have shape [batch] = [{batch}], got {dims:?}"
+    );
+    B::ints_to_vec(lengths)
+        .into_iter()
+        .enumerate()
+        .map(|(b, len)| {
+            assert!(
+                (0..=seq_len as i64).contains(&len),
+                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
+            );
+            len as usize
+        })
+        .collect()
+}
+
+/// Reads `key_lengths` (`[batch]`) to the host, as [`lengths_on_host`] does, and checks that
+/// every sequence has a key: all `keys_len` when `None`.
 ///
 /// # Panics
 /// If the tensor is not `[batch]` or a length is outside `1..=keys_len`.
-pub(super) fn key_lengths_on_host<B: Backend>(
+pub(super) fn key_lengths_on_host<B: HostAccess>(
     key_lengths: Option<IntTensor<B>>,
     batch: usize,
     keys_len: usize,
 ) -> Vec<usize> {
-    host_key_lengths::<B>(key_lengths.map(Tensor::from_primitive), batch, keys_len)
+    let lengths = lengths_on_host::<B>("key_lengths", key_lengths, batch, keys_len);
+    if let Some(b) = lengths.iter().position(|&n| n == 0) {
+        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
+    }
+    lengths
 }
 
 /// Whether the host loops take `x`: `f32`, or a half type they widen to `f32`.
@@ -97,23 +139,18 @@ pub(super) fn on_host<B: Backend>(x: &FloatTensor<B>) -> bool {
     matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
+// `burn-ndarray` is deprecated in Burn 0.22 (for Flex); its backend is still supported here.
 #[cfg(feature = "ndarray")]
+#[allow(deprecated)]
 mod ndarray {
-    use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
-    use burn::backend::ndarray::{NdArrayTensor, SharedArray};
-    use burn::tensor::TensorMetadata;
-    use burn::tensor::ops::{FloatTensor, IntTensor};
+    use burn::backend::NdArray;
+    use burn::backend::TensorMetadata;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+    use burn_ndarray::NdArrayTensor;
 
     use super::{HostAccess, ints_through_data};
 
-    impl<E, I, Q> HostAccess for NdArray<E, I, Q>
-    where
-        E: FloatNdArrayElement,
-        I: IntNdArrayElement,
-        Q: QuantElement,
-        NdArrayTensor: From<SharedArray<E>>,
-        NdArrayTensor: From<SharedArray<I>>,
-    {
+    impl HostAccess for NdArray {
         /// Borrows the array when it is in standard layout (NdArray copies shared arrays
         /// element by element in `into_data`).
         fn with_f32<R>(x: &FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
@@ -153,10 +190,10 @@ mod ndarray {
 #[cfg(feature = "flex")]
 mod flex {
     use burn::backend::Flex;
-    use burn::tensor::ops::FloatTensor;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
     use burn::tensor::{DType, Element, bf16, f16};
 
-    use super::HostAccess;
+    use super::{HostAccess, ints_through_data};
 
     impl HostAccess for Flex {
         /// Borrows `f32` storage when it is contiguous; otherwise copies it into row-major
@@ -170,6 +207,25 @@ mod flex {
                     None => f(&row_major::<f32>(x, |v| v)),
                 },
             }
+        }
+
+        /// Copies contiguous `i32` or `i64` storage in one piece (`into_data` copies a shared
+        /// buffer first); other layouts and dtypes go through `into_data`.
+        fn ints_to_vec(x: IntTensor<Self>) -> Vec<i64> {
+            match x.dtype() {
+                DType::I32 => {
+                    if let Some(values) = x.as_slice::<i32>() {
+                        return values.iter().map(|&v| i64::from(v)).collect();
+                    }
+                }
+                DType::I64 => {
+                    if let Some(values) = x.as_slice::<i64>() {
+                        return values.to_vec();
+                    }
+                }
+                _ => {}
+            }
+            ints_through_data::<Self>(x)
         }
     }
 
@@ -199,7 +255,7 @@ mod flex {
     #[cfg(test)]
     mod tests {
         use burn::backend::Flex;
-        use burn::tensor::{DType, Tensor, TensorData, s};
+        use burn::tensor::{DType, Device, Tensor, TensorData, s};
 
         use super::HostAccess;
 
@@ -208,9 +264,10 @@ mod flex {
         /// an offset, a broadcast (stride 0), and half types; exactly (a copy).
         #[test]
         fn strided_views_read_in_row_major_order() {
-            let device = Default::default();
+            let device = Device::flex();
+            let primitive = |x: Tensor<4>| x.try_into_primitive::<Flex>().expect("a Flex tensor");
             let values: Vec<f32> = (0..2 * 5 * 3 * 4).map(|v| v as f32 * 0.25 - 7.0).collect();
-            let x = Tensor::<Flex, 4>::from_data(TensorData::new(values, [2, 5, 3, 4]), &device);
+            let x = Tensor::<4>::from_data(TensorData::new(values, [2, 5, 3, 4]), &device);
             let views = [
                 x.clone().swap_dims(1, 2),
                 x.clone().permute([3, 1, 0, 2]),
@@ -221,13 +278,17 @@ mod flex {
                 x.clone().permute([0, 2, 3, 1]).cast(DType::BF16),
             ];
             for (i, view) in views.into_iter().enumerate() {
-                let expected: Vec<f32> = view.to_data().convert::<f32>().to_vec().unwrap();
-                let ours = Flex::with_f32(&view.into_primitive().tensor(), <[f32]>::to_vec);
+                let expected: Vec<f32> = view.to_data().convert::<f32>().try_to_vec().unwrap();
+                let ours = Flex::with_f32(&primitive(view), <[f32]>::to_vec);
                 assert_eq!(ours, expected, "view {i}");
             }
             // One by hand: [2, 3] transposed.
-            let t = Tensor::<Flex, 2>::from_data([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &device);
-            let ours = Flex::with_f32(&t.transpose().into_primitive().tensor(), <[f32]>::to_vec);
+            let t = Tensor::<2>::from_data([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &device);
+            let t = t
+                .transpose()
+                .try_into_primitive::<Flex>()
+                .expect("a Flex tensor");
+            let ours = Flex::with_f32(&t, <[f32]>::to_vec);
             assert_eq!(ours, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
         }
     }

@@ -1,8 +1,9 @@
 //! Host [`centroid_attention`] and [`centroid_attention_backward`]: one pass over the keys, a
 //! block of cluster rows against a part of the keys at a time, as flash attention makes it.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, TensorMetadata};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::DType;
 use rayon::prelude::*;
 
 use super::access::{
@@ -12,7 +13,10 @@ use super::gemm::{matmul_add, matmul_into};
 use super::parallel::{PARALLEL_THRESHOLD, head_splits};
 use super::simd;
 use crate::ops::checks::check_centroid_attention;
-use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend, reference};
+use crate::ops::{
+    CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend,
+    ClusteredAttentionBackward, reference,
+};
 
 /// Cluster rows per block of the host centroid attention: all the clusters of a head in the
 /// paper's settings, so that each part of the keys and values is packed for `gemm` once per
@@ -36,7 +40,9 @@ thread_local! {
 }
 
 /// Host
-/// [`ClusteredAttentionBackend::centroid_attention`](ClusteredAttentionBackend::centroid_attention)
+/// [`ClusteredAttentionBackward::centroid_attention_forward`](ClusteredAttentionBackward::centroid_attention_forward)
+/// (and, without its log-sum-exps,
+/// [`ClusteredAttentionBackend::centroid_attention`](ClusteredAttentionBackend::centroid_attention))
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention makes it: for
 /// every block of up to 128 cluster rows of a `(batch, head)` (fewer rows when there are fewer
 /// `(batch, head)`s than threads), on rayon's pool, and every part of 512 valid keys, the part's
@@ -45,7 +51,8 @@ thread_local! {
 /// of the part's weights outside the current top-k with its values added to the rescaled output
 /// rows. A key that leaves a row's top-k in a later part adds its weight times its value then, so
 /// the output is the rest of `Aᶜ V` without a subtraction. Also returns each row's log-sum-exp of
-/// the scores (`f32`), which the backward pass uses.
+/// the scores (`f32`), which the backward pass uses. Falls back to the default body (without
+/// log-sum-exps) when an input is not `f32`, `f16` or `bf16`, or is empty.
 pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -57,9 +64,15 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
         .iter()
         .any(|x| x.shape().num_elements() == 0);
     if empty || ![&centroids, &keys, &values].iter().all(|x| on_host::<B>(x)) {
-        return reference::centroid_attention::<B>(centroids, keys, values, key_lengths, topk);
+        let (values, top) =
+            reference::centroid_attention::<B>(centroids, keys, values, key_lengths.into(), topk);
+        return CentroidAttention {
+            values,
+            top,
+            log_sum_exp: None,
+        };
     }
-    let (device, dtype) = (B::float_device(&centroids), centroids.dtype());
+    let (device, dtype) = (centroids.device(), centroids.dtype());
     let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
     let [_, _, keys_len, _] = dims::<B, 4>(&keys);
     let [_, _, _, dim_v] = dims::<B, 4>(&values);
@@ -283,7 +296,7 @@ type CentroidTask<'a> = (
 );
 
 /// Host
-/// [`ClusteredAttentionBackend::centroid_attention_backward`](ClusteredAttentionBackend::centroid_attention_backward)
+/// [`ClusteredAttentionBackward::centroid_attention_backward`](ClusteredAttentionBackward::centroid_attention_backward)
 /// in `f32` (`f16` and `bf16` widened), one pass over the keys as flash attention's backward makes
 /// it: `rowsum(Aᶜ ⊙ dA)` of every cluster row from the forward outputs, then per `(batch, head)`
 /// and chunk of 2048 valid keys on rayon's pool, per block of up to 128 cluster rows and per part
@@ -295,7 +308,7 @@ type CentroidTask<'a> = (
 /// summed in order of their keys. Falls back to the default body when `forward` has no
 /// log-sum-exps.
 #[allow(clippy::too_many_arguments)]
-pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
+pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
@@ -326,7 +339,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
             grad_top_weights,
         );
     }
-    let (device, dtype) = (B::float_device(&centroids), centroids.dtype());
+    let (device, dtype) = (centroids.device(), centroids.dtype());
     let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     let mut grad_keys = vec![0f32; batch * heads * keys_len * dim];

@@ -1,22 +1,24 @@
 //! Host [`lsh_hash`]: the projections of four queries on all planes at a time.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use super::access::{HostAccess, dims, on_host, write_ints};
 use super::parallel::for_each_row;
 use super::simd;
-#[cfg(doc)]
-use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_planes;
-use crate::ops::reference;
+use crate::ops::{ClusteredAttentionBackend, reference};
 
 /// Host [`ClusteredAttentionBackend::lsh_hash`](ClusteredAttentionBackend::lsh_hash): the
 /// projections of four queries on all planes at a time, compared and packed in registers.
-pub fn lsh_hash<B: HostAccess>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> IntTensor<B> {
+pub fn lsh_hash<B: HostAccess + ClusteredAttentionBackend>(
+    queries: FloatTensor<B>,
+    planes: FloatTensor<B>,
+) -> IntTensor<B> {
     if !on_host::<B>(&queries) || !on_host::<B>(&planes) {
         return reference::lsh_hash::<B>(queries, planes);
     }
-    let device = B::float_device(&queries);
+    let device = queries.device();
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [bits, columns] = dims::<B, 2>(&planes);
     check_planes([batch, heads, len, dim], [bits, columns]);

@@ -1,21 +1,131 @@
-//! Host [`improved_attention_backward`]: the top-k and centroid attentions' backward passes,
-//! their gradients of the keys, values and queries summed in place.
+//! Host [`improved_attention_forward`]: the centroids, then the host centroid and top-k
+//! attentions; and [`improved_attention_backward`]: the top-k and centroid attentions' backward
+//! passes, their gradients of the keys, values and queries summed in place.
 
-use burn::tensor::TensorMetadata;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use super::access::{HostAccess, dims, on_host, write_float};
-use super::centroid::centroid_backward_into;
+use super::centroid::{centroid_attention, centroid_backward_into};
 use super::parallel::for_each_row;
-use super::top::top_backward_buffers;
+use super::top::{top_attention, top_backward_buffers};
+#[cfg(doc)]
+use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::{
-    AttentionGrads, ClusterTop, ClusteredAttentionBackend, ImprovedForward, NO_CLUSTER,
+    AttentionGrads, ClusterTop, ClusteredAttentionBackward, ImprovedForward, NO_CLUSTER,
     QueryClusters, reference,
 };
 
 /// Host
-/// [`ClusteredAttentionBackend::improved_attention_backward`](ClusteredAttentionBackend::improved_attention_backward)
+/// [`ClusteredAttentionBackward::improved_attention_forward`](ClusteredAttentionBackward::improved_attention_forward)
+/// (and [`ClusteredAttentionBackend::improved_attention`], its output) in `f32` (`f16` and `bf16`
+/// widened): the centroids, `scale · inverse_counts[j] · Σ_{i ∈ j} queries_i` summed in the
+/// queries' order per `(batch, head)` on rayon's pool, then the host
+/// [`centroid_attention`](super::centroid_attention) of the centroids with the top-k keys (with
+/// its log-sum-exps, which [`improved_attention_backward`] uses), the mass (the sum of each
+/// row's top-k weights) and the host [`top_attention`](super::top_attention) of every query.
+/// Falls back to the default body when an input is not `f32`, `f16` or `bf16`.
+///
+/// # Panics
+/// As [`ClusteredAttentionBackend::improved_attention`]; if an assignment is outside `0..C`
+/// and not [`NO_CLUSTER`].
+pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: QueryClusters<B>,
+    key_lengths: Option<IntTensor<B>>,
+    topk: usize,
+    scale: f64,
+) -> (FloatTensor<B>, ImprovedForward<B>) {
+    let floats = [&queries, &keys, &values, &clusters.inverse_counts];
+    if !floats.iter().all(|x| on_host::<B>(x)) {
+        return reference::improved_attention_forward::<B>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            topk,
+            scale,
+        );
+    }
+    assert!(topk > 0, "topk must be at least 1, got 0");
+    let (device, dtype) = (queries.device(), queries.dtype());
+    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
+    let num_clusters = check_query_clusters([batch, heads, len, dim], &clusters);
+    let assignments = B::ints_to_vec(clusters.assignments.clone());
+    if let Some(a) = assignments
+        .iter()
+        .find(|&&a| a != NO_CLUSTER && !(0..num_clusters as i64).contains(&a))
+    {
+        panic!("assignments holds {a}, outside 0..{num_clusters} (the clusters) and not -1");
+    }
+    let mut centroids = vec![0f32; batch * heads * num_clusters * dim];
+    B::with_f32(&queries, |queries| {
+        B::with_f32(&clusters.inverse_counts, |inverse_counts| {
+            for_each_row(&mut centroids, batch * heads, len * dim, |bh, out| {
+                let assignments = &assignments[bh * len..(bh + 1) * len];
+                let queries = &queries[bh * len * dim..(bh + 1) * len * dim];
+                for (&a, query) in assignments.iter().zip(queries.chunks_exact(dim)) {
+                    if a == NO_CLUSTER {
+                        continue;
+                    }
+                    let a = a as usize;
+                    for (o, &q) in out[a * dim..(a + 1) * dim].iter_mut().zip(query) {
+                        *o += q;
+                    }
+                }
+                let inverse_counts = &inverse_counts[bh * num_clusters..(bh + 1) * num_clusters];
+                for (row, &inverse) in out.chunks_exact_mut(dim).zip(inverse_counts) {
+                    for o in row {
+                        *o = *o * inverse * scale as f32;
+                    }
+                }
+            })
+        })
+    });
+    let centroids =
+        write_float::<B, 4>(centroids, [batch, heads, num_clusters, dim], &device, dtype);
+    let attention = centroid_attention::<B>(
+        centroids.clone(),
+        keys.clone(),
+        values.clone(),
+        key_lengths.clone(),
+        topk,
+    );
+    let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
+    let mass = B::with_f32(&top_weights, |weights| {
+        weights
+            .chunks_exact(topk)
+            .map(|row| row.iter().sum::<f32>())
+            .collect::<Vec<f32>>()
+    });
+    let mass = write_float::<B, 4>(mass, [batch, heads, num_clusters, 1], &device, dtype);
+    let output = top_attention::<B>(
+        queries,
+        keys,
+        values,
+        ClusterTop {
+            assignments: clusters.assignments,
+            topk: top,
+            mass: mass.clone(),
+            rest: attention.values.clone(),
+        },
+        key_lengths,
+        scale,
+    );
+    let forward = ImprovedForward {
+        centroids,
+        centroid_attention: attention,
+        mass,
+    };
+    (output, forward)
+}
+
+/// Host
+/// [`ClusteredAttentionBackward::improved_attention_backward`](ClusteredAttentionBackward::improved_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): the top-k attention's backward
 /// ([`top_attention_backward`](super::top_attention_backward)'s loops), then the centroid
 /// attention's ([`centroid_attention_backward`](super::centroid_attention_backward)'s loops) adding
@@ -25,7 +135,7 @@ use crate::ops::{
 /// to the default body when an input is not `f32`, `f16` or `bf16`, or the forward pass has no
 /// log-sum-exps.
 #[allow(clippy::too_many_arguments)]
-pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
+pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
@@ -67,7 +177,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
             grad,
         );
     }
-    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let (device, dtype) = (queries.device(), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     let num_clusters = check_query_clusters([batch, heads, len, dim], &clusters);

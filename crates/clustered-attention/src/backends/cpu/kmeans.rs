@@ -1,17 +1,14 @@
 //! Host [`hamming_kmeans`]: Lloyd's algorithm on the codes of each `(batch, head)`, compiled for
 //! AVX-512 (vector popcounts), AVX2 (per-byte distance tables) and the baseline.
 
-use burn::tensor::ops::IntTensor;
-use burn::tensor::{Int, Tensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::IntTensor;
 
-use super::access::{HostAccess, read_ints, write_ints};
+use super::access::{HostAccess, lengths_on_host, read_ints, write_ints};
 use super::parallel::for_each_row;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{SimdLevel, simd_level};
-#[cfg(doc)]
-use crate::ops::ClusteredAttentionBackend;
-use crate::ops::checks::host_lengths;
-use crate::ops::{NO_CLUSTER, initial_centroid_positions, reference};
+use crate::ops::{ClusteredAttentionBackend, NO_CLUSTER, initial_centroid_positions, reference};
 
 /// Assignment step for fewer than 2¹⁶ clusters: the key `distance · 2¹⁶ + index` of each
 /// centroid is unique, so its minimum picks the nearest centroid with ties to the lowest
@@ -285,7 +282,7 @@ fn kmeans_row(
 }
 
 /// Host [`ClusteredAttentionBackend::hamming_kmeans`](ClusteredAttentionBackend::hamming_kmeans).
-pub fn hamming_kmeans<B: HostAccess>(
+pub fn hamming_kmeans<B: HostAccess + ClusteredAttentionBackend>(
     codes: IntTensor<B>,
     query_lengths: Option<IntTensor<B>>,
     clusters: usize,
@@ -294,18 +291,18 @@ pub fn hamming_kmeans<B: HostAccess>(
 ) -> (IntTensor<B>, IntTensor<B>) {
     assert!(clusters > 0, "clusters must be at least 1, got 0");
     if clusters >= 1 << 16 {
-        return reference::hamming_kmeans::<B>(codes, query_lengths, clusters, iterations, seed);
+        return reference::hamming_kmeans::<B>(
+            codes,
+            query_lengths.into(),
+            clusters,
+            iterations,
+            seed,
+        );
     }
-    let codes = Tensor::<B, 3, Int>::from_primitive(codes);
     let device = codes.device();
-    let (codes, [batch, heads, len]) = read_ints::<B, 3>(codes.into_primitive());
+    let (codes, [batch, heads, len]) = read_ints::<B, 3>(codes);
     let codes: Vec<u32> = codes.iter().map(|&c| c as i32 as u32).collect();
-    let lengths = host_lengths::<B>(
-        "query_lengths",
-        query_lengths.map(Tensor::from_primitive),
-        batch,
-        len,
-    );
+    let lengths = lengths_on_host::<B>("query_lengths", query_lengths, batch, len);
     let initial = initial_centroid_positions(&lengths, heads, clusters, seed);
 
     let mut assignments = vec![0i64; batch * heads * len];

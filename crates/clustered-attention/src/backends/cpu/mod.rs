@@ -1,5 +1,6 @@
 //! The CPU backends (NdArray, Flex): host loops for every op of
-//! [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend), compiled for the CPU's
+//! [`ClusteredAttentionBackend`](crate::ops::ClusteredAttentionBackend) and
+//! [`ClusteredAttentionBackward`](crate::ops::ClusteredAttentionBackward), compiled for the CPU's
 //! vector instructions, one file per op family.
 //!
 //! - `access.rs`: [`HostAccess`], the backends' tensors borrowed as `f32` slices, and the
@@ -12,7 +13,8 @@
 //! - `hash.rs`: [`lsh_hash`]; `kmeans.rs`: [`hamming_kmeans`]; `softmax.rs`:
 //!   [`attention_softmax`]; `topk.rs`: [`topk_indices`].
 //! - `centroid.rs`: [`centroid_attention`] and its backward; `top.rs`: [`top_attention`] and
-//!   its backward; `improved.rs`: [`improved_attention_backward`].
+//!   its backward; `improved.rs`: [`improved_attention_forward`] and
+//!   [`improved_attention_backward`].
 //! - `sparse.rs`: [`sparse_dot`], [`sparse_weighted_sum`], [`sparse_scatter`].
 //!
 //! The tensors already live in host memory on these backends, so each op borrows its float
@@ -22,14 +24,16 @@
 //! a small sorted buffer for the top-k, per-cluster blocks of gathered keys for the sparse
 //! products and the per-query top-k attention, and the `gemm` crate's products for the
 //! centroid attention — split over rows on rayon's global pool (the one the backends use), and
-//! writes the result back with `from_data`. They reproduce the default bodies
+//! writes the result back with the backend's `float_from_data` and `int_from_data` (the integers
+//! in the device's int dtype: `i64` on NdArray, `i32` on Flex, unless the device is configured
+//! otherwise). They reproduce the default bodies
 //! ([`crate::ops::reference`]): bit for bit for the integer outputs, to rounding for the float
 //! ones. Float ops compute and accumulate in `f32`: `f16` and `bf16` inputs are widened on the
 //! way in and the results rounded to the input's dtype on the way out; `f64` inputs fall back
 //! to the default bodies.
 //!
 //! A CPU backend of one's own gets them by implementing [`HostAccess`] and calling these
-//! functions from its `ClusteredAttentionBackend` methods.
+//! functions from its `ClusteredAttentionBackend` and `ClusteredAttentionBackward` methods.
 
 mod access;
 mod centroid;
@@ -47,7 +51,7 @@ mod topk;
 pub use access::HostAccess;
 pub use centroid::{centroid_attention, centroid_attention_backward};
 pub use hash::lsh_hash;
-pub use improved::improved_attention_backward;
+pub use improved::{improved_attention_backward, improved_attention_forward};
 pub use kmeans::hamming_kmeans;
 pub use simd::{SIMD_ENV, SimdLevel, simd_level};
 pub use softmax::attention_softmax;
@@ -55,10 +59,12 @@ pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
 pub use top::{top_attention, top_attention_backward};
 pub use topk::topk_indices;
 
-/// Implements [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) with the host ops.
+/// Implements [`ClusteredAttentionBackend`](crate::ops::ClusteredAttentionBackend) (`backend`)
+/// and [`ClusteredAttentionBackward`](crate::ops::ClusteredAttentionBackward) (`backward`) with
+/// the host ops.
 #[cfg(any(feature = "ndarray", feature = "flex"))]
 macro_rules! host_ops {
-    () => {
+    (backend) => {
         fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
             $crate::backends::cpu::lsh_hash::<Self>(queries, planes)
         }
@@ -69,14 +75,14 @@ macro_rules! host_ops {
 
         fn hamming_kmeans(
             codes: IntTensor<Self>,
-            query_lengths: Option<IntTensor<Self>>,
+            query_lengths: Lengths<Self>,
             clusters: usize,
             iterations: usize,
             seed: u64,
         ) -> (IntTensor<Self>, IntTensor<Self>) {
             $crate::backends::cpu::hamming_kmeans::<Self>(
                 codes,
-                query_lengths,
+                query_lengths.into_option(),
                 clusters,
                 iterations,
                 seed,
@@ -91,16 +97,20 @@ macro_rules! host_ops {
             centroids: FloatTensor<Self>,
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             topk: usize,
-        ) -> CentroidAttention<Self> {
-            $crate::backends::cpu::centroid_attention::<Self>(
+        ) -> (
+            FloatTensor<Self>,
+            Option<(IntTensor<Self>, FloatTensor<Self>)>,
+        ) {
+            let attention = $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
                 values,
-                key_lengths,
+                key_lengths.into_option(),
                 topk,
-            )
+            );
+            (attention.values, attention.top)
         }
 
         fn top_attention(
@@ -108,7 +118,7 @@ macro_rules! host_ops {
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             clusters: ClusterTop<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             scale: f64,
         ) -> FloatTensor<Self> {
             $crate::backends::cpu::top_attention::<Self>(
@@ -116,72 +126,30 @@ macro_rules! host_ops {
                 keys,
                 values,
                 clusters,
-                key_lengths,
+                key_lengths.into_option(),
                 scale,
             )
         }
 
-        fn centroid_attention_backward(
-            centroids: FloatTensor<Self>,
-            keys: FloatTensor<Self>,
-            values: FloatTensor<Self>,
-            key_lengths: Option<IntTensor<Self>>,
-            forward: CentroidAttention<Self>,
-            grad_values: FloatTensor<Self>,
-            grad_top_weights: Option<FloatTensor<Self>>,
-        ) -> CentroidAttentionGrads<Self> {
-            $crate::backends::cpu::centroid_attention_backward::<Self>(
-                centroids,
-                keys,
-                values,
-                key_lengths,
-                forward,
-                grad_values,
-                grad_top_weights,
-            )
-        }
-
-        #[allow(clippy::too_many_arguments)]
-        fn improved_attention_backward(
+        fn improved_attention(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             clusters: QueryClusters<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
+            topk: usize,
             scale: f64,
-            forward: ImprovedForward<Self>,
-            grad: FloatTensor<Self>,
-        ) -> AttentionGrads<Self> {
-            $crate::backends::cpu::improved_attention_backward::<Self>(
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::improved_attention_forward::<Self>(
                 queries,
                 keys,
                 values,
                 clusters,
-                key_lengths,
+                key_lengths.into_option(),
+                topk,
                 scale,
-                forward,
-                grad,
             )
-        }
-
-        fn top_attention_backward(
-            queries: FloatTensor<Self>,
-            keys: FloatTensor<Self>,
-            values: FloatTensor<Self>,
-            clusters: ClusterTop<Self>,
-            key_lengths: Option<IntTensor<Self>>,
-            scale: f64,
-            grad: FloatTensor<Self>,
-        ) -> TopAttentionGrads<Self> {
-            $crate::backends::cpu::top_attention_backward::<Self>(
-                queries,
-                keys,
-                values,
-                clusters,
-                key_lengths,
-                scale,
-                grad,
-            )
+            .0
         }
 
         fn sparse_dot(
@@ -212,44 +180,146 @@ macro_rules! host_ops {
             $crate::backends::cpu::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len)
         }
     };
+    (backward) => {
+        fn centroid_attention_forward(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            topk: usize,
+        ) -> CentroidAttention<Self> {
+            $crate::backends::cpu::centroid_attention::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                topk,
+            )
+        }
+
+        fn centroid_attention_backward(
+            centroids: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            forward: CentroidAttention<Self>,
+            grad_values: FloatTensor<Self>,
+            grad_top_weights: Option<FloatTensor<Self>>,
+        ) -> CentroidAttentionGrads<Self> {
+            $crate::backends::cpu::centroid_attention_backward::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                forward,
+                grad_values,
+                grad_top_weights,
+            )
+        }
+
+        fn top_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: ClusterTop<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            grad: FloatTensor<Self>,
+        ) -> TopAttentionGrads<Self> {
+            $crate::backends::cpu::top_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                grad,
+            )
+        }
+
+        fn improved_attention_forward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: QueryClusters<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            topk: usize,
+            scale: f64,
+        ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+            $crate::backends::cpu::improved_attention_forward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                topk,
+                scale,
+            )
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn improved_attention_backward(
+            queries: FloatTensor<Self>,
+            keys: FloatTensor<Self>,
+            values: FloatTensor<Self>,
+            clusters: QueryClusters<Self>,
+            key_lengths: Option<IntTensor<Self>>,
+            scale: f64,
+            forward: ImprovedForward<Self>,
+            grad: FloatTensor<Self>,
+        ) -> AttentionGrads<Self> {
+            $crate::backends::cpu::improved_attention_backward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+                forward,
+                grad,
+            )
+        }
+    };
 }
 
+// `burn-ndarray` is deprecated in Burn 0.22 (for Flex); its backend is still supported here.
 #[cfg(feature = "ndarray")]
+#[allow(deprecated)]
 mod ndarray {
-    use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, QuantElement};
-    use burn::backend::ndarray::{NdArrayTensor, SharedArray};
-    use burn::tensor::ops::{FloatTensor, IntTensor};
+    use burn::backend::NdArray;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
 
-    use crate::ClusteredAttentionBackend;
     use crate::ops::{
-        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop,
+        ClusteredAttentionBackend, ClusteredAttentionBackward, ImprovedForward, Lengths,
         QueryClusters, TopAttentionGrads,
     };
 
-    impl<E, I, Q> ClusteredAttentionBackend for NdArray<E, I, Q>
-    where
-        E: FloatNdArrayElement,
-        I: IntNdArrayElement,
-        Q: QuantElement,
-        NdArrayTensor: From<SharedArray<E>>,
-        NdArrayTensor: From<SharedArray<I>>,
-    {
-        host_ops!();
+    impl ClusteredAttentionBackend for NdArray {
+        host_ops!(backend);
+    }
+
+    impl ClusteredAttentionBackward for NdArray {
+        host_ops!(backward);
     }
 }
 
 #[cfg(feature = "flex")]
 mod flex {
     use burn::backend::Flex;
-    use burn::tensor::ops::{FloatTensor, IntTensor};
+    use burn::backend::tensor::{FloatTensor, IntTensor};
 
-    use crate::ClusteredAttentionBackend;
     use crate::ops::{
-        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
+        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop,
+        ClusteredAttentionBackend, ClusteredAttentionBackward, ImprovedForward, Lengths,
         QueryClusters, TopAttentionGrads,
     };
 
     impl ClusteredAttentionBackend for Flex {
-        host_ops!();
+        host_ops!(backend);
+    }
+
+    impl ClusteredAttentionBackward for Flex {
+        host_ops!(backward);
     }
 }

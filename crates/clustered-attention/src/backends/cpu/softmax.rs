@@ -1,7 +1,7 @@
 //! Host [`attention_softmax`]: three passes per row with a vectorised `exp`.
 
-use burn::tensor::TensorMetadata;
-use burn::tensor::ops::FloatTensor;
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::FloatTensor;
 
 use super::access::{HostAccess, dims, on_host, write_float};
 use super::parallel::for_each_row;
@@ -20,7 +20,7 @@ pub fn attention_softmax<B: HostAccess>(x: FloatTensor<B>) -> FloatTensor<B> {
     if !on_host::<B>(&x) || shape.num_dims() != 4 || shape[last] == 0 {
         return B::softmax(x, last);
     }
-    let (device, dtype) = (B::float_device(&x), x.dtype());
+    let (device, dtype) = (x.device(), x.dtype());
     let dims = dims::<B, 4>(&x);
     let width = dims[3];
     let rows = dims[0] * dims[1] * dims[2];

@@ -3,15 +3,13 @@
 //! and [`Sparse`], the index tensors of the sparse products and the top-k attention read to
 //! the host, with [`Members`], each cluster's member queries.
 
-use burn::tensor::TensorMetadata;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use super::access::{HostAccess, dims, on_host, read_ints, write_float};
 use super::parallel::for_each_row;
 use super::simd::{self, padded};
-#[cfg(doc)]
-use crate::ops::ClusteredAttentionBackend;
-use crate::ops::{NO_CLUSTER, reference};
+use crate::ops::{ClusteredAttentionBackend, NO_CLUSTER, reference};
 
 /// The valid queries of one row grouped by cluster: `order[start[j]..start[j + 1]]` are the
 /// queries of cluster `j`, in increasing position.
@@ -193,7 +191,7 @@ impl Sparse {
 }
 
 /// Host [`ClusteredAttentionBackend::sparse_dot`](ClusteredAttentionBackend::sparse_dot).
-pub fn sparse_dot<B: HostAccess>(
+pub fn sparse_dot<B: HostAccess + ClusteredAttentionBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     topk: IntTensor<B>,
@@ -202,7 +200,7 @@ pub fn sparse_dot<B: HostAccess>(
     if !on_host::<B>(&queries) || !on_host::<B>(&keys) {
         return reference::sparse_dot::<B>(queries, keys, topk, assignments);
     }
-    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let (device, dtype) = (queries.device(), queries.dtype());
     let [_, _, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, _] = dims::<B, 4>(&keys);
     let sparse = Sparse::read::<B>(topk, assignments);
@@ -232,7 +230,7 @@ pub fn sparse_dot<B: HostAccess>(
 
 /// Host
 /// [`ClusteredAttentionBackend::sparse_weighted_sum`](ClusteredAttentionBackend::sparse_weighted_sum).
-pub fn sparse_weighted_sum<B: HostAccess>(
+pub fn sparse_weighted_sum<B: HostAccess + ClusteredAttentionBackend>(
     weights: FloatTensor<B>,
     values: FloatTensor<B>,
     topk: IntTensor<B>,
@@ -241,7 +239,7 @@ pub fn sparse_weighted_sum<B: HostAccess>(
     if !on_host::<B>(&weights) || !on_host::<B>(&values) {
         return reference::sparse_weighted_sum::<B>(weights, values, topk, assignments);
     }
-    let (device, dtype) = (B::float_device(&weights), weights.dtype());
+    let (device, dtype) = (weights.device(), weights.dtype());
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, keys_len, dim] = dims::<B, 4>(&values);
     let sparse = Sparse::read::<B>(topk, assignments);
@@ -323,7 +321,7 @@ pub(super) fn add_block_rows(block: &[f32], top: &[i64], width: usize, out: &mut
 }
 
 /// Host [`ClusteredAttentionBackend::sparse_scatter`](ClusteredAttentionBackend::sparse_scatter).
-pub fn sparse_scatter<B: HostAccess>(
+pub fn sparse_scatter<B: HostAccess + ClusteredAttentionBackend>(
     weights: FloatTensor<B>,
     x: FloatTensor<B>,
     topk: IntTensor<B>,
@@ -333,7 +331,7 @@ pub fn sparse_scatter<B: HostAccess>(
     if !on_host::<B>(&weights) || !on_host::<B>(&x) {
         return reference::sparse_scatter::<B>(weights, x, topk, assignments, keys_len);
     }
-    let (device, dtype) = (B::float_device(&weights), weights.dtype());
+    let (device, dtype) = (weights.device(), weights.dtype());
     let [_, _, len, k] = dims::<B, 4>(&weights);
     let [_, _, _, dim] = dims::<B, 4>(&x);
     let sparse = Sparse::read::<B>(topk, assignments);

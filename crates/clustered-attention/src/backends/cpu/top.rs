@@ -1,8 +1,8 @@
 //! Host [`top_attention`] and [`top_attention_backward`]: per `(batch, head)` and cluster, the
 //! cluster's top-k keys and values gathered into small blocks, then its member queries.
 
-use burn::tensor::TensorMetadata;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use rayon::prelude::*;
 
 use super::access::{HostAccess, dims, key_lengths_on_host, on_host, write_float};
@@ -11,7 +11,9 @@ use super::parallel::{DisjointRows, PARALLEL_THRESHOLD, head_splits};
 use super::simd::{self, padded};
 use super::sparse::{MEMBER_CHUNK, Members, Sparse, add_block_rows, gather_rows, prefetch_ahead};
 use crate::ops::checks::check_top_attention;
-use crate::ops::{ClusterTop, ClusteredAttentionBackend, TopAttentionGrads, reference};
+use crate::ops::{
+    ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward, TopAttentionGrads, reference,
+};
 
 /// Host [`ClusteredAttentionBackend::top_attention`](ClusteredAttentionBackend::top_attention) in
 /// `f32` (`f16` and `bf16` widened): per `(batch, head)` (per run of its queries when there
@@ -29,9 +31,16 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
 ) -> FloatTensor<B> {
     let floats = [&queries, &keys, &values, &clusters.mass, &clusters.rest];
     if !floats.iter().all(|x| on_host::<B>(x)) {
-        return reference::top_attention::<B>(queries, keys, values, clusters, key_lengths, scale);
+        return reference::top_attention::<B>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths.into(),
+            scale,
+        );
     }
-    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let (device, dtype) = (queries.device(), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     check_top_attention(
@@ -326,12 +335,12 @@ struct TopPart {
 }
 
 /// Host
-/// [`ClusteredAttentionBackend::top_attention_backward`](ClusteredAttentionBackend::top_attention_backward)
+/// [`ClusteredAttentionBackward::top_attention_backward`](ClusteredAttentionBackward::top_attention_backward)
 /// in `f32` (`f16` and `bf16` widened): per `(batch, head)` on rayon's pool (per run of its
 /// clusters when there are fewer `(batch, head)`s than threads and enough work) and per cluster
 /// (one pass over its members); the keys' and values' gradients of each cluster are added to their
 /// rows in cluster order, so the result does not depend on the split.
-pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
+pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
@@ -352,7 +361,7 @@ pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackend>(
             grad,
         );
     }
-    let (device, dtype) = (B::float_device(&queries), queries.dtype());
+    let (device, dtype) = (queries.device(), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     let clusters_len = dims::<B, 4>(&clusters.mass)[2];

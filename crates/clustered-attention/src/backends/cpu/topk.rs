@@ -1,21 +1,23 @@
 //! Host [`topk_indices`]: one pass per row with a small sorted buffer.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use super::access::{HostAccess, dims, on_host, write_ints};
 use super::parallel::for_each_row;
 use super::simd;
-#[cfg(doc)]
-use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_topk;
-use crate::ops::reference;
+use crate::ops::{ClusteredAttentionBackend, reference};
 
 /// Host [`ClusteredAttentionBackend::topk_indices`](ClusteredAttentionBackend::topk_indices).
-pub fn topk_indices<B: HostAccess>(scores: FloatTensor<B>, k: usize) -> IntTensor<B> {
+pub fn topk_indices<B: HostAccess + ClusteredAttentionBackend>(
+    scores: FloatTensor<B>,
+    k: usize,
+) -> IntTensor<B> {
     if !on_host::<B>(&scores) {
         return reference::topk_indices::<B>(scores, k);
     }
-    let device = B::float_device(&scores);
+    let device = scores.device();
     let [batch, heads, rows, len] = dims::<B, 4>(&scores);
     check_topk(k, len);
     let mut out = vec![0i64; batch * heads * rows * k];

@@ -35,12 +35,14 @@
 //! as the default body's `-inf` makes them, so a row with fewer valid keys than `topk` gets
 //! them last, lower indices first, at weight 0.
 
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_cubecl::kernel::into_contiguous;
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
@@ -59,7 +61,7 @@ const EMPTY: u32 = u32::MAX;
 #[cube]
 fn tile_score(
     query: &Array<f32>,
-    shared: &SharedMemory<f32>,
+    shared: &Shared<[f32]>,
     key: usize,
     #[comptime] dim: usize,
 ) -> f32 {
@@ -148,7 +150,7 @@ fn load_query<F: Float>(
 #[cube]
 fn load_tile<F: Float>(
     source: &Tensor<F>,
-    shared: &mut SharedMemory<f32>,
+    shared: &mut Shared<[f32]>,
     bh: usize,
     start: usize,
     #[comptime] tile: usize,
@@ -195,7 +197,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     #[comptime] tiles: usize,
     #[comptime] units: usize,
     #[comptime] mma: Mma,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
@@ -209,7 +211,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     let mut tiles_in = MmaTiles::<F>::new(centroids, bh, units, tile, dim, mma);
 
     let mut shared =
-        SharedMemory::<f32>::new(comptime!(if mma.is_some() { 1 } else { tile * dim }));
+        Shared::<[f32]>::new_slice(comptime!(if mma.is_some() { 1 } else { tile * dim }));
     let mut maximum = f32::min_value();
     let mut sum = 0.0f32;
     let slots = comptime!(if topk > 0 { topk } else { 1 });
@@ -295,7 +297,7 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     top_ascending: &mut Tensor<u32>,
     #[comptime] topk: usize,
     #[comptime] units: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (rows, chunks) = (maxima.shape(0), maxima.shape(1));
     let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
@@ -304,7 +306,7 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     }
     let unit = UNIT_POS_X as usize;
     let base = row * chunks;
-    let mut shared_max = SharedMemory::<f32>::new(1usize);
+    let mut shared_max = Shared::<[f32]>::new_slice(1usize);
     if unit == 0usize {
         let mut maximum = f32::min_value();
         for c in 0..chunks {
@@ -320,8 +322,8 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     }
     if topk > 0 {
         let slots = comptime!(units * topk);
-        let mut shared_scores = SharedMemory::<f32>::new(slots);
-        let mut shared_keys = SharedMemory::<u32>::new(slots);
+        let mut shared_scores = Shared::<[f32]>::new_slice(slots);
+        let mut shared_keys = Shared::<[u32]>::new_slice(slots);
         let mut best = Array::<f32>::new(topk);
         let mut best_keys = Array::<u32>::new(topk);
         empty_list(&mut best, &mut best_keys, topk);
@@ -429,7 +431,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     #[comptime] tiles: usize,
     #[comptime] units: usize,
     #[comptime] mma: Mma,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
@@ -462,8 +464,8 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     }
 
     let mut shared_keys =
-        SharedMemory::<f32>::new(comptime!(if mma.is_some() { 1 } else { tile * dim }));
-    let mut shared_values = SharedMemory::<f32>::new(comptime!(tile * dim_v));
+        Shared::<[f32]>::new_slice(comptime!(if mma.is_some() { 1 } else { tile * dim }));
+    let mut shared_values = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
     let mut sums = Array::<f32>::new(dim_v);
     #[unroll]
     for d in 0..dim_v {
@@ -527,7 +529,7 @@ fn centroid_finish_kernel<F: Float>(
     stats: &Tensor<f32>,
     output: &mut Tensor<F>,
     #[comptime] normalize: bool,
-    #[define(F)] _dtype: StorageType,
+    #[define(F)] _dtype: ElemType,
 ) {
     let id = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * CUBE_DIM_X as usize
         + UNIT_POS_X as usize;
@@ -615,8 +617,8 @@ fn row_units(clusters: usize) -> usize {
 /// key's value row) over `units` rows of `centroids`: cooperative matrices where
 /// [`mma_shape`] gives a shape for their float type and the tiles fit ([`centroid_tile`]);
 /// otherwise multiply-adds over `fallback` keys a tile.
-fn pass_tiles<R: CubeRuntime>(
-    centroids: &CubeTensor<R>,
+fn pass_tiles(
+    centroids: &CubeTensor,
     units: usize,
     dim: usize,
     extra: usize,
@@ -633,33 +635,36 @@ fn pass_tiles<R: CubeRuntime>(
 }
 
 /// The results of [`scan_and_merge`].
-struct Scan<R: CubeRuntime> {
+struct Scan {
     /// `[B·H·C, 2]` in `f32`: each row's maximum score `M` and its softmax denominator `Z` (of
     /// `exp(s − M)` over the valid keys).
-    stats: CubeTensor<R>,
+    stats: CubeTensor,
     /// `[B·H·C, max(topk, 1)]`, the top-k indices in the int type (unwritten with `topk = 0`).
-    top_indices: CubeTensor<R>,
+    top_indices: CubeTensor,
     /// `[B·H·C, max(topk, 1)]`, the top-k weights in the float type (unwritten with `topk = 0`).
-    top_weights: CubeTensor<R>,
+    top_weights: CubeTensor,
     /// `[B·H·C, max(topk, 1)]` in `u32`: the top-k indices sorted ascending (unwritten with
     /// `topk = 0`).
-    top_ascending: CubeTensor<R>,
+    top_ascending: CubeTensor,
 }
 
 /// Passes 1 and 2 (`scan`, `merge`) over contiguous inputs: each row's softmax statistics and,
 /// with `topk > 0`, its top-k.
-fn scan_and_merge<R: CubeRuntime>(
-    centroids: &CubeTensor<R>,
-    keys: &CubeTensor<R>,
-    key_lengths: &CubeTensor<R>,
+fn scan_and_merge(
+    centroids: &CubeTensor,
+    keys: &CubeTensor,
+    key_lengths: &CubeTensor,
     topk: usize,
     int_dtype: DType,
-) -> Scan<R> {
+) -> Scan {
     let [batch, heads, clusters, dim] = centroids.shape().dims();
     let keys_len = keys.shape()[2];
     let (client, device) = (centroids.client.clone(), centroids.device.clone());
     let float_dtype = centroids.dtype;
-    let dtypes = [float_dtype.into(), int_dtype.into()];
+    let dtypes = [
+        dtype_to_storage_type(float_dtype),
+        dtype_to_storage_type(int_dtype),
+    ];
     let rows = batch * heads * clusters;
     let empty = |shape: Vec<usize>, dtype: DType| {
         empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::from(shape), dtype)
@@ -679,7 +684,7 @@ fn scan_and_merge<R: CubeRuntime>(
     let sums = empty(vec![rows, scan_chunks], DType::F32);
     let top_scores = empty(vec![rows, scan_chunks * slots], DType::F32);
     let top_keys = empty(vec![rows, scan_chunks * slots], DType::U32);
-    centroid_scan_kernel::launch::<R>(
+    centroid_scan_kernel::launch(
         &client,
         CubeCount::Static(
             scan_chunks as u32,
@@ -712,7 +717,7 @@ fn scan_and_merge<R: CubeRuntime>(
         .min(scan_chunks.next_power_of_two())
         .min(SHARED_FLOATS / 2 / slots);
     let merge_units = 1usize << merge_units.max(1).ilog2();
-    centroid_merge_kernel::launch::<R>(
+    centroid_merge_kernel::launch(
         &client,
         super::cube_count(rows, 1),
         CubeDim::new_1d(merge_units as u32),
@@ -738,20 +743,16 @@ fn scan_and_merge<R: CubeRuntime>(
 
 /// Centroid attention by the four kernels: see the module docs, and
 /// [`ClusteredAttentionBackend::centroid_attention`](crate::ClusteredAttentionBackend::centroid_attention)
-/// for the contract. Call only when [`supported`].
-pub(super) fn centroid_attention<R, F, I, BT>(
-    centroids: CubeTensor<R>,
-    keys: CubeTensor<R>,
-    values: CubeTensor<R>,
-    key_lengths: Option<CubeTensor<R>>,
+/// for the contract. The top-k indices are of dtype `int_dtype` (`key_lengths`, when given, is
+/// cast to it). Call only when [`supported`].
+pub(super) fn centroid_attention(
+    centroids: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    key_lengths: Option<CubeTensor>,
     topk: usize,
-) -> CentroidAttention<CubeBackend<R, F, I, BT>>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
+    int_dtype: DType,
+) -> CentroidAttention<CubeBackend> {
     let [batch, heads, clusters, dim] = centroids.shape().dims();
     let [_, _, keys_len, dim_v] = values.shape().dims();
     check_centroid_attention(
@@ -763,10 +764,13 @@ where
     debug_assert!(supported(dim, dim_v, topk));
     let (client, device) = (centroids.client.clone(), centroids.device.clone());
     let float_dtype = centroids.dtype;
-    let int_dtype = I::dtype();
-    let dtypes = [float_dtype.into(), int_dtype.into()];
-    let key_lengths =
-        super::key_lengths_or_all::<R, F, I, BT>(key_lengths, batch, keys_len, &device, int_dtype);
+    let dtypes = [
+        dtype_to_storage_type(float_dtype),
+        dtype_to_storage_type(int_dtype),
+    ];
+    // The kernels read the lengths and write the top-k indices as one int type.
+    let key_lengths = key_lengths.map(|lengths| cast(lengths, int_dtype));
+    let key_lengths = super::key_lengths_or_all(key_lengths, batch, keys_len, &device, int_dtype);
     let (centroids, keys, values) = (
         into_contiguous(centroids),
         into_contiguous(keys),
@@ -791,7 +795,7 @@ where
     let rest_tiles = tiles_per_chunk(keys_len, rest_tile, row_blocks * batch * heads);
     let rest_chunks = keys_len.div_ceil(rest_tile * rest_tiles);
     let partial = empty(vec![rows, rest_chunks * dim_v], DType::F32);
-    centroid_rest_kernel::launch::<R>(
+    centroid_rest_kernel::launch(
         &client,
         CubeCount::Static(
             rest_chunks as u32,
@@ -818,7 +822,7 @@ where
 
     let output = empty(vec![rows, dim_v], float_dtype);
     let finish_units = 256;
-    centroid_finish_kernel::launch::<R>(
+    centroid_finish_kernel::launch(
         &client,
         super::cube_count((rows * dim_v).div_ceil(finish_units), 1),
         CubeDim::new_1d(finish_units as u32),
@@ -826,7 +830,7 @@ where
         linear(stats),
         linear(output.clone()),
         true,
-        float_dtype.into(),
+        dtype_to_storage_type(float_dtype),
     );
 
     let shape = |last: usize| Shape::new([batch, heads, clusters, last]);

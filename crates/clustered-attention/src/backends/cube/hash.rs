@@ -1,8 +1,9 @@
 //! LSH hashing (paper §3.2.2): bit `b` of a query's code is set when its projection on plane
 //! `b` exceeds the plane's threshold.
 
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_cubecl::CubeRuntime;
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -26,7 +27,7 @@ fn lsh_hash_kernel<F: Float, I: Int>(
     codes: &mut Tensor<I>,
     #[comptime] dim: usize,
     #[comptime] tile: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let rows = codes.len();
     let bits = planes.shape(0);
@@ -35,7 +36,7 @@ fn lsh_hash_kernel<F: Float, I: Int>(
     let unit = UNIT_POS_X as usize;
     let stride = dim + 1;
 
-    let mut shared = SharedMemory::<F>::new(tile * (dim + 1));
+    let mut shared = Shared::<[F]>::new_slice(tile * (dim + 1));
     let mut index = unit;
     while index < tile * dim {
         let row = first + index / dim;
@@ -68,11 +69,7 @@ fn lsh_hash_kernel<F: Float, I: Int>(
 
 /// Launches [`lsh_hash_kernel`]: `queries [batch, heads, L, E]`, `planes [bits, E + 1]` →
 /// codes `[batch, heads, L]` of dtype `int_dtype`.
-pub(super) fn lsh_hash<R: CubeRuntime>(
-    queries: CubeTensor<R>,
-    planes: CubeTensor<R>,
-    int_dtype: DType,
-) -> CubeTensor<R> {
+pub(super) fn lsh_hash(queries: CubeTensor, planes: CubeTensor, int_dtype: DType) -> CubeTensor {
     let [batch, heads, len, dim] = queries.shape().dims();
     let [bits, columns] = planes.shape().dims();
     check_planes([batch, heads, len, dim], [bits, columns]);
@@ -93,7 +90,7 @@ pub(super) fn lsh_hash<R: CubeRuntime>(
     let fit = (4096 / (dim + 1)).clamp(1, 64);
     let tile = 1usize << fit.ilog2();
     let float_dtype = queries.dtype;
-    lsh_hash_kernel::launch::<R>(
+    lsh_hash_kernel::launch(
         &client,
         cube_count(rows.div_ceil(tile), 1),
         CubeDim::new_1d(tile as u32),
@@ -102,7 +99,10 @@ pub(super) fn lsh_hash<R: CubeRuntime>(
         linear(codes.clone()),
         dim,
         tile,
-        [float_dtype.into(), int_dtype.into()],
+        [
+            dtype_to_storage_type(float_dtype),
+            dtype_to_storage_type(int_dtype),
+        ],
     );
     codes
 }

@@ -11,15 +11,18 @@
 //!   update step tallies the members' bits with integer atomics, one thread per query, then
 //!   gives each `(row, cluster)` a thread to take the majority.
 
-use burn::tensor::{Int as IntKind, Shape, Tensor as BurnTensor, TensorData, TensorMetadata};
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::ops::IntTensorOps;
+use burn::tensor::{DType, Shape, read_sync};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros};
+use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::{cube_count, linear};
-use crate::ops::checks::host_lengths;
+use super::{cube_count, ints, linear};
 use crate::ops::initial_centroid_positions;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
@@ -55,7 +58,7 @@ fn kmeans_assign_kernel<I: Int>(
     assignments: &mut Tensor<I>,
     #[comptime] clusters: usize,
     #[comptime] shared: bool,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = codes.shape(1);
     let row = CUBE_POS_Z as usize;
@@ -64,7 +67,7 @@ fn kmeans_assign_kernel<I: Int>(
     let n = u32::cast_from(lengths[row]) as usize;
     let base = row * clusters;
 
-    let mut cache = SharedMemory::<u32>::new(if shared { clusters } else { 1 });
+    let mut cache = Shared::<[u32]>::new_slice(comptime!(if shared { clusters } else { 1 }));
     if shared {
         let mut c = UNIT_POS_X as usize;
         while c < clusters {
@@ -120,7 +123,7 @@ fn kmeans_votes_kernel<I: Int>(
     #[comptime] clusters: usize,
     #[comptime] shared: bool,
     #[comptime] bits: bool,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = codes.shape(1);
     let row = CUBE_POS_Z as usize;
@@ -131,7 +134,7 @@ fn kmeans_votes_kernel<I: Int>(
     let size = comptime!(clusters * VOTES);
     let base = row * size;
 
-    let tally = SharedMemory::<Atomic<u32>>::new(comptime!(if shared { size } else { 1 }));
+    let tally = Shared::<[Atomic<u32>]>::new_slice(comptime!(if shared { size } else { 1 }));
     if shared {
         let mut at = unit;
         while at < size {
@@ -195,7 +198,7 @@ fn kmeans_update_kernel<I: Int>(
     centroids: &mut Tensor<I>,
     counts: &mut Tensor<I>,
     #[comptime] update: bool,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let clusters = centroids.shape(1);
     let row = CUBE_POS_Z as usize;
@@ -254,7 +257,7 @@ fn kmeans_loop_kernel<I: Int>(
     counts: &mut Tensor<I>,
     iterations: u32,
     #[comptime] clusters: usize,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = codes.shape(1);
     let row = CUBE_POS_Z as usize;
@@ -265,8 +268,8 @@ fn kmeans_loop_kernel<I: Int>(
     let identity = n <= clusters;
     let size = comptime!(clusters * VOTES);
 
-    let mut cache = SharedMemory::<u32>::new(clusters);
-    let tally = SharedMemory::<Atomic<u32>>::new(size);
+    let mut cache = Shared::<[u32]>::new_slice(clusters);
+    let tally = Shared::<[Atomic<u32>]>::new_slice(size);
     let mut c = unit;
     while c < clusters {
         let position = u32::cast_from(positions[base + c]) as usize;
@@ -345,6 +348,42 @@ fn kmeans_loop_kernel<I: Int>(
     }
 }
 
+/// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
+/// sequence's length `seq_len`.
+///
+/// Returns one length per batch item (all `seq_len` when `None`).
+///
+/// # Panics
+/// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
+fn host_lengths(
+    name: &str,
+    lengths: Option<CubeTensor>,
+    batch: usize,
+    seq_len: usize,
+) -> Vec<usize> {
+    let Some(lengths) = lengths else {
+        return vec![seq_len; batch];
+    };
+    let shape = lengths.shape();
+    let dims: &[usize] = &shape;
+    assert!(
+        dims == [batch],
+        "{name} must have shape [batch] = [{batch}], got {dims:?}"
+    );
+    let data = read_sync(CubeBackend::int_into_data(lengths))
+        .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
+    data.iter::<i64>()
+        .enumerate()
+        .map(|(b, len)| {
+            assert!(
+                (0..=seq_len as i64).contains(&len),
+                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
+            );
+            len as usize
+        })
+        .collect()
+}
+
 /// Threads per cube of the K-means kernels.
 const CUBE_THREADS: usize = 256;
 
@@ -352,55 +391,34 @@ const CUBE_THREADS: usize = 256;
 /// (and reads the query lengths, to do so), then enqueues one launch of the whole loop (up to
 /// [`LOOP_CLUSTERS`] clusters), or a gather of the initial centroids, `iterations` assignment
 /// and update launches and a final assignment and count.
-pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
-    codes: CubeTensor<R>,
-    query_lengths: Option<CubeTensor<R>>,
+pub(super) fn hamming_kmeans(
+    codes: CubeTensor,
+    query_lengths: Option<CubeTensor>,
     clusters: usize,
     iterations: usize,
     seed: u64,
-) -> (CubeTensor<R>, CubeTensor<R>) {
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+) -> (CubeTensor, CubeTensor) {
     assert!(clusters > 0, "clusters must be at least 1, got 0");
     let [batch, heads, len] = codes.shape().dims();
     let (client, device, dtype) = (codes.client.clone(), codes.device.clone(), codes.dtype);
-    let lengths = host_lengths::<B<R, F, I, BT>>(
-        "query_lengths",
-        query_lengths.map(BurnTensor::from_primitive),
-        batch,
-        len,
-    );
+    let lengths = host_lengths("query_lengths", query_lengths, batch, len);
     let rows = batch * heads;
     let initial = initial_centroid_positions(&lengths, heads, clusters, seed);
     let row_lengths: Vec<i64> = (0..rows).map(|r| lengths[r / heads] as i64).collect();
 
-    let options = (&device, dtype);
-    let codes = BurnTensor::<B<R, F, I, BT>, 3, IntKind>::from_primitive(into_contiguous(codes))
-        .reshape([rows, len]);
+    let codes = reshape(into_contiguous(codes), Shape::new([rows, len]));
     let one_launch = clusters <= LOOP_CLUSTERS;
     // The initial centroids: the loop kernel reads the codes at these positions itself
     // (uploaded flat, so never pitched); the step kernels start from the gathered codes.
     let start = if one_launch {
-        BurnTensor::<B<R, F, I, BT>, 1, IntKind>::from_data(
-            TensorData::new(initial, [rows * clusters]),
-            options,
-        )
-        .into_primitive()
+        ints(initial, Shape::new([rows * clusters]), &device, dtype)
     } else {
-        let positions = BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_data(
-            TensorData::new(initial, [rows, clusters]),
-            options,
-        );
-        codes.clone().gather(1, positions).into_primitive()
+        let positions = ints(initial, Shape::new([rows, clusters]), &device, dtype);
+        CubeBackend::int_gather(1, codes.clone(), positions)
     };
     let start = into_contiguous(start);
-    let codes = into_contiguous(codes.into_primitive());
-    let row_lengths = into_contiguous(
-        BurnTensor::<B<R, F, I, BT>, 1, IntKind>::from_data(
-            TensorData::new(row_lengths, [rows]),
-            options,
-        )
-        .into_primitive(),
-    );
+    let codes = into_contiguous(codes);
+    let row_lengths = ints(row_lengths, Shape::new([rows]), &device, dtype);
     let assignments = empty_device_contiguous_dtype(
         client.clone(),
         device.clone(),
@@ -414,13 +432,9 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         dtype,
     );
 
-    let reshape = |x: CubeTensor<R>, last: usize| {
-        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::from_primitive(x)
-            .reshape([batch, heads, last])
-            .into_primitive()
-    };
+    let reshape = |x: CubeTensor, last: usize| reshape(x, Shape::new([batch, heads, last]));
     if one_launch {
-        kmeans_loop_kernel::launch::<R>(
+        kmeans_loop_kernel::launch(
             &client,
             cube_count(1, rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -434,21 +448,22 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
                 .filter(|&i| i < u32::MAX)
                 .expect("iterations must be below 2^32 - 1"),
             clusters,
-            dtype.into(),
+            dtype_to_storage_type(dtype),
         );
         return (reshape(assignments, len), reshape(counts, clusters));
     }
     let centroids = start;
 
     // Burn's `zeros` may pitch its rows (CUDA does); the kernels index `votes` linearly.
-    let votes = into_contiguous(
-        BurnTensor::<B<R, F, I, BT>, 2, IntKind>::zeros([rows, clusters * VOTES], options)
-            .into_primitive(),
-    );
+    let votes = into_contiguous(zeros(
+        device.clone(),
+        Shape::new([rows, clusters * VOTES]),
+        DType::U32,
+    ));
 
     let shared = clusters <= SHARED_CENTROIDS;
     let assign = || {
-        kmeans_assign_kernel::launch::<R>(
+        kmeans_assign_kernel::launch(
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -458,11 +473,11 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
             linear(assignments.clone()),
             clusters,
             shared,
-            dtype.into(),
+            dtype_to_storage_type(dtype),
         )
     };
     let update = |update: bool| {
-        kmeans_votes_kernel::launch::<R>(
+        kmeans_votes_kernel::launch(
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -472,9 +487,9 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
             clusters,
             clusters <= SHARED_VOTES,
             update,
-            dtype.into(),
+            dtype_to_storage_type(dtype),
         );
-        kmeans_update_kernel::launch::<R>(
+        kmeans_update_kernel::launch(
             &client,
             cube_count(clusters.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS.min(clusters.next_power_of_two()) as u32),
@@ -483,7 +498,7 @@ pub(super) fn hamming_kmeans<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
             linear(centroids.clone()),
             linear(counts.clone()),
             update,
-            dtype.into(),
+            dtype_to_storage_type(dtype),
         )
     };
     for _ in 0..iterations {

@@ -11,7 +11,7 @@
 
 use burn::tensor::DType;
 use cubecl::ir::features::MmaConfig;
-use cubecl::ir::{ElemType, FloatKind, StorageType};
+use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::MAX_SHARED_BYTES;
@@ -55,17 +55,17 @@ const SHAPES: [(u32, u32, u32); 2] = [(16, 16, 16), (8, 8, 8)];
 /// device whose planes may not divide a cube of 32 units (the kernels' cubes have 32 or 64, and
 /// a product takes whole planes), or when the device reports none of [`SHAPES`] for that type
 /// into `f32`.
-pub(super) fn mma_shape<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> Mma {
+pub(super) fn mma_shape(client: &Client, dtype: DType) -> Mma {
     let plane = plane_size(client);
     if !cfg!(feature = "cmma") || plane == 0 || 32 % plane != 0 {
         return Mma::NONE;
     }
-    let input: StorageType = match dtype {
-        DType::F16 => ElemType::Float(FloatKind::F16).into(),
-        DType::BF16 => ElemType::Float(FloatKind::BF16).into(),
+    let input = match dtype {
+        DType::F16 => ElemType::Float(FloatKind::F16),
+        DType::BF16 => ElemType::Float(FloatKind::BF16),
         _ => return Mma::NONE,
     };
-    let output: StorageType = ElemType::Float(FloatKind::F32).into();
+    let output = ElemType::Float(FloatKind::F32);
     let supported = &client.properties().features.matmul.cmma;
     SHAPES
         .into_iter()
@@ -87,7 +87,7 @@ pub(super) fn mma_shape<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> 
 }
 
 /// The device's plane size, where every plane has the same (0 where they may differ).
-fn plane_size<R: Runtime>(client: &ComputeClient<R>) -> usize {
+fn plane_size(client: &Client) -> usize {
     let hardware = &client.properties().hardware;
     if hardware.plane_size_min == hardware.plane_size_max {
         hardware.plane_size_max as usize
@@ -97,7 +97,7 @@ fn plane_size<R: Runtime>(client: &ComputeClient<R>) -> usize {
 }
 
 /// What [`mma_shape`] says, as the crate's public [`ScoreProducts`].
-pub(super) fn score_products<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> ScoreProducts {
+pub(super) fn score_products(client: &Client, dtype: DType) -> ScoreProducts {
     let mma = mma_shape(client, dtype);
     if mma.is_some() {
         ScoreProducts::Cmma {
@@ -120,9 +120,9 @@ pub(super) fn score_products<R: Runtime>(client: &ComputeClient<R>, dtype: DType
 #[allow(clippy::too_many_arguments)]
 #[cube]
 pub(super) fn score_tile<F: Float>(
-    lhs: &SharedMemory<F>,
-    rhs: &SharedMemory<F>,
-    scores: &mut SharedMemory<f32>,
+    lhs: &Shared<[F]>,
+    rhs: &Shared<[F]>,
+    scores: &mut Shared<[f32]>,
     #[comptime] rows: usize,
     #[comptime] cols: usize,
     #[comptime] depth: usize,
@@ -154,7 +154,7 @@ pub(super) fn score_tile<F: Float>(
                 n,
                 k,
                 cmma::MatrixLayout::RowMajor,
-                &lhs.slice(lhs_start, comptime!(rows * depth)),
+                lhs.slice(lhs_start, comptime!(rows * depth)),
                 depth as u32,
             );
             let b = cmma::Matrix::<F>::from_slice(
@@ -163,14 +163,14 @@ pub(super) fn score_tile<F: Float>(
                 n,
                 k,
                 cmma::MatrixLayout::ColMajor,
-                &rhs.slice(rhs_start, comptime!(cols * depth)),
+                rhs.slice(rhs_start, comptime!(cols * depth)),
                 depth as u32,
             );
-            cmma::execute::<F, F, f32, f32>(&a, &b, &sums, &sums);
+            cmma::execute::<F, F, f32, f32, cmma::Plane>(&a, &b, &sums, &sums);
         }
         let start = col_tile * comptime!(n * rows) + row_tile * m;
         cmma::store(
-            &mut scores.slice_mut(start, comptime!(rows * cols)),
+            scores.slice_mut(start, comptime!(rows * cols)),
             &sums,
             rows as u32,
             cmma::MatrixLayout::ColMajor,
@@ -185,7 +185,7 @@ pub(super) fn score_tile<F: Float>(
 #[cube]
 pub(super) fn load_padded<F: Float>(
     source: &Tensor<F>,
-    shared: &mut SharedMemory<F>,
+    shared: &mut Shared<[F]>,
     bh: usize,
     start: usize,
     #[comptime] count: usize,
@@ -196,7 +196,7 @@ pub(super) fn load_padded<F: Float>(
     let mut i = UNIT_POS_X as usize;
     while i < comptime!(count * dim_pad) {
         let (row, e) = (start + i / dim_pad, i % dim_pad);
-        let mut x = F::new(0.0);
+        let mut x = F::new(0.0_f32);
         if row < len && e < dim {
             x = source[(bh * len + row) * dim + e];
         }
@@ -211,9 +211,9 @@ pub(super) fn load_padded<F: Float>(
 /// [`Mma::NONE`] every buffer has one element and nothing is loaded.
 #[derive(CubeType)]
 pub(super) struct MmaTiles<F: Float> {
-    rows: SharedMemory<F>,
-    keys: SharedMemory<F>,
-    scores: SharedMemory<f32>,
+    rows: Shared<[F]>,
+    keys: Shared<[F]>,
+    scores: Shared<[f32]>,
     #[cube(comptime)]
     units: usize,
     #[cube(comptime)]
@@ -241,14 +241,18 @@ impl<F: Float> MmaTiles<F> {
     ) -> MmaTiles<F> {
         let on = comptime!(mma.is_some());
         let dim_pad = comptime!(if on { mma.pad_depth(dim) } else { 1 });
-        let mut rows = SharedMemory::<F>::new_aligned(
+        let mut rows = Shared::<[F]>::new_aligned_slice(
             comptime!(if on { units * dim_pad } else { 1 }),
             32usize,
         );
-        let keys =
-            SharedMemory::<F>::new_aligned(comptime!(if on { tile * dim_pad } else { 1 }), 32usize);
-        let scores =
-            SharedMemory::<f32>::new_aligned(comptime!(if on { tile * units } else { 1 }), 32usize);
+        let keys = Shared::<[F]>::new_aligned_slice(
+            comptime!(if on { tile * dim_pad } else { 1 }),
+            32usize,
+        );
+        let scores = Shared::<[f32]>::new_aligned_slice(
+            comptime!(if on { tile * units } else { 1 }),
+            32usize,
+        );
         if on {
             let first = CUBE_POS_Y as usize * units;
             load_padded::<F>(centroids, &mut rows, bh, first, units, dim, dim_pad);

@@ -1,6 +1,7 @@
-//! [`CubeBackend`] (WGPU, Vulkan, CUDA without fusion) and [`Fusion`](burn_fusion::Fusion)
-//! over it (`burn::backend::Wgpu`, `Cuda`): hashing, K-means, the top-k and the sparse products
-//! as CubeCL kernels, each `#[cube]` kernel beside its launcher.
+//! Burn's CubeCL backend (`burn::backend::Cube`, which is [`Fusion`](burn_fusion::Fusion) over
+//! [`CubeBackend`]: WGPU, Vulkan, CUDA): hashing, K-means, the top-k and the sparse products as
+//! CubeCL kernels, each `#[cube]` kernel beside its launcher, the launchers free functions on
+//! [`CubeTensor`]s (one per op, below).
 //!
 //! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
 //!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
@@ -9,15 +10,19 @@
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
 //!   `improved_attention_forward` sorts once for both; `mma.rs`: the score tiles of both
 //!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`).
-//! - `fusion.rs`: the same ops registered as Fusion custom operations.
+//! - `fusion.rs`: the same ops registered as Fusion custom operations, the implementation of
+//!   the crate's traits for `Fusion<CubeBackend>` (`CubeBackend` itself is not a backend that
+//!   Burn's `Dispatch` reaches when fusion is on).
 //!
-//! The other ops keep their default bodies, made of Burn's own kernels. Nothing is read back
-//! to the host but the query lengths, when given (the initial centroids are drawn on the
-//! host). The kernels reproduce the default bodies ([`crate::ops::reference`]) bit for bit
-//! where the result is integer: the codes whenever the projections are computed exactly (the
-//! summation order differs from a matrix product), the K-means always (integer arithmetic
-//! only), the top-k given the same scores (same order, ties to the lower index); the sparse
-//! products up to rounding (they accumulate in `f32`, in another order).
+//! The other ops (the softmax, the backward passes of the top-k attention and of the whole
+//! improved attention), and the calls whose sizes the kernels do not take, run their default
+//! bodies on `Fusion<CubeBackend>`, made of Burn's own kernels. Nothing is read back to the
+//! host but the query lengths, when given (the initial centroids are drawn on the host). The
+//! kernels reproduce the default bodies ([`crate::ops::reference`]) bit for bit where the
+//! result is integer: the codes whenever the projections are computed exactly (the summation
+//! order differs from a matrix product), the K-means always (integer arithmetic only), the
+//! top-k given the same scores (same order, ties to the lower index); the sparse products up
+//! to rounding (they accumulate in `f32`, in another order).
 //!
 //! The kernels index every buffer linearly, so each one they read or write is contiguous:
 //! inputs go through `into_contiguous`, and outputs and scratch buffers are allocated with
@@ -35,249 +40,215 @@ mod sparse;
 mod top;
 mod topk;
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::get_or_init_device_settings;
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::tensor::{DType, Shape, TensorData};
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_cubecl::{CubeBackend, CubeDevice};
 use cubecl::prelude::*;
 
-use burn::tensor::{
-    DType, Int as IntKind, Tensor as BurnTensor, TensorData, TensorMetadata, TensorPrimitive,
-};
-use burn_cubecl::kernel::into_contiguous;
-
-use crate::ClusteredAttentionBackend;
-use crate::ops::checks::{check_cluster_top, check_query_clusters};
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
-    ScoreProducts, reference,
+    ScoreProducts,
 };
 
-impl<R, F, I, BT> ClusteredAttentionBackend for CubeBackend<R, F, I, BT>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    fn score_products(device: &Self::Device, dtype: DType) -> ScoreProducts {
-        mma::score_products(&R::client(device), dtype)
-    }
+/// How the attention kernels compute their scores in `dtype` on `device` (see
+/// [`crate::ops::ScoreProducts`]): on cooperative matrices where the `cmma` feature is on and
+/// the device reports a tile shape for `dtype` (`f16` or `bf16`) into `f32`, by multiply-adds
+/// otherwise.
+pub fn score_products(device: &CubeDevice, dtype: DType) -> ScoreProducts {
+    mma::score_products(&device.client(), dtype)
+}
 
-    fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
-        hash::lsh_hash::<R>(queries, planes, I::dtype())
-    }
+/// [`ClusteredAttentionBackend::lsh_hash`](crate::ClusteredAttentionBackend::lsh_hash) by its
+/// kernel: codes `[batch, heads, L]` of dtype `int_dtype`.
+pub(crate) fn lsh_hash(queries: CubeTensor, planes: CubeTensor, int_dtype: DType) -> CubeTensor {
+    hash::lsh_hash(queries, planes, int_dtype)
+}
 
-    fn hamming_kmeans(
-        codes: IntTensor<Self>,
-        query_lengths: Option<IntTensor<Self>>,
-        clusters: usize,
-        iterations: usize,
-        seed: u64,
-    ) -> (IntTensor<Self>, IntTensor<Self>) {
-        kmeans::hamming_kmeans::<R, F, I, BT>(codes, query_lengths, clusters, iterations, seed)
-    }
+/// [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend::hamming_kmeans)
+/// by its kernels: the assignments and counts in the dtype of `codes`. Reads `query_lengths`
+/// to the host.
+pub(crate) fn hamming_kmeans(
+    codes: CubeTensor,
+    query_lengths: Option<CubeTensor>,
+    clusters: usize,
+    iterations: usize,
+    seed: u64,
+) -> (CubeTensor, CubeTensor) {
+    kmeans::hamming_kmeans(codes, query_lengths, clusters, iterations, seed)
+}
 
-    fn centroid_attention(
-        centroids: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        topk: usize,
-    ) -> CentroidAttention<Self> {
-        let dim = centroids.meta.shape()[3];
-        let dim_v = values.meta.shape()[3];
-        if !centroid::supported(dim, dim_v, topk) {
-            // Rows too wide for registers, or a top-k list too long: the default body.
-            return reference::centroid_attention::<Self>(
-                centroids,
-                keys,
-                values,
-                key_lengths,
-                topk,
-            );
-        }
-        centroid::centroid_attention::<R, F, I, BT>(centroids, keys, values, key_lengths, topk)
-    }
+/// [`ClusteredAttentionBackend::centroid_attention`](crate::ClusteredAttentionBackend::centroid_attention)
+/// by its kernels: the values and, with `topk > 0`, the top-k indices (of dtype `int_dtype`,
+/// which `key_lengths` is cast to) and weights. Call only when [`centroid::supported`]
+/// (otherwise the caller runs the default body).
+pub(crate) fn centroid_attention(
+    centroids: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    key_lengths: Option<CubeTensor>,
+    topk: usize,
+    int_dtype: DType,
+) -> (CubeTensor, Option<(CubeTensor, CubeTensor)>) {
+    let attention =
+        centroid::centroid_attention(centroids, keys, values, key_lengths, topk, int_dtype);
+    (attention.values, attention.top)
+}
 
-    fn centroid_attention_backward(
-        centroids: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        forward: CentroidAttention<Self>,
-        grad_values: FloatTensor<Self>,
-        grad_top_weights: Option<FloatTensor<Self>>,
-    ) -> CentroidAttentionGrads<Self> {
-        let dim = centroids.meta.shape()[3];
-        let dim_v = values.meta.shape()[3];
-        let topk = forward
-            .top
-            .as_ref()
-            .map_or(0, |(top, _)| top.meta.shape()[3]);
-        let empty = [&centroids, &keys]
-            .iter()
-            .any(|x| x.meta.shape().num_elements() == 0);
-        if empty || !centroid::supported(dim, dim_v, topk) {
-            return reference::centroid_attention_backward::<Self>(
-                centroids,
-                keys,
-                values,
-                key_lengths,
-                forward,
-                grad_values,
-                grad_top_weights,
-            );
-        }
-        centroid::centroid_attention_backward::<R, F, I, BT>(
-            centroids,
-            keys,
-            values,
-            key_lengths,
-            forward,
-            grad_values,
-            grad_top_weights,
-        )
-    }
+/// [`ClusteredAttentionBackward::centroid_attention_backward`](crate::ops::ClusteredAttentionBackward::centroid_attention_backward)
+/// by its kernels. Call only when [`centroid::supported`] (with `forward`'s `topk`) and the
+/// centroids and keys are not empty (otherwise the caller runs the default body).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn centroid_attention_backward(
+    centroids: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    key_lengths: Option<CubeTensor>,
+    forward: CentroidAttention<CubeBackend>,
+    grad_values: CubeTensor,
+    grad_top_weights: Option<CubeTensor>,
+) -> CentroidAttentionGrads<CubeBackend> {
+    centroid::centroid_attention_backward(
+        centroids,
+        keys,
+        values,
+        key_lengths,
+        forward,
+        grad_values,
+        grad_top_weights,
+    )
+}
 
-    fn top_attention(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        clusters: ClusterTop<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        scale: f64,
-    ) -> FloatTensor<Self> {
-        check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
-        let [_, _, num_clusters, k] = clusters.topk.shape().dims();
-        let (dim, dim_v) = (queries.shape()[3], values.shape()[3]);
-        if !top::supported(dim, dim_v, k, num_clusters) {
-            return reference::top_attention::<Self>(
-                queries,
-                keys,
-                values,
-                clusters,
-                key_lengths,
-                scale,
-            );
-        }
-        let sorted = top::Sorted::new(clusters.assignments, num_clusters);
-        top::top_attention::<R, F, I, BT>(
-            queries,
-            keys,
-            values,
-            clusters.topk,
-            clusters.mass,
-            clusters.rest,
-            key_lengths,
-            scale,
-            &sorted,
-        )
-    }
+/// [`ClusteredAttentionBackend::top_attention`](crate::ClusteredAttentionBackend::top_attention)
+/// by its kernels, after a sort of the queries by cluster. The shapes are checked by the
+/// caller; call only when [`top::supported`] (otherwise the caller runs the default body).
+pub(crate) fn top_attention(
+    queries: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    clusters: ClusterTop<CubeBackend>,
+    key_lengths: Option<CubeTensor>,
+    scale: f64,
+) -> CubeTensor {
+    let num_clusters = clusters.topk.meta.shape()[2];
+    let sorted = top::Sorted::new(clusters.assignments, num_clusters);
+    top::top_attention(
+        queries,
+        keys,
+        values,
+        clusters.topk,
+        clusters.mass,
+        clusters.rest,
+        key_lengths,
+        scale,
+        &sorted,
+    )
+}
 
-    fn improved_attention_forward(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
-        topk: usize,
-        scale: f64,
-    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
-        assert!(topk > 0, "topk must be at least 1, got 0");
-        let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
-        let (dim, dim_v) = (queries.shape()[3], values.shape()[3]);
-        if !top::supported(dim, dim_v, topk, num_clusters) || !centroid::supported(dim, dim_v, topk)
-        {
-            return reference::improved_attention_forward::<Self>(
-                queries,
-                keys,
-                values,
-                clusters,
-                key_lengths,
-                topk,
-                scale,
-            );
-        }
-        // One sort of the queries by cluster serves the cluster means and the top-k attention,
-        // and one lengths tensor both attentions.
-        let sorted = top::Sorted::new(clusters.assignments.clone(), num_clusters);
-        let [batch, _, keys_len, _] = keys.shape().dims();
-        let key_lengths = Some(key_lengths_or_all::<R, F, I, BT>(
-            key_lengths,
-            batch,
-            keys_len,
-            &keys.device,
-            I::dtype(),
-        ));
-        let centroids =
-            top::cluster_means(queries.clone(), clusters.inverse_counts, &sorted, scale);
-        let attention = Self::centroid_attention(
-            centroids.clone(),
-            keys.clone(),
-            values.clone(),
-            key_lengths.clone(),
-            topk,
-        );
-        let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
-        let mass = BurnTensor::<Self, 4>::from_primitive(TensorPrimitive::Float(top_weights))
-            .sum_dim(3)
-            .into_primitive()
-            .tensor();
-        let output = top::top_attention::<R, F, I, BT>(
-            queries,
-            keys,
-            values,
-            top,
-            mass.clone(),
-            attention.values.clone(),
-            key_lengths,
-            scale,
-            &sorted,
-        );
-        let forward = ImprovedForward {
-            centroids,
-            centroid_attention: attention,
-            mass,
-        };
-        (output, forward)
-    }
+/// [`ClusteredAttentionBackward::improved_attention_forward`](crate::ops::ClusteredAttentionBackward::improved_attention_forward)
+/// by the kernels: the cluster means, [`centroid_attention`] with the top-k (indices of dtype
+/// `int_dtype`) and [`top_attention`]. The shapes are checked by the caller; call only with
+/// `topk ≥ 1` and when both [`top::supported`] and [`centroid::supported`] (otherwise the
+/// caller runs the default body).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn improved_attention_forward(
+    queries: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    clusters: QueryClusters<CubeBackend>,
+    key_lengths: Option<CubeTensor>,
+    topk: usize,
+    scale: f64,
+    int_dtype: DType,
+) -> (CubeTensor, ImprovedForward<CubeBackend>) {
+    let num_clusters = clusters.inverse_counts.meta.shape()[2];
+    // One sort of the queries by cluster serves the cluster means and the top-k attention,
+    // and one lengths tensor both attentions.
+    let sorted = top::Sorted::new(clusters.assignments.clone(), num_clusters);
+    let [batch, _, keys_len, _] = keys.meta.shape().dims();
+    let key_lengths = Some(key_lengths_or_all(
+        key_lengths,
+        batch,
+        keys_len,
+        &keys.device,
+        int_dtype,
+    ));
+    let centroids = top::cluster_means(queries.clone(), clusters.inverse_counts, &sorted, scale);
+    let (rest, top) = centroid_attention(
+        centroids.clone(),
+        keys.clone(),
+        values.clone(),
+        key_lengths.clone(),
+        topk,
+        int_dtype,
+    );
+    let (top, top_weights) = top.expect("topk ≥ 1 gives the top-k");
+    let mass = CubeBackend::float_sum_dim(top_weights.clone(), 3);
+    let output = top::top_attention(
+        queries,
+        keys,
+        values,
+        top.clone(),
+        mass.clone(),
+        rest.clone(),
+        key_lengths,
+        scale,
+        &sorted,
+    );
+    let forward = ImprovedForward {
+        centroids,
+        centroid_attention: CentroidAttention {
+            values: rest,
+            top: Some((top, top_weights)),
+            log_sum_exp: None,
+        },
+        mass,
+    };
+    (output, forward)
+}
 
-    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
-        if k > topk::TOPK_SHARED {
-            // One sorted list of k would not fit in the merge's shared memory: the default
-            // body, which sorts on the host.
-            return reference::topk_indices::<Self>(scores, k);
-        }
-        topk::topk_indices::<R>(scores, k, I::dtype())
-    }
+/// [`ClusteredAttentionBackend::topk_indices`](crate::ClusteredAttentionBackend::topk_indices)
+/// by its kernel: indices of dtype `int_dtype`. Call only with `k ≤` [`topk::TOPK_SHARED`]
+/// (otherwise the caller runs the default body, which sorts on the host).
+pub(crate) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> CubeTensor {
+    topk::topk_indices(scores, k, int_dtype)
+}
 
-    fn sparse_dot(
-        queries: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        topk: IntTensor<Self>,
-        assignments: IntTensor<Self>,
-    ) -> FloatTensor<Self> {
-        sparse::sparse_dot::<R>(queries, keys, topk, assignments)
-    }
+/// [`ClusteredAttentionBackend::sparse_dot`](crate::ClusteredAttentionBackend::sparse_dot) by
+/// its kernel.
+pub(crate) fn sparse_dot(
+    queries: CubeTensor,
+    keys: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
+) -> CubeTensor {
+    sparse::sparse_dot(queries, keys, topk, assignments)
+}
 
-    fn sparse_weighted_sum(
-        weights: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        topk: IntTensor<Self>,
-        assignments: IntTensor<Self>,
-    ) -> FloatTensor<Self> {
-        sparse::sparse_weighted_sum::<R>(weights, values, topk, assignments)
-    }
+/// [`ClusteredAttentionBackend::sparse_weighted_sum`](crate::ClusteredAttentionBackend::sparse_weighted_sum)
+/// by its kernel.
+pub(crate) fn sparse_weighted_sum(
+    weights: CubeTensor,
+    values: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
+) -> CubeTensor {
+    sparse::sparse_weighted_sum(weights, values, topk, assignments)
+}
 
-    fn sparse_scatter(
-        weights: FloatTensor<Self>,
-        x: FloatTensor<Self>,
-        topk: IntTensor<Self>,
-        assignments: IntTensor<Self>,
-        keys_len: usize,
-    ) -> FloatTensor<Self> {
-        sparse::sparse_scatter::<R, F, I, BT>(weights, x, topk, assignments, keys_len)
-    }
+/// [`ClusteredAttentionBackend::sparse_scatter`](crate::ClusteredAttentionBackend::sparse_scatter)
+/// by its kernels. Call only with at most [`sparse::SORT_CLUSTERS`] clusters (otherwise the
+/// caller runs the default body).
+pub(crate) fn sparse_scatter(
+    weights: CubeTensor,
+    x: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
+    keys_len: usize,
+) -> CubeTensor {
+    sparse::sparse_scatter(weights, x, topk, assignments, keys_len)
 }
 
 /// `tensor` as the argument of a kernel, which indexes it linearly.
@@ -285,7 +256,7 @@ where
 /// # Panics
 /// If `tensor` is not contiguous (row-major, no padding): a pitched buffer, as CUDA allocates by
 /// default, would be read and written at the wrong places.
-pub(super) fn linear<R: CubeRuntime>(tensor: CubeTensor<R>) -> TensorArg<R> {
+pub(super) fn linear(tensor: CubeTensor) -> TensorArg {
     assert!(
         tensor.is_contiguous(),
         "a kernel argument must be contiguous, got shape {:?} with strides {:?}",
@@ -307,23 +278,36 @@ const MAX_SHARED_BYTES: usize = 32 * 1024;
 /// Most features `E` or `D` the attention kernels keep in registers per row.
 const MAX_DIM: usize = 128;
 
-/// `key_lengths` as a contiguous `[batch]` tensor of dtype `int_dtype`: the one given, or
-/// every key valid (`keys_len`) when `None`.
-fn key_lengths_or_all<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
-    key_lengths: Option<CubeTensor<R>>,
+/// The dtype of the int tensors the ops create on `device` (the indices of the top-k, the
+/// codes, the key lengths when none are given): the device's settings' `int_dtype`, `i32`
+/// unless the device is configured otherwise.
+fn int_dtype(device: &CubeDevice) -> DType {
+    DType::from(get_or_init_device_settings::<CubeBackend>(device).int_dtype)
+}
+
+/// A contiguous int tensor of dtype `dtype` on `device` holding `values` (row-major) in the
+/// shape `shape`.
+fn ints(values: Vec<i64>, shape: Shape, device: &CubeDevice, dtype: DType) -> CubeTensor {
+    let data = TensorData::new(values, shape).convert_dtype(dtype);
+    into_contiguous(CubeBackend::int_from_data(data, device))
+}
+
+/// `key_lengths` as a contiguous `[batch]` tensor of dtype `int_dtype`: the one given (cast to
+/// `int_dtype` when it has another), or every key valid (`keys_len`) when `None`.
+fn key_lengths_or_all(
+    key_lengths: Option<CubeTensor>,
     batch: usize,
     keys_len: usize,
-    device: &R::Device,
+    device: &CubeDevice,
     int_dtype: DType,
-) -> CubeTensor<R> {
+) -> CubeTensor {
     match key_lengths {
-        Some(lengths) => into_contiguous(lengths),
-        None => into_contiguous(
-            BurnTensor::<CubeBackend<R, F, I, BT>, 1, IntKind>::from_data(
-                TensorData::new(vec![keys_len as i64; batch], [batch]),
-                (device, int_dtype),
-            )
-            .into_primitive(),
+        Some(lengths) => into_contiguous(cast(lengths, int_dtype)),
+        None => ints(
+            vec![keys_len as i64; batch],
+            Shape::new([batch]),
+            device,
+            int_dtype,
         ),
     }
 }

@@ -12,16 +12,16 @@
 //!
 //! All tensors are contiguous; `bh` below is the flattened `(batch, head)` index.
 
-use burn::tensor::{DType, Int as IntKind, Shape, Tensor as BurnTensor, TensorMetadata};
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, full_device_dtype};
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::{cube_count, linear};
-use crate::ops::reference;
 
 /// Flat index of this unit in a grid laid out by [`super::cube_count`] (Z ignored).
 #[cube]
@@ -45,7 +45,7 @@ fn sparse_dot_kernel<F: Float, I: Int>(
     assignments: &Tensor<I>,
     output: &mut Tensor<F>,
     #[comptime] width: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let id = unit_index();
     if id * width >= output.len() {
@@ -99,7 +99,7 @@ fn sparse_weighted_sum_kernel<F: Float, I: Int>(
     assignments: &Tensor<I>,
     output: &mut Tensor<F>,
     #[comptime] width: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let id = unit_index();
     if id * width >= output.len() {
@@ -145,7 +145,7 @@ fn cluster_histogram_kernel<I: Int>(
     assignments: &Tensor<I>,
     chunk_counts: &mut Tensor<u32>,
     #[comptime] clusters: usize,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = assignments.shape(1);
     let chunks = chunk_counts.shape(1);
@@ -156,7 +156,7 @@ fn cluster_histogram_kernel<I: Int>(
     if chunk >= chunks {
         terminate!();
     }
-    let counts = SharedMemory::<Atomic<u32>>::new(clusters);
+    let counts = Shared::<[Atomic<u32>]>::new_slice(clusters);
     let mut c = unit;
     while c < clusters {
         counts[c].store(0u32);
@@ -194,7 +194,7 @@ fn cluster_offsets_kernel(
     let unit = UNIT_POS_X as usize;
     let threads = CUBE_DIM_X as usize;
     let base = bh * chunks * clusters;
-    let mut totals = SharedMemory::<u32>::new(clusters + 1);
+    let mut totals = Shared::<[u32]>::new_slice(clusters + 1);
     // Exclusive scan over the chunks, one cluster per unit.
     let mut c = unit;
     while c < clusters {
@@ -244,7 +244,7 @@ fn cluster_order_kernel<I: Int>(
     chunk_offsets: &Tensor<u32>,
     order: &mut Tensor<u32>,
     #[comptime] cube_size: usize,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = assignments.shape(1);
     let (chunks, clusters) = (chunk_offsets.shape(1), chunk_offsets.shape(2));
@@ -254,7 +254,7 @@ fn cluster_order_kernel<I: Int>(
     if chunk >= chunks {
         terminate!();
     }
-    let mut local = SharedMemory::<i32>::new(cube_size);
+    let mut local = Shared::<[i32]>::new_slice(cube_size);
     let i = chunk * cube_size + unit;
     let mut cluster = i32::new(-1);
     if i < len {
@@ -288,7 +288,7 @@ fn cluster_slot_sums_kernel<F: Float>(
     order: &Tensor<u32>,
     starts: &Tensor<u32>,
     slot_sums: &mut Tensor<f32>,
-    #[define(F)] _dtype: StorageType,
+    #[define(F)] _dtype: ElemType,
 ) {
     let id = unit_index();
     if id >= slot_sums.len() {
@@ -318,7 +318,7 @@ fn cluster_slot_sums_kernel<F: Float>(
 fn invert_topk_kernel<I: Int>(
     topk: &Tensor<I>,
     slots: &mut Tensor<i32>,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let id = unit_index();
     if id >= topk.len() {
@@ -342,7 +342,7 @@ fn gather_slot_sums_kernel<F: Float>(
     slots: &Tensor<i32>,
     slot_sums: &Tensor<f32>,
     output: &mut Tensor<F>,
-    #[define(F)] _dtype: StorageType,
+    #[define(F)] _dtype: ElemType,
 ) {
     let (clusters, keys_len) = (slots.shape(1), slots.shape(2));
     let (k, features) = (slot_sums.shape(2), slot_sums.shape(3));
@@ -380,9 +380,9 @@ const SPARSE_THREADS: usize = 256;
 /// # Panics
 /// If `topk` is not `[batch, heads, C, k]`, `assignments` is not `[batch, heads, rows]`, or
 /// the two have different dtypes.
-fn check_indices<R: CubeRuntime>(
-    topk: &CubeTensor<R>,
-    assignments: &CubeTensor<R>,
+fn check_indices(
+    topk: &CubeTensor,
+    assignments: &CubeTensor,
     batch_heads: [usize; 2],
     rows: usize,
 ) -> [usize; 2] {
@@ -407,19 +407,18 @@ fn check_indices<R: CubeRuntime>(
 
 /// The launch of [`sparse_dot_kernel`] or [`sparse_weighted_sum_kernel`]: the two operands,
 /// `topk`, `assignments` and the output, then the outputs per unit and the dtypes.
-type SparseLaunch<R> =
-    fn(&ComputeClient<R>, CubeCount, CubeDim, [TensorArg<R>; 5], usize, [StorageType; 2]);
+type SparseLaunch = fn(&Client, CubeCount, CubeDim, [TensorArg; 5], usize, [ElemType; 2]);
 
 /// Launches one of the two sparse products whose output is `[batch, heads, L, last]`, `last`
 /// being `k` for `sparse_dot` and `D` for `sparse_weighted_sum`.
-fn sparse_product<R: CubeRuntime>(
-    launch: SparseLaunch<R>,
-    first: CubeTensor<R>,
-    second: CubeTensor<R>,
-    topk: CubeTensor<R>,
-    assignments: CubeTensor<R>,
+fn sparse_product(
+    launch: SparseLaunch,
+    first: CubeTensor,
+    second: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
     last: usize,
-) -> CubeTensor<R> {
+) -> CubeTensor {
     let [batch, heads, len, _] = first.shape().dims();
     check_indices(&topk, &assignments, [batch, heads], len);
     let (float_dtype, int_dtype) = (first.dtype, topk.dtype);
@@ -440,41 +439,44 @@ fn sparse_product<R: CubeRuntime>(
         CubeDim::new_1d(SPARSE_THREADS as u32),
         [first, second, topk, assignments, linear(output.clone())],
         width,
-        [float_dtype.into(), int_dtype.into()],
+        [
+            dtype_to_storage_type(float_dtype),
+            dtype_to_storage_type(int_dtype),
+        ],
     );
     output
 }
 
 /// Launches [`sparse_dot_kernel`].
-pub(super) fn sparse_dot<R: CubeRuntime>(
-    queries: CubeTensor<R>,
-    keys: CubeTensor<R>,
-    topk: CubeTensor<R>,
-    assignments: CubeTensor<R>,
-) -> CubeTensor<R> {
+pub(super) fn sparse_dot(
+    queries: CubeTensor,
+    keys: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
+) -> CubeTensor {
     let k = topk.shape()[3];
-    let launch: SparseLaunch<R> = |client, count, dim, [q, k, t, a, o], width, dtypes| {
-        sparse_dot_kernel::launch::<R>(client, count, dim, q, k, t, a, o, width, dtypes)
+    let launch: SparseLaunch = |client, count, dim, [q, k, t, a, o], width, dtypes| {
+        sparse_dot_kernel::launch(client, count, dim, q, k, t, a, o, width, dtypes)
     };
     sparse_product(launch, queries, keys, topk, assignments, k)
 }
 
 /// Launches [`sparse_weighted_sum_kernel`].
-pub(super) fn sparse_weighted_sum<R: CubeRuntime>(
-    weights: CubeTensor<R>,
-    values: CubeTensor<R>,
-    topk: CubeTensor<R>,
-    assignments: CubeTensor<R>,
-) -> CubeTensor<R> {
+pub(super) fn sparse_weighted_sum(
+    weights: CubeTensor,
+    values: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
+) -> CubeTensor {
     let dim = values.shape()[3];
-    let launch: SparseLaunch<R> = |client, count, dim, [w, v, t, a, o], width, dtypes| {
-        sparse_weighted_sum_kernel::launch::<R>(client, count, dim, w, v, t, a, o, width, dtypes)
+    let launch: SparseLaunch = |client, count, dim, [w, v, t, a, o], width, dtypes| {
+        sparse_weighted_sum_kernel::launch(client, count, dim, w, v, t, a, o, width, dtypes)
     };
     sparse_product(launch, weights, values, topk, assignments, dim)
 }
 
 /// Most clusters the counting sort of [`sparse_scatter`] handles in shared memory (16 KiB);
-/// beyond, the default body runs.
+/// beyond, the default body runs (chosen where the op is registered with Fusion).
 pub(super) const SORT_CLUSTERS: usize = 4095;
 
 /// The counting sort of the queries by cluster (stable): `order [bh, L]`, the queries sorted
@@ -482,10 +484,10 @@ pub(super) const SORT_CLUSTERS: usize = 4095;
 /// `order` begins (padded queries, at cluster `-1`, are left out). Three launches.
 ///
 /// `assignments` is `[batch, heads, L]`, contiguous; `clusters` at most [`SORT_CLUSTERS`].
-pub(super) fn sort_by_cluster<R: CubeRuntime>(
-    assignments: CubeTensor<R>,
+pub(super) fn sort_by_cluster(
+    assignments: CubeTensor,
     clusters: usize,
-) -> (CubeTensor<R>, CubeTensor<R>) {
+) -> (CubeTensor, CubeTensor) {
     let [batch, heads, len] = assignments.shape().dims();
     let bh = batch * heads;
     let (client, device) = (assignments.client.clone(), assignments.device.clone());
@@ -503,16 +505,16 @@ pub(super) fn sort_by_cluster<R: CubeRuntime>(
     let offsets = u32_tensor(vec![bh, chunks, clusters]);
     let starts = u32_tensor(vec![bh, clusters + 1]);
     let order = u32_tensor(vec![bh, len]);
-    cluster_histogram_kernel::launch::<R>(
+    cluster_histogram_kernel::launch(
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
         linear(assignments.clone()),
         linear(offsets.clone()),
         clusters,
-        int_dtype.into(),
+        dtype_to_storage_type(int_dtype),
     );
-    cluster_offsets_kernel::launch::<R>(
+    cluster_offsets_kernel::launch(
         &client,
         CubeCount::Static(bh as u32, 1, 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -520,7 +522,7 @@ pub(super) fn sort_by_cluster<R: CubeRuntime>(
         linear(starts.clone()),
         clusters,
     );
-    cluster_order_kernel::launch::<R>(
+    cluster_order_kernel::launch(
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -528,33 +530,31 @@ pub(super) fn sort_by_cluster<R: CubeRuntime>(
         linear(offsets),
         linear(order.clone()),
         SPARSE_THREADS,
-        int_dtype.into(),
+        dtype_to_storage_type(int_dtype),
     );
     (order, starts)
 }
 
 /// Sorts the queries by cluster and sums each cluster's products per top-k slot, then gathers
-/// the slots of every key (see the module documentation).
-pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
-    weights: CubeTensor<R>,
-    x: CubeTensor<R>,
-    topk: CubeTensor<R>,
-    assignments: CubeTensor<R>,
+/// the slots of every key (see the module documentation). Takes at most [`SORT_CLUSTERS`]
+/// clusters: beyond, the caller runs the default body.
+///
+/// # Panics
+/// As [`check_indices`], and if `topk` has more than [`SORT_CLUSTERS`] clusters.
+pub(super) fn sparse_scatter(
+    weights: CubeTensor,
+    x: CubeTensor,
+    topk: CubeTensor,
+    assignments: CubeTensor,
     keys_len: usize,
-) -> CubeTensor<R> {
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+) -> CubeTensor {
     let [batch, heads, len, _] = weights.shape().dims();
     let [_, _, _, features] = x.shape().dims();
     let [clusters, k] = check_indices(&topk, &assignments, [batch, heads], len);
-    if clusters > SORT_CLUSTERS {
-        return reference::sparse_scatter::<B<R, F, I, BT>>(
-            weights,
-            x,
-            topk,
-            assignments,
-            keys_len,
-        );
-    }
+    assert!(
+        clusters <= SORT_CLUSTERS,
+        "the counting sort takes at most {SORT_CLUSTERS} clusters, got {clusters}"
+    );
     let (float_dtype, int_dtype) = (weights.dtype, topk.dtype);
     let (client, device) = (weights.client.clone(), weights.device.clone());
     let bh = batch * heads;
@@ -568,7 +568,7 @@ pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         DType::F32,
     );
     let units = bh * clusters * k * features;
-    cluster_slot_sums_kernel::launch::<R>(
+    cluster_slot_sums_kernel::launch(
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -577,26 +577,25 @@ pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         linear(order),
         linear(starts),
         linear(slot_sums.clone()),
-        float_dtype.into(),
+        dtype_to_storage_type(float_dtype),
     );
 
     // For every key, the slots that hold it, then the sum of their slot sums.
-    let slots = into_contiguous(
-        BurnTensor::<B<R, F, I, BT>, 3, IntKind>::full(
-            [bh, clusters, keys_len],
-            -1,
-            (&device, DType::I32),
-        )
-        .into_primitive(),
-    );
+    let slots = into_contiguous(full_device_dtype(
+        client.clone(),
+        Shape::new([bh, clusters, keys_len]),
+        device.clone(),
+        InputScalar::new(-1i32, dtype_to_storage_type(DType::I32)),
+        DType::I32,
+    ));
     let topk = into_contiguous(topk);
-    invert_topk_kernel::launch::<R>(
+    invert_topk_kernel::launch(
         &client,
         cube_count((bh * clusters * k).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
         linear(topk),
         linear(slots.clone()),
-        int_dtype.into(),
+        dtype_to_storage_type(int_dtype),
     );
     let output = empty_device_contiguous_dtype(
         client.clone(),
@@ -604,14 +603,14 @@ pub(super) fn sparse_scatter<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         Shape::new([batch, heads, keys_len, features]),
         float_dtype,
     );
-    gather_slot_sums_kernel::launch::<R>(
+    gather_slot_sums_kernel::launch(
         &client,
         cube_count((bh * keys_len).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
         linear(slots),
         linear(slot_sums),
         linear(output.clone()),
-        float_dtype.into(),
+        dtype_to_storage_type(float_dtype),
     );
     output
 }

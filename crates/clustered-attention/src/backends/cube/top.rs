@@ -12,12 +12,13 @@
 //!
 //! Sums accumulate in `f32`; every tensor is contiguous; `bh` is the flattened `(batch, head)`.
 
-use burn::tensor::{DType, Shape, Tensor as BurnTensor, TensorMetadata};
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::{cast, into_contiguous};
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::mma::{Mma, mma_shape, score_tile};
@@ -58,7 +59,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     #[comptime] k: usize,
     #[comptime] units: usize,
     #[comptime] mma: Mma,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, len) = (queries.shape(1), queries.shape(2));
     let keys_len = keys.shape(2);
@@ -80,17 +81,17 @@ fn top_attention_kernel<F: Float, I: Int>(
     let dim_pad = comptime!(if on { mma.pad_depth(dim) } else { dim });
     let k_pad = comptime!(if on { mma.pad_cols(k) } else { k });
 
-    let mut shared_keys = SharedMemory::<f32>::new(comptime!(if on { 1 } else { k * dim }));
+    let mut shared_keys = Shared::<[f32]>::new_slice(comptime!(if on { 1 } else { k * dim }));
     let mut shared_keys_mma =
-        SharedMemory::<F>::new_aligned(comptime!(if on { k_pad * dim_pad } else { 1 }), 32usize);
+        Shared::<[F]>::new_aligned_slice(comptime!(if on { k_pad * dim_pad } else { 1 }), 32usize);
     let mut shared_queries =
-        SharedMemory::<F>::new_aligned(comptime!(if on { units * dim_pad } else { 1 }), 32usize);
-    let mut shared_values = SharedMemory::<f32>::new(comptime!(k * dim_v));
+        Shared::<[F]>::new_aligned_slice(comptime!(if on { units * dim_pad } else { 1 }), 32usize);
+    let mut shared_values = Shared::<[f32]>::new_slice(comptime!(k * dim_v));
     if on {
         let mut i = unit;
         while i < comptime!(k_pad * dim_pad) {
             let (slot, e) = (i / dim_pad, i % dim_pad);
-            let mut x = F::new(0.0);
+            let mut x = F::new(0.0_f32);
             if slot < k && e < dim {
                 let key = u32::cast_from(topk[row * k + slot]) as usize;
                 x = keys[(bh * keys_len + key) * dim + e];
@@ -114,7 +115,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     }
     // Which of the k keys are valid (not padded), one flag per slot, in shared memory: a
     // per-unit array indexed in a loop would sit in scratch memory on some drivers.
-    let mut valid_slot = SharedMemory::<u32>::new(k);
+    let mut valid_slot = Shared::<[u32]>::new_slice(k);
     let mut i = unit;
     while i < k {
         let mut flag = 0u32;
@@ -127,7 +128,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     let cluster_mass = f32::cast_from(mass[row]);
     // Slot `r`'s score of this unit's query at `r · units + unit`: the units of a plane touch
     // consecutive words.
-    let mut shared_scores = SharedMemory::<f32>::new_aligned(comptime!(k_pad * units), 32usize);
+    let mut shared_scores = Shared::<[f32]>::new_aligned_slice(comptime!(k_pad * units), 32usize);
     sync_cube();
 
     if on {
@@ -137,7 +138,7 @@ fn top_attention_kernel<F: Float, I: Int>(
             let mut i = unit;
             while i < comptime!(units * dim_pad) {
                 let (p, e) = (block + i / dim_pad, i % dim_pad);
-                let mut x = F::new(0.0);
+                let mut x = F::new(0.0_f32);
                 if p < last && e < dim {
                     let index = order[bh * len + p] as usize;
                     x = queries[(bh * len + index) * dim + e];
@@ -237,9 +238,9 @@ fn top_attention_kernel<F: Float, I: Int>(
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn weighted_sum<F: Float>(
-    scores: &SharedMemory<f32>,
-    values: &SharedMemory<f32>,
-    valid_slot: &SharedMemory<u32>,
+    scores: &Shared<[f32]>,
+    values: &Shared<[f32]>,
+    valid_slot: &Shared<[u32]>,
     rest: &Tensor<F>,
     output: &mut Tensor<F>,
     maximum: f32,
@@ -287,7 +288,7 @@ fn cluster_means_kernel<F: Float>(
     starts: &Tensor<u32>,
     centroids: &mut Tensor<F>,
     scale: f32,
-    #[define(F)] _dtype: StorageType,
+    #[define(F)] _dtype: ElemType,
 ) {
     let (len, dim) = (queries.shape(2), queries.shape(3));
     let clusters = centroids.shape(2);
@@ -328,8 +329,8 @@ fn top_units(dim: usize, dim_v: usize, k: usize) -> usize {
 /// The tile shape and units per cube of [`top_attention_kernel`] on cooperative matrices: where
 /// [`mma_shape`] gives a shape for `dtype` and the kernel's shared memory fits
 /// [`MAX_SHARED_BYTES`] with 64 or 32 units (the keys in the float type, padded to whole tiles).
-fn top_mma<R: CubeRuntime>(
-    client: &ComputeClient<R>,
+fn top_mma(
+    client: &Client,
     dtype: DType,
     dim: usize,
     dim_v: usize,
@@ -371,13 +372,13 @@ pub(super) fn supported(dim: usize, dim_v: usize, k: usize, clusters: usize) -> 
 }
 
 /// The queries sorted by cluster: [`sort_by_cluster`] of `assignments` (`[B, H, L]`).
-pub(super) struct Sorted<R: CubeRuntime> {
-    order: CubeTensor<R>,
-    starts: CubeTensor<R>,
+pub(super) struct Sorted {
+    order: CubeTensor,
+    starts: CubeTensor,
 }
 
-impl<R: CubeRuntime> Sorted<R> {
-    pub(super) fn new(assignments: CubeTensor<R>, clusters: usize) -> Self {
+impl Sorted {
+    pub(super) fn new(assignments: CubeTensor, clusters: usize) -> Self {
         let (order, starts) = sort_by_cluster(into_contiguous(assignments), clusters);
         Self { order, starts }
     }
@@ -390,12 +391,12 @@ fn cluster_grid(clusters: usize, bh: usize) -> CubeCount {
 
 /// The cluster means times `scale`: `[B, H, L, E]` queries → `[B, H, C, E]` (see
 /// [`cluster_means_kernel`]).
-pub(super) fn cluster_means<R: CubeRuntime>(
-    queries: CubeTensor<R>,
-    inverse_counts: CubeTensor<R>,
-    sorted: &Sorted<R>,
+pub(super) fn cluster_means(
+    queries: CubeTensor,
+    inverse_counts: CubeTensor,
+    sorted: &Sorted,
     scale: f64,
-) -> CubeTensor<R> {
+) -> CubeTensor {
     let [batch, heads, _, dim] = queries.shape().dims();
     let clusters = inverse_counts.shape()[2];
     let dtype = queries.dtype;
@@ -405,7 +406,7 @@ pub(super) fn cluster_means<R: CubeRuntime>(
         Shape::new([batch, heads, clusters, dim]),
         dtype,
     );
-    cluster_means_kernel::launch::<R>(
+    cluster_means_kernel::launch(
         &queries.client.clone(),
         cluster_grid(clusters, batch * heads),
         CubeDim::new_1d(UNITS),
@@ -415,51 +416,44 @@ pub(super) fn cluster_means<R: CubeRuntime>(
         linear(sorted.starts.clone()),
         linear(centroids.clone()),
         scale as f32,
-        dtype.into(),
+        dtype_to_storage_type(dtype),
     );
     centroids
 }
 
 /// [`ClusteredAttentionBackend::top_attention`](crate::ClusteredAttentionBackend::top_attention)
-/// by [`top_attention_kernel`], given the queries sorted by cluster. The shapes are checked by
-/// the caller; call only when [`supported`].
+/// by [`top_attention_kernel`], given the queries sorted by cluster. The kernel reads the
+/// lengths as `topk`'s int type (`key_lengths`, when given, is cast to it). The shapes are
+/// checked by the caller; call only when [`supported`].
 #[allow(clippy::too_many_arguments)]
-pub(super) fn top_attention<R, F, I, BT>(
-    queries: CubeTensor<R>,
-    keys: CubeTensor<R>,
-    values: CubeTensor<R>,
-    topk: CubeTensor<R>,
-    mass: CubeTensor<R>,
-    rest: CubeTensor<R>,
-    key_lengths: Option<CubeTensor<R>>,
+pub(super) fn top_attention(
+    queries: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    topk: CubeTensor,
+    mass: CubeTensor,
+    rest: CubeTensor,
+    key_lengths: Option<CubeTensor>,
     scale: f64,
-    sorted: &Sorted<R>,
-) -> CubeTensor<R>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
+    sorted: &Sorted,
+) -> CubeTensor {
     let [batch, heads, len, dim] = queries.shape().dims();
     let [_, _, keys_len, dim_v] = values.shape().dims();
     let [_, _, clusters, k] = topk.shape().dims();
     let (device, float_dtype, int_dtype) = (queries.device.clone(), queries.dtype, topk.dtype);
-    let key_lengths =
-        super::key_lengths_or_all::<R, F, I, BT>(key_lengths, batch, keys_len, &device, int_dtype);
-    // Padded queries' rows stay zero; Burn's `zeros` may pitch its rows, the kernel does not.
-    let output = into_contiguous(
-        BurnTensor::<CubeBackend<R, F, I, BT>, 4>::zeros(
-            [batch, heads, len, dim_v],
-            (&device, float_dtype),
-        )
-        .into_primitive()
-        .tensor(),
-    );
+    let key_lengths = key_lengths.map(|lengths| cast(lengths, int_dtype));
+    let key_lengths = super::key_lengths_or_all(key_lengths, batch, keys_len, &device, int_dtype);
     let client = queries.client.clone();
+    // Padded queries' rows stay zero; Burn's `zeros` may pitch its rows, the kernel does not.
+    let output = into_contiguous(zeros_client(
+        client.clone(),
+        device,
+        Shape::new([batch, heads, len, dim_v]),
+        float_dtype,
+    ));
     let (mma, units) = top_mma(&client, float_dtype, dim, dim_v, k)
         .unwrap_or((Mma::NONE, top_units(dim, dim_v, k)));
-    top_attention_kernel::launch::<R>(
+    top_attention_kernel::launch(
         &client,
         cluster_grid(clusters, batch * heads),
         CubeDim::new_1d(units as u32),
@@ -479,7 +473,10 @@ where
         k,
         units,
         mma,
-        [float_dtype.into(), int_dtype.into()],
+        [
+            dtype_to_storage_type(float_dtype),
+            dtype_to_storage_type(int_dtype),
+        ],
     );
     reshape(output, Shape::new([batch, heads, len, dim_v]))
 }

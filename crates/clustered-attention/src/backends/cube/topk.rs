@@ -3,8 +3,9 @@
 //! The order is total and the same as the host implementation's: by score, descending, ties
 //! to the lower index. Rows holding NaN give an unspecified set of in-range indices.
 
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_cubecl::CubeRuntime;
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -45,7 +46,7 @@ fn topk_kernel<F: Float, I: Int>(
     indices: &mut Tensor<I>,
     #[comptime] k: usize,
     #[comptime] units: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let len = scores.shape(1);
     let rows = indices.shape(0);
@@ -93,15 +94,15 @@ fn topk_kernel<F: Float, I: Int>(
         s += units;
     }
 
-    let mut shared_values = SharedMemory::<F>::new(comptime!(units * k));
-    let mut shared_positions = SharedMemory::<u32>::new(comptime!(units * k));
+    let mut shared_values = Shared::<[F]>::new_slice(comptime!(units * k));
+    let mut shared_positions = Shared::<[u32]>::new_slice(comptime!(units * k));
     let own = unit * k;
     for j in 0..k {
         if j < filled {
             shared_values[own + j] = values[j];
             shared_positions[own + j] = positions[j];
         } else {
-            shared_values[own + j] = F::new(0.0);
+            shared_values[own + j] = F::new(0.0_f32);
             shared_positions[own + j] = EMPTY;
         }
     }
@@ -161,11 +162,7 @@ pub(super) const TOPK_SHARED: usize = 1024;
 
 /// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
 /// of dtype `int_dtype`, descending by score, ties to the lower index.
-pub(super) fn topk_indices<R: CubeRuntime>(
-    scores: CubeTensor<R>,
-    k: usize,
-    int_dtype: DType,
-) -> CubeTensor<R> {
+pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> CubeTensor {
     let [batch, heads, rows, len] = scores.shape().dims();
     check_topk(k, len);
     let scores = into_contiguous(scores);
@@ -185,7 +182,7 @@ pub(super) fn topk_indices<R: CubeRuntime>(
         .min(len.next_power_of_two());
     let units = 1usize << units.max(1).ilog2();
     let float_dtype = scores.dtype;
-    topk_kernel::launch::<R>(
+    topk_kernel::launch(
         &client,
         cube_count(all_rows, 1),
         CubeDim::new_1d(units as u32),
@@ -193,7 +190,10 @@ pub(super) fn topk_indices<R: CubeRuntime>(
         linear(indices.clone()),
         k,
         units,
-        [float_dtype.into(), int_dtype.into()],
+        [
+            dtype_to_storage_type(float_dtype),
+            dtype_to_storage_type(int_dtype),
+        ],
     );
     reshape(indices, Shape::new([batch, heads, rows, k]))
 }

@@ -1,13 +1,17 @@
 //! Default bodies of [`ClusteredAttentionBackend::centroid_attention`] and its backward.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 
-use super::{float_out, float4, padded_keys};
+use super::{device_ints, padded_keys};
+#[cfg(doc)]
+use crate::ops::ClusteredAttentionBackward;
 use crate::ops::checks::check_centroid_attention;
 use crate::ops::tensor::rest_weights;
-use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend};
+use crate::ops::{
+    CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend, Lengths,
+    attention_softmax, topk_indices,
+};
 
 /// Default body of [`ClusteredAttentionBackend::centroid_attention`]: the scores as a `[C, S]`
 /// matrix product, the padded keys filled with `-inf`,
@@ -16,33 +20,33 @@ use crate::ops::{CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBa
 ///
 /// # Panics
 /// If the shapes disagree or `topk > S`.
+#[allow(clippy::type_complexity)]
 pub fn centroid_attention<B: ClusteredAttentionBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     topk: usize,
-) -> CentroidAttention<B> {
-    let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
-    let (centroids, keys, values) = (float(centroids), float(keys), float(values));
+) -> (FloatTensor<B>, Option<(IntTensor<B>, FloatTensor<B>)>) {
+    let (centroids, keys, values) = (
+        B::float_tensor::<4>(centroids),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
+    );
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
     let [batch, heads, clusters, _] = centroids.dims();
     let [_, _, keys_len, _] = keys.dims();
     check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), topk);
     let device = centroids.device();
     let scores = centroid_scores(centroids, keys, key_lengths);
-    let weights = float(B::attention_softmax(
-        scores.clone().into_primitive().tensor(),
-    ));
+    let weights = attention_softmax(scores.clone());
     let top = (topk > 0).then(|| {
         let top = if topk == keys_len {
-            Tensor::<B, 1, Int>::arange(0..topk as i64, &device)
+            Tensor::<1, Int>::arange(0..topk as i64, &device)
                 .reshape([1, 1, 1, topk])
                 .expand([batch, heads, clusters, topk])
         } else {
-            Tensor::<B, 4, Int>::from_primitive(B::topk_indices(
-                scores.into_primitive().tensor(),
-                topk,
-            ))
+            device_ints(topk_indices(scores, topk))
         };
         let top_weights = weights.clone().gather(3, top.clone());
         (top, top_weights)
@@ -52,20 +56,19 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
         None => weights,
     }
     .matmul(values);
-    CentroidAttention {
-        values: values.into_primitive().tensor(),
-        top: top.map(|(top, weights)| (top.into_primitive(), weights.into_primitive().tensor())),
-        log_sum_exp: None,
-    }
+    (
+        B::float_primitive(values),
+        top.map(|(top, weights)| (B::int_primitive(top), B::float_primitive(weights))),
+    )
 }
 
 /// `centroids · keysᵀ` with the keys at or past `key_lengths[b]` at `-inf`,
 /// `[batch, heads, C, S]`.
-fn centroid_scores<B: Backend>(
-    centroids: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    key_lengths: Option<IntTensor<B>>,
-) -> Tensor<B, 4> {
+fn centroid_scores(
+    centroids: Tensor<4>,
+    keys: Tensor<4>,
+    key_lengths: Option<Tensor<1, Int>>,
+) -> Tensor<4> {
     let [batch, heads, clusters, _] = centroids.dims();
     let keys_len = keys.dims()[2];
     let device = centroids.device();
@@ -73,7 +76,7 @@ fn centroid_scores<B: Backend>(
     let Some(lengths) = key_lengths else {
         return scores;
     };
-    let positions = Tensor::<B, 1, Int>::arange(0..keys_len as i64, &device)
+    let positions = Tensor::<1, Int>::arange(0..keys_len as i64, &device)
         .reshape([1, 1, 1, keys_len])
         .expand([batch, 1, 1, keys_len]);
     let padded = padded_keys(lengths, positions);
@@ -83,8 +86,9 @@ fn centroid_scores<B: Backend>(
     )
 }
 
-/// Default body of [`ClusteredAttentionBackend::centroid_attention_backward`]: `Aᶜ` recomputed as
-/// [`centroid_attention`] computes it, then the softmax's Jacobian and three products.
+/// Default body of [`ClusteredAttentionBackward::centroid_attention_backward`]: `Aᶜ`
+/// recomputed as [`centroid_attention`] computes it, then the softmax's Jacobian and three
+/// products.
 ///
 /// Uses `forward`'s top-k indices only.
 ///
@@ -101,11 +105,11 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     grad_top_weights: Option<FloatTensor<B>>,
 ) -> CentroidAttentionGrads<B> {
     let (centroids, keys, values) = (
-        float4::<B>(centroids),
-        float4::<B>(keys),
-        float4::<B>(values),
+        B::float_tensor::<4>(centroids),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
     );
-    let grad_values = float4::<B>(grad_values);
+    let grad_values = B::float_tensor::<4>(grad_values);
     let [batch, heads, clusters, _] = centroids.dims();
     let dim_v = values.dims()[3];
     check_centroid_attention(centroids.dims(), keys.dims(), values.dims(), 0);
@@ -115,16 +119,14 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
         grad_values.dims(),
         [batch, heads, clusters, dim_v]
     );
+    let key_lengths = key_lengths.map(B::int_tensor::<1>);
     let scores = centroid_scores(centroids.clone(), keys.clone(), key_lengths);
-    let weights = float4::<B>(B::attention_softmax(scores.into_primitive().tensor()));
+    let weights = attention_softmax(scores);
     let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
     let mut rest = weights.clone();
     match (forward.top.map(|(top, _)| top), grad_top_weights) {
         (Some(top), Some(grad_top)) => {
-            let (top, grad_top) = (
-                Tensor::<B, 4, Int>::from_primitive(top),
-                float4::<B>(grad_top),
-            );
+            let (top, grad_top) = (B::int_tensor::<4>(top), B::float_tensor::<4>(grad_top));
             assert!(
                 top.dims() == grad_top.dims() && top.dims()[..3] == [batch, heads, clusters],
                 "top {:?} and grad_top_weights {:?} must both be [batch, heads, C, k] with \
@@ -154,8 +156,8 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     let delta = (weights.clone() * grad_weights.clone()).sum_dim(3);
     let grad_scores = weights.clone() * (grad_weights - delta);
     CentroidAttentionGrads {
-        centroids: float_out(grad_scores.clone().matmul(keys)),
-        keys: float_out(grad_scores.swap_dims(2, 3).matmul(centroids)),
-        values: float_out(rest.swap_dims(2, 3).matmul(grad_values)),
+        centroids: B::float_primitive(grad_scores.clone().matmul(keys)),
+        keys: B::float_primitive(grad_scores.swap_dims(2, 3).matmul(centroids)),
+        values: B::float_primitive(rest.swap_dims(2, 3).matmul(grad_values)),
     }
 }

@@ -1,11 +1,11 @@
 //! Default body of [`ClusteredAttentionBackend::lsh_hash`].
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor, TensorData};
 
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
+use crate::ops::TensorConversion;
 use crate::ops::checks::check_planes;
 
 /// The value of bit `b` in a code held as an `i32` two's complement pattern:
@@ -25,9 +25,12 @@ fn bit_values(bits: usize) -> Vec<i64> {
 ///
 /// # Panics
 /// If `bits` is outside `1..=32` or `planes` does not have `E + 1` columns.
-pub fn lsh_hash<B: Backend>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> IntTensor<B> {
-    let queries = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(queries));
-    let planes = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(planes));
+pub fn lsh_hash<B: TensorConversion>(
+    queries: FloatTensor<B>,
+    planes: FloatTensor<B>,
+) -> IntTensor<B> {
+    let queries = B::float_tensor::<4>(queries);
+    let planes = B::float_tensor::<2>(planes);
     let [batch, heads, len, dim] = queries.dims();
     let [bits, _] = planes.dims();
     check_planes(queries.dims(), planes.dims());
@@ -38,11 +41,12 @@ pub fn lsh_hash<B: Backend>(queries: FloatTensor<B>, planes: FloatTensor<B>) -> 
     let thresholds = planes.slice([0..bits, dim..dim + 1]).reshape([1, bits]);
     let projections = queries.reshape([rows, dim]).matmul(normals); // [rows, bits]
     let set = projections.greater(thresholds.expand([rows, bits]));
-    let values = Tensor::<B, 1, Int>::from_data(TensorData::new(bit_values(bits), [bits]), &device)
+    let values = Tensor::<1, Int>::from_data(TensorData::new(bit_values(bits), [bits]), &device)
         .reshape([1, bits]);
-    set.int()
-        .mul(values)
-        .sum_dim(1)
-        .reshape([batch, heads, len])
-        .into_primitive()
+    B::int_primitive(
+        set.int()
+            .mul(values)
+            .sum_dim(1)
+            .reshape([batch, heads, len]),
+    )
 }

@@ -1,39 +1,80 @@
 //! Default bodies of [`ClusteredAttentionBackend::improved_attention`], its forward with the
 //! intermediate results and its backward: compositions of the backend's ops.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Tensor, TensorMetadata};
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
-use super::{float_out, float4};
+use super::device_ints;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::grouping::QueryGroups;
 use crate::ops::{
-    AttentionGrads, ClusterTop, ClusteredAttentionBackend, ImprovedForward, QueryClusters,
+    AttentionGrads, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward,
+    ImprovedForward, Lengths, QueryClusters, centroid_attention, top_attention,
 };
 
-/// Default body of [`ClusteredAttentionBackend::improved_attention`]:
-/// [`improved_attention_forward`]'s output.
+/// Default body of [`ClusteredAttentionBackend::improved_attention`]: the centroids (the members'
+/// sums by [`ClusteredAttentionBackend::sparse_scatter`], times the inverse counts) times
+/// `scale`, their [`ClusteredAttentionBackend::centroid_attention`] with the top-k keys, the
+/// top-k weights' sum (the mass) and [`ClusteredAttentionBackend::top_attention`]: the output of
+/// [`improved_attention_forward`], from the backend's extension ops alone.
+///
+/// # Panics
+/// As [`ClusteredAttentionBackend::improved_attention`].
 pub fn improved_attention<B: ClusteredAttentionBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     clusters: QueryClusters<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     topk: usize,
     scale: f64,
 ) -> FloatTensor<B> {
-    improved_attention_forward::<B>(queries, keys, values, clusters, key_lengths, topk, scale).0
+    assert!(topk > 0, "topk must be at least 1, got 0");
+    let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+    let (queries, keys, values) = (
+        B::float_tensor::<4>(queries),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
+    );
+    let assignments = device_ints(B::int_tensor::<3>(clusters.assignments));
+    let inverse_counts = B::float_tensor::<4>(clusters.inverse_counts);
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
+    let groups = QueryGroups::new(assignments.clone(), num_clusters, queries.dtype());
+    let centroids = groups
+        .centroids(queries.clone(), inverse_counts)
+        .mul_scalar(scale);
+    let (rest, top) = centroid_attention(
+        centroids,
+        keys.clone(),
+        values.clone(),
+        key_lengths.clone(),
+        topk,
+    );
+    let (top, top_weights) = top.expect("topk ≥ 1 gives the top-k");
+    let mass = top_weights.sum_dim(3);
+    let output = top_attention(
+        queries,
+        keys,
+        values,
+        assignments,
+        top,
+        mass,
+        rest,
+        key_lengths,
+        scale,
+    );
+    B::float_primitive(output)
 }
 
 /// [`ClusteredAttentionBackend::improved_attention`] composed of the backend's ops, with the
 /// intermediate results its backward pass takes: the centroids (the members' sums by
 /// [`ClusteredAttentionBackend::sparse_scatter`], times the inverse counts) times `scale`, their
-/// [`ClusteredAttentionBackend::centroid_attention`] with the top-k keys, the top-k weights' sum
-/// (the mass) and [`ClusteredAttentionBackend::top_attention`].
+/// [`ClusteredAttentionBackward::centroid_attention_forward`] with the top-k keys, the top-k
+/// weights' sum (the mass) and [`ClusteredAttentionBackend::top_attention`].
 ///
 /// # Panics
 /// As [`ClusteredAttentionBackend::improved_attention`].
-pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
+pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
@@ -44,19 +85,19 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
 ) -> (FloatTensor<B>, ImprovedForward<B>) {
     assert!(topk > 0, "topk must be at least 1, got 0");
     let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
-    let groups = QueryGroups::<B>::new(
-        Tensor::from_primitive(clusters.assignments.clone()),
+    let groups = QueryGroups::new(
+        device_ints(B::int_tensor::<3>(clusters.assignments.clone())),
         num_clusters,
         queries.dtype(),
     );
     let centroids = groups
         .centroids(
-            float4::<B>(queries.clone()),
-            float4::<B>(clusters.inverse_counts),
+            B::float_tensor::<4>(queries.clone()),
+            B::float_tensor::<4>(clusters.inverse_counts),
         )
         .mul_scalar(scale);
-    let centroids = float_out(centroids);
-    let attention = B::centroid_attention(
+    let centroids = B::float_primitive(centroids);
+    let attention = B::centroid_attention_forward(
         centroids.clone(),
         keys.clone(),
         values.clone(),
@@ -64,7 +105,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
         topk,
     );
     let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
-    let mass = float_out(float4::<B>(top_weights).sum_dim(3));
+    let mass = B::float_primitive(B::float_tensor::<4>(top_weights).sum_dim(3));
     let output = B::top_attention(
         queries,
         keys,
@@ -75,7 +116,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
             mass: mass.clone(),
             rest: attention.values.clone(),
         },
-        key_lengths,
+        Lengths::<B>::from(key_lengths),
         scale,
     );
     let forward = ImprovedForward {
@@ -86,16 +127,16 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackend>(
     (output, forward)
 }
 
-/// Default body of [`ClusteredAttentionBackend::improved_attention_backward`]:
-/// [`ClusteredAttentionBackend::top_attention_backward`],
-/// [`ClusteredAttentionBackend::centroid_attention_backward`] of the rest's gradient and of the
+/// Default body of [`ClusteredAttentionBackward::improved_attention_backward`]:
+/// [`ClusteredAttentionBackward::top_attention_backward`],
+/// [`ClusteredAttentionBackward::centroid_attention_backward`] of the rest's gradient and of the
 /// mass's spread over the top-k weights, the centroids' gradient spread to their member queries by
 /// [`ClusteredAttentionBackend::sparse_weighted_sum`], and the sums of the gradients.
 ///
 /// # Panics
-/// As [`ClusteredAttentionBackend::improved_attention_backward`].
+/// As [`ClusteredAttentionBackward::improved_attention_backward`].
 #[allow(clippy::too_many_arguments)]
-pub fn improved_attention_backward<B: ClusteredAttentionBackend>(
+pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
@@ -106,6 +147,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackend>(
     grad: FloatTensor<B>,
 ) -> AttentionGrads<B> {
     let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+    let dtype = queries.dtype();
     let ImprovedForward {
         centroids,
         centroid_attention,
@@ -116,7 +158,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackend>(
         .clone()
         .expect("the forward pass of improved attention has the top-k");
     let top_grads = B::top_attention_backward(
-        queries.clone(),
+        queries,
         keys.clone(),
         values.clone(),
         ClusterTop {
@@ -130,7 +172,8 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackend>(
         grad,
     );
     // m̂ is the sum of the top-k weights: each weight gets the mass's gradient.
-    let grad_top_weights = float4::<B>(top_grads.mass).expand(top_weights.shape().dims::<4>());
+    let grad_top_weights =
+        B::float_tensor::<4>(top_grads.mass).expand(top_weights.shape().dims::<4>());
     let centroid_grads = B::centroid_attention_backward(
         centroids,
         keys,
@@ -138,19 +181,20 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackend>(
         key_lengths,
         centroid_attention,
         top_grads.rest,
-        Some(float_out(grad_top_weights)),
+        Some(B::float_primitive(grad_top_weights)),
     );
-    let grad_sums = float4::<B>(centroid_grads.centroids)
-        * float4::<B>(clusters.inverse_counts).mul_scalar(scale);
-    let groups = QueryGroups::<B>::new(
-        Tensor::from_primitive(clusters.assignments),
+    let grad_sums = B::float_tensor::<4>(centroid_grads.centroids)
+        * B::float_tensor::<4>(clusters.inverse_counts).mul_scalar(scale);
+    let groups = QueryGroups::new(
+        device_ints(B::int_tensor::<3>(clusters.assignments)),
         num_clusters,
-        queries.dtype(),
+        dtype,
     );
-    let grad_queries = float_out(groups.broadcast(grad_sums));
+    let grad_queries = groups.broadcast(grad_sums);
+    let float = B::float_tensor::<4>;
     AttentionGrads {
-        queries: float_out(float4::<B>(top_grads.queries) + float4::<B>(grad_queries)),
-        keys: float_out(float4::<B>(top_grads.keys) + float4::<B>(centroid_grads.keys)),
-        values: float_out(float4::<B>(top_grads.values) + float4::<B>(centroid_grads.values)),
+        queries: B::float_primitive(float(top_grads.queries) + grad_queries),
+        keys: B::float_primitive(float(top_grads.keys) + float(centroid_grads.keys)),
+        values: B::float_primitive(float(top_grads.values) + float(centroid_grads.values)),
     }
 }

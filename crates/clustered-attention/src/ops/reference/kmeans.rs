@@ -1,26 +1,26 @@
 //! Default body of [`ClusteredAttentionBackend::hamming_kmeans`].
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::IntTensor;
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::backend::tensor::IntTensor;
+use burn::tensor::{Int, Tensor, TensorData};
 
+use super::device_ints;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::host_lengths;
-use crate::ops::{MAX_BITS, NO_CLUSTER, initial_centroid_positions};
+use crate::ops::{Lengths, MAX_BITS, NO_CLUSTER, TensorConversion, initial_centroid_positions};
 
 /// Unpacks 32-bit codes `[batch, heads, n]` into their bits `[batch, heads, n, 32]` as 0/1
 /// integers, bit `b` in column `b`.
-fn unpack_bits<B: Backend>(codes: Tensor<B, 3, Int>) -> Tensor<B, 4, Int> {
+fn unpack_bits(codes: Tensor<3, Int>) -> Tensor<4, Int> {
     let [batch, heads, n] = codes.dims();
-    let shifts = Tensor::<B, 1, Int>::arange(0..MAX_BITS as i64, &codes.device())
+    let shifts = Tensor::<1, Int>::arange(0..MAX_BITS as i64, (&codes.device(), codes.dtype()))
         .reshape([1, 1, 1, MAX_BITS])
         .expand([batch, heads, n, MAX_BITS]);
     codes
         .unsqueeze_dim::<4>(3)
         .expand([batch, heads, n, MAX_BITS])
         .bitwise_right_shift(shifts)
-        .bitwise_and_scalar(1.elem())
+        .bitwise_and_scalar(1)
 }
 
 /// Default body of [`ClusteredAttentionBackend::hamming_kmeans`].
@@ -28,7 +28,8 @@ fn unpack_bits<B: Backend>(codes: Tensor<B, 3, Int>) -> Tensor<B, 4, Int> {
 /// Hamming distances come from a matrix product of ±1 bit vectors
 /// (`popcount(a xor b) = (32 − s_a · s_b) / 2`), the per-bit majority vote from a product of
 /// the one-hot assignment matrix with the 0/1 bit matrix. All of it is integer tensor
-/// arithmetic, so the result does not depend on the backend's float type.
+/// arithmetic, so the result does not depend on the backend's float type. The codes are taken
+/// in the int type of their device's settings, the type of the outputs.
 ///
 /// # Shapes
 /// - `codes`: `[batch, heads, L]`
@@ -37,30 +38,30 @@ fn unpack_bits<B: Backend>(codes: Tensor<B, 3, Int>) -> Tensor<B, 4, Int> {
 ///
 /// # Panics
 /// If `clusters` is 0 or a query length is outside `0..=L`.
-pub fn hamming_kmeans<B: Backend>(
+pub fn hamming_kmeans<B: TensorConversion>(
     codes: IntTensor<B>,
-    query_lengths: Option<IntTensor<B>>,
+    query_lengths: Lengths<B>,
     clusters: usize,
     iterations: usize,
     seed: u64,
 ) -> (IntTensor<B>, IntTensor<B>) {
     assert!(clusters > 0, "clusters must be at least 1, got 0");
-    let codes = Tensor::<B, 3, Int>::from_primitive(codes);
+    let codes = device_ints(B::int_tensor::<3>(codes));
     let [batch, heads, len] = codes.dims();
     let device = codes.device();
-    let lengths = host_lengths::<B>(
+    let lengths = host_lengths(
         "query_lengths",
-        query_lengths.map(Tensor::from_primitive),
+        query_lengths.into_option().map(B::int_tensor::<1>),
         batch,
         len,
     );
 
     // valid[b, 0, i] = i < lengths[b]
-    let lengths_tensor = Tensor::<B, 1, Int>::from_data(
+    let lengths_tensor = Tensor::<1, Int>::from_data(
         TensorData::new(lengths.iter().map(|&n| n as i64).collect(), [batch]),
         &device,
     );
-    let valid = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
+    let valid = Tensor::<1, Int>::arange(0..len as i64, &device)
         .reshape([1, 1, len])
         .expand([batch, heads, len])
         .lower(
@@ -71,7 +72,7 @@ pub fn hamming_kmeans<B: Backend>(
         );
 
     let positions = initial_centroid_positions(&lengths, heads, clusters, seed);
-    let positions = Tensor::<B, 3, Int>::from_data(
+    let positions = Tensor::<3, Int>::from_data(
         TensorData::new(positions, [batch, heads, clusters]),
         &device,
     );
@@ -81,12 +82,12 @@ pub fn hamming_kmeans<B: Backend>(
     let valid_int = valid.clone().int().unsqueeze_dim::<4>(3);
     let code_bits = unpack_bits(codes) * valid_int.clone(); // [b, h, L, 32]
     let code_signs = code_bits.clone().mul_scalar(2).sub_scalar(1);
-    let cluster_index = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+    let cluster_index = Tensor::<1, Int>::arange(0..clusters as i64, &device)
         .reshape([1, 1, 1, clusters])
         .expand([batch, heads, len, clusters]);
 
     // Nearest centroid, ties to the lowest index: minimise distance · C + index.
-    let assign = |centroids: &Tensor<B, 4, Int>| -> Tensor<B, 3, Int> {
+    let assign = |centroids: &Tensor<4, Int>| -> Tensor<3, Int> {
         let centroid_signs = centroids.clone().mul_scalar(2).sub_scalar(1);
         let dots = code_signs.clone().matmul(centroid_signs.swap_dims(2, 3)); // [b, h, L, C]
         let distance = dots.neg().add_scalar(MAX_BITS as i64).div_scalar(2);
@@ -97,7 +98,7 @@ pub fn hamming_kmeans<B: Backend>(
         key.remainder_scalar(clusters as i64).squeeze_dim::<3>(3)
     };
     // One-hot membership of the valid queries, [b, h, L, C].
-    let members = |assignments: Tensor<B, 3, Int>| -> Tensor<B, 4, Int> {
+    let members = |assignments: Tensor<3, Int>| -> Tensor<4, Int> {
         assignments
             .unsqueeze_dim::<4>(3)
             .expand([batch, heads, len, clusters])
@@ -121,7 +122,7 @@ pub fn hamming_kmeans<B: Backend>(
     let counts = members(assignments.clone()).sum_dim(2).squeeze_dim::<3>(2);
 
     // Sequences with no more valid queries than clusters: query i is cluster i.
-    let exact = Tensor::<B, 1, Int>::from_data(
+    let exact = Tensor::<1, Int>::from_data(
         TensorData::new(
             lengths.iter().map(|&n| i64::from(n <= clusters)).collect(),
             [batch],
@@ -130,13 +131,13 @@ pub fn hamming_kmeans<B: Backend>(
     )
     .bool()
     .reshape([batch, 1, 1]);
-    let identity = Tensor::<B, 1, Int>::arange(0..len as i64, &device)
+    let identity = Tensor::<1, Int>::arange(0..len as i64, &device)
         .reshape([1, 1, len])
         .expand([batch, heads, len]);
     let assignments = assignments
         .mask_where(exact.clone().expand([batch, heads, len]), identity)
         .mask_fill(valid.bool_not(), NO_CLUSTER);
-    let singletons = Tensor::<B, 1, Int>::arange(0..clusters as i64, &device)
+    let singletons = Tensor::<1, Int>::arange(0..clusters as i64, &device)
         .reshape([1, 1, clusters])
         .expand([batch, heads, clusters])
         .lower(
@@ -147,5 +148,5 @@ pub fn hamming_kmeans<B: Backend>(
         .int();
     let counts = counts.mask_where(exact.expand([batch, heads, clusters]), singletons);
 
-    (assignments.into_primitive(), counts.into_primitive())
+    (B::int_primitive(assignments), B::int_primitive(counts))
 }

@@ -11,13 +11,19 @@
 //! - `sparse.rs`: [`sparse_dot`], [`sparse_weighted_sum`] and [`sparse_scatter`] by gathered
 //!   rows.
 //!
-//! They serve every backend that has no kernel of its own (LibTorch, Candle, …), the CPU and
-//! CubeCL backends where their own ops do not apply (e.g. `f64`), and they are the
-//! specification that kernels must reproduce bit for bit. All arithmetic on bits and counts is
-//! done on small integers held exactly by the backend's float type (Hamming distances ≤ 32,
-//! counts ≤ L < 2²⁴ for `f32`).
+//! They serve every op that a backend has no kernel for, the CPU and CubeCL backends where
+//! their own ops do not apply (e.g. `f64`), and they are the specification that kernels must
+//! reproduce bit for bit. All arithmetic on bits and counts is done on small integers held
+//! exactly by the backend's float type (Hamming distances ≤ 32, counts ≤ L < 2²⁴ for `f32`).
+//!
+//! Each body turns the backend's primitives into [`Tensor`]s ([`TensorConversion`]), runs on
+//! them, calling the ops of the trait it builds on through the tensor-level functions of
+//! [`crate::ops`] (which run the backend's own ops again, since the tensors live on its
+//! device), and turns its outputs back into primitives. Int tensors are taken in the int type
+//! of their device's settings, the type of the ones the bodies create.
 //!
 //! [`ClusteredAttentionBackend`]: super::ClusteredAttentionBackend
+//! [`TensorConversion`]: super::TensorConversion
 
 mod centroid;
 mod hash;
@@ -35,18 +41,15 @@ pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
 pub use top::{top_attention, top_attention_backward};
 pub use topk::topk_indices;
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Bool, Int, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, Int, Tensor};
 
-/// `x` as a rank-4 float tensor.
-pub(super) fn float4<B: Backend>(x: FloatTensor<B>) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-/// The primitive of the rank-4 float tensor `x`.
-pub(super) fn float_out<B: Backend>(x: Tensor<B, 4>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
+/// `x` in the int type of its device's settings (`i32` on Flex and `Cube`, `i64` on NdArray,
+/// unless the device is configured otherwise): the type of the int tensors the default bodies
+/// create (`arange`, `from_data`, `bool::int`), so that they and the inputs combine whatever
+/// int type a backend's own ops gave the inputs.
+pub(super) fn device_ints<const D: usize>(x: Tensor<D, Int>) -> Tensor<D, Int> {
+    let dtype = x.device().settings().int_dtype;
+    x.cast(dtype)
 }
 
 /// Whether each key index of `keys` (`[batch, …]`) is padding, at or past its sequence's
@@ -54,11 +57,7 @@ pub(super) fn float_out<B: Backend>(x: Tensor<B, 4>) -> FloatTensor<B> {
 ///
 /// # Panics
 /// If `key_lengths` is not `[batch]`.
-pub(super) fn padded_keys<B: Backend>(
-    key_lengths: IntTensor<B>,
-    keys: Tensor<B, 4, Int>,
-) -> Tensor<B, 4, Bool> {
-    let lengths = Tensor::<B, 1, Int>::from_primitive(key_lengths);
+pub(super) fn padded_keys(lengths: Tensor<1, Int>, keys: Tensor<4, Int>) -> Tensor<4, Bool> {
     let shape = keys.dims();
     let batch = shape[0];
     assert!(
@@ -66,5 +65,6 @@ pub(super) fn padded_keys<B: Backend>(
         "key_lengths must have shape [batch] = [{batch}], got {:?}",
         lengths.dims()
     );
+    let lengths = lengths.cast(keys.dtype());
     keys.greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape))
 }

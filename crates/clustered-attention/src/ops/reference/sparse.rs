@@ -4,20 +4,22 @@
 
 use core::ops::Range;
 
-use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{Bool, Int, Tensor};
 
-use super::{float_out, float4};
+use super::device_ints;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
+use crate::ops::TensorConversion;
 
 /// The top-k indices of each query's cluster, `[batch, heads, L, k]` (padded queries read
-/// cluster 0), and the `[batch, heads, L, 1]` mask of the padded queries.
-fn query_topk<B: Backend>(
-    topk: Tensor<B, 4, Int>,
-    assignments: Tensor<B, 3, Int>,
-) -> (Tensor<B, 4, Int>, Tensor<B, 4, Bool>) {
+/// cluster 0), and the `[batch, heads, L, 1]` mask of the padded queries; both index tensors in
+/// the int type of their device's settings.
+fn query_topk(
+    topk: Tensor<4, Int>,
+    assignments: Tensor<3, Int>,
+) -> (Tensor<4, Int>, Tensor<4, Bool>) {
+    let (topk, assignments) = (device_ints(topk), device_ints(assignments));
     let [batch, heads, len] = assignments.dims();
     let [_, _, _, k] = topk.dims();
     let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
@@ -29,12 +31,13 @@ fn query_topk<B: Backend>(
 }
 
 /// Rows `index[b, h, i, r]` of `x[b, h]`: `[batch, heads, N, k, F]`.
-fn gather_rows<B: Backend>(x: Tensor<B, 4>, index: Tensor<B, 4, Int>) -> Tensor<B, 5> {
+fn gather_rows(x: Tensor<4>, index: Tensor<4, Int>) -> Tensor<5> {
     let [batch, heads, rows, features] = x.dims();
     let [_, _, n, k] = index.dims();
-    let offsets = Tensor::<B, 1, Int>::arange(0..(batch * heads) as i64, &index.device())
-        .mul_scalar(rows as i64)
-        .reshape([batch, heads, 1, 1]);
+    let offsets =
+        Tensor::<1, Int>::arange(0..(batch * heads) as i64, (&index.device(), index.dtype()))
+            .mul_scalar(rows as i64)
+            .reshape([batch, heads, 1, 1]);
     let flat_index = (index + offsets).reshape([batch * heads * n * k]);
     x.reshape([batch * heads * rows, features])
         .select(0, flat_index)
@@ -70,18 +73,15 @@ fn query_chunks_within(
 
 /// Default body of [`ClusteredAttentionBackend::sparse_dot`]:
 /// gathers the `[batch, heads, chunk, k, E]` keys of a chunk of queries at a time.
-pub fn sparse_dot<B: Backend>(
+pub fn sparse_dot<B: TensorConversion>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    let (queries, keys) = (float4::<B>(queries), float4::<B>(keys));
+    let (queries, keys) = (B::float_tensor::<4>(queries), B::float_tensor::<4>(keys));
     let [batch, heads, len, dim] = queries.dims();
-    let (index, padded) = query_topk(
-        Tensor::from_primitive(topk),
-        Tensor::from_primitive(assignments),
-    );
+    let (index, padded) = query_topk(B::int_tensor(topk), B::int_tensor(assignments));
     let [_, _, _, k] = index.dims();
     let parts = query_chunks(len, batch * heads, k, dim)
         .into_iter()
@@ -97,25 +97,22 @@ pub fn sparse_dot<B: Backend>(
         .collect();
     let dots = Tensor::cat(parts, 2);
     let shape = dots.dims();
-    float_out(dots.mask_fill(padded.expand(shape), 0.0))
+    B::float_primitive(dots.mask_fill(padded.expand(shape), 0.0))
 }
 
 /// Default body of
 /// [`ClusteredAttentionBackend::sparse_weighted_sum`]:
 /// gathers the `[batch, heads, chunk, k, D]` values of a chunk of queries at a time.
-pub fn sparse_weighted_sum<B: Backend>(
+pub fn sparse_weighted_sum<B: TensorConversion>(
     weights: FloatTensor<B>,
     values: FloatTensor<B>,
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    let (weights, values) = (float4::<B>(weights), float4::<B>(values));
+    let (weights, values) = (B::float_tensor::<4>(weights), B::float_tensor::<4>(values));
     let [batch, heads, len, k] = weights.dims();
     let [_, _, _, dim] = values.dims();
-    let (index, padded) = query_topk(
-        Tensor::from_primitive(topk),
-        Tensor::from_primitive(assignments),
-    );
+    let (index, padded) = query_topk(B::int_tensor(topk), B::int_tensor(assignments));
     let parts = query_chunks(len, batch * heads, k, dim)
         .into_iter()
         .map(|r| {
@@ -128,31 +125,27 @@ pub fn sparse_weighted_sum<B: Backend>(
         .collect();
     let sums = Tensor::cat(parts, 2);
     let shape = sums.dims();
-    float_out(sums.mask_fill(padded.expand(shape), 0.0))
+    B::float_primitive(sums.mask_fill(padded.expand(shape), 0.0))
 }
 
 /// Default body of [`ClusteredAttentionBackend::sparse_scatter`]:
 /// scatter-adds the `[batch, heads, chunk · k, F]` products `weights[i, r] · x[i]` of a chunk
 /// of queries at a time into the key rows.
-pub fn sparse_scatter<B: Backend>(
+pub fn sparse_scatter<B: TensorConversion>(
     weights: FloatTensor<B>,
     x: FloatTensor<B>,
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
     keys_len: usize,
 ) -> FloatTensor<B> {
-    let (weights, x) = (float4::<B>(weights), float4::<B>(x));
+    let (weights, x) = (B::float_tensor::<4>(weights), B::float_tensor::<4>(x));
     let [batch, heads, len, k] = weights.dims();
     let [_, _, _, features] = x.dims();
-    let (index, padded) = query_topk(
-        Tensor::from_primitive(topk),
-        Tensor::from_primitive(assignments),
-    );
+    let (index, padded) = query_topk(B::int_tensor(topk), B::int_tensor(assignments));
     // Padded rows may hold anything, even NaN: zero them (and their weights) before summing.
     let x = x.mask_fill(padded.clone().expand([batch, heads, len, features]), 0.0);
     let weights = weights.mask_fill(padded.expand([batch, heads, len, k]), 0.0);
-    let mut out =
-        Tensor::<B, 4>::zeros([batch, heads, keys_len, features], (&x.device(), x.dtype()));
+    let mut out = Tensor::<4>::zeros([batch, heads, keys_len, features], (&x.device(), x.dtype()));
     for r in query_chunks(len, batch * heads, k, features) {
         let n = r.len();
         let weights = weights.clone().slice([0..batch, 0..heads, r.clone(), 0..k]);
@@ -173,15 +166,18 @@ pub fn sparse_scatter<B: Backend>(
             burn::tensor::IndexingUpdateOp::Add,
         );
     }
-    float_out(out)
+    B::float_primitive(out)
 }
 
 #[cfg(all(test, feature = "ndarray"))]
+#[allow(deprecated)] // `NdArray`
 mod tests {
     use std::cell::Cell;
 
     use burn::backend::NdArray;
-    use burn::tensor::{Distribution, Int, Tensor, TensorData};
+    use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+
+    use crate::ops::TensorConversion;
 
     thread_local! {
         /// Overrides [`super::GATHER_BYTES`] on this thread.
@@ -195,22 +191,20 @@ mod tests {
     /// definitions (the trait's docs) in `f64`, to 1e-5.
     #[test]
     fn chunked_sparse_products_match_loops() {
-        let device = Default::default();
+        let device = Device::ndarray();
         let (batch, heads, len, keys_len, dim, clusters, k) = (2, 2, 10, 7, 5, 3, 4);
-        let q = Tensor::<B, 4>::random([batch, heads, len, dim], Distribution::Default, &device);
-        let keys = Tensor::<B, 4>::random(
+        let q = Tensor::<4>::random([batch, heads, len, dim], Distribution::Default, &device);
+        let keys = Tensor::<4>::random(
             [batch, heads, keys_len, dim],
             Distribution::Default,
             &device,
         );
-        let w = Tensor::<B, 4>::random([batch, heads, len, k], Distribution::Default, &device);
+        let w = Tensor::<4>::random([batch, heads, len, k], Distribution::Default, &device);
         let top: Vec<i64> = (0..batch * heads * clusters * k)
             .map(|i| (i % keys_len) as i64)
             .collect();
-        let top = Tensor::<B, 4, Int>::from_data(
-            TensorData::new(top, [batch, heads, clusters, k]),
-            &device,
-        );
+        let top =
+            Tensor::<4, Int>::from_data(TensorData::new(top, [batch, heads, clusters, k]), &device);
         let assign: Vec<i64> = (0..batch * heads * len)
             .map(|i| {
                 if i % len == len - 1 {
@@ -221,33 +215,19 @@ mod tests {
             })
             .collect();
         let assign =
-            Tensor::<B, 3, Int>::from_data(TensorData::new(assign, [batch, heads, len]), &device);
+            Tensor::<3, Int>::from_data(TensorData::new(assign, [batch, heads, len]), &device);
         let run = |budget: Option<usize>| {
             BUDGET.with(|b| b.set(budget));
-            let f = |x: burn::tensor::ops::FloatTensor<B>| {
-                Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(x))
-            };
-            let p = |x: &Tensor<B, 4>| x.clone().into_primitive().tensor();
+            let f = B::float_tensor::<4>;
+            let p = |x: &Tensor<4>| B::float_primitive(x.clone());
+            let (t, a) = (
+                || B::int_primitive(top.clone()),
+                || B::int_primitive(assign.clone()),
+            );
             [
-                f(super::sparse_dot::<B>(
-                    p(&q),
-                    p(&keys),
-                    top.clone().into_primitive(),
-                    assign.clone().into_primitive(),
-                )),
-                f(super::sparse_weighted_sum::<B>(
-                    p(&w),
-                    p(&keys),
-                    top.clone().into_primitive(),
-                    assign.clone().into_primitive(),
-                )),
-                f(super::sparse_scatter::<B>(
-                    p(&w),
-                    p(&q),
-                    top.clone().into_primitive(),
-                    assign.clone().into_primitive(),
-                    keys_len,
-                )),
+                f(super::sparse_dot::<B>(p(&q), p(&keys), t(), a())),
+                f(super::sparse_weighted_sum::<B>(p(&w), p(&keys), t(), a())),
+                f(super::sparse_scatter::<B>(p(&w), p(&q), t(), a(), keys_len)),
             ]
         };
         let whole = run(None);
@@ -255,7 +235,7 @@ mod tests {
         BUDGET.with(|b| b.set(None));
 
         let floats =
-            |x: &Tensor<B, 4>| -> Vec<f64> { x.to_data().iter::<f32>().map(f64::from).collect() };
+            |x: &Tensor<4>| -> Vec<f64> { x.to_data().iter::<f32>().map(f64::from).collect() };
         let (qh, kh, wh) = (floats(&q), floats(&keys), floats(&w));
         let toph: Vec<i64> = top.to_data().iter::<i64>().collect();
         let ah: Vec<i64> = assign.to_data().iter::<i64>().collect();

@@ -1,12 +1,17 @@
 //! Default bodies of [`ClusteredAttentionBackend::top_attention`] and its backward.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Int, Tensor, TensorMetadata};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor};
 
-use super::{float_out, float4, padded_keys};
+use super::{device_ints, padded_keys};
+#[cfg(doc)]
+use crate::ops::ClusteredAttentionBackward;
 use crate::ops::checks::check_top_attention;
 use crate::ops::grouping::QueryGroups;
-use crate::ops::{ClusterTop, ClusteredAttentionBackend, TopAttentionGrads};
+use crate::ops::{
+    ClusterTop, ClusteredAttentionBackend, Lengths, TopAttentionGrads, attention_softmax,
+    sparse_dot, sparse_scatter, sparse_weighted_sum,
+};
 
 /// Default body of [`ClusteredAttentionBackend::top_attention`]: the top-k scores by
 /// [`ClusteredAttentionBackend::sparse_dot`], the padded keys' `-inf` and the mass of each query's
@@ -21,38 +26,40 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     clusters: ClusterTop<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     scale: f64,
 ) -> FloatTensor<B> {
-    let assignments = Tensor::<B, 3, Int>::from_primitive(clusters.assignments);
-    let topk = Tensor::<B, 4, Int>::from_primitive(clusters.topk);
-    let (mass, rest) = (float4::<B>(clusters.mass), float4::<B>(clusters.rest));
-    let [batch, heads, _, _] = queries.shape().dims();
-    let [_, _, keys_len, dim_v] = values.shape().dims();
+    let (queries, keys, values) = (
+        B::float_tensor::<4>(queries),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
+    );
+    let assignments = device_ints(B::int_tensor::<3>(clusters.assignments));
+    let topk = device_ints(B::int_tensor::<4>(clusters.topk));
+    let (mass, rest) = (
+        B::float_tensor::<4>(clusters.mass),
+        B::float_tensor::<4>(clusters.rest),
+    );
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
     check_top_attention(
-        queries.shape().dims(),
-        keys.shape().dims(),
-        [batch, heads, keys_len, dim_v],
+        queries.dims(),
+        keys.dims(),
+        values.dims(),
         assignments.dims(),
         topk.dims(),
         mass.dims(),
         rest.dims(),
     );
     let groups = QueryGroups::new(assignments.clone(), topk.dims()[2], queries.dtype());
-    let weights = top_softmax::<B>(queries, keys, &topk, &groups, key_lengths, scale)
-        * groups.broadcast(mass);
-    let top = B::sparse_weighted_sum(
-        weights.into_primitive().tensor(),
-        values,
-        topk.into_primitive(),
-        assignments.clone().into_primitive(),
-    );
-    float_out(float4::<B>(top) + groups.broadcast(rest))
+    let weights =
+        top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
+    let top = sparse_weighted_sum(weights, values, topk, assignments);
+    B::float_primitive(top + groups.broadcast(rest))
 }
 
-/// Default body of [`ClusteredAttentionBackend::top_attention_backward`]: the softmax recomputed as
-/// [`top_attention`] computes it, then the products of its gradient, each a sparse product or
-/// a sum over each cluster's members (the query grouping's aggregate).
+/// Default body of [`ClusteredAttentionBackward::top_attention_backward`]: the softmax
+/// recomputed as [`top_attention`] computes it, then the products of its gradient, each a
+/// sparse product or a sum over each cluster's members (the query grouping's aggregate).
 ///
 /// # Panics
 /// If the shapes disagree.
@@ -65,20 +72,30 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     scale: f64,
     grad: FloatTensor<B>,
 ) -> TopAttentionGrads<B> {
-    let assignments = Tensor::<B, 3, Int>::from_primitive(clusters.assignments);
-    let topk = Tensor::<B, 4, Int>::from_primitive(clusters.topk);
-    let (mass, grad) = (float4::<B>(clusters.mass), float4::<B>(grad));
-    let [batch, heads, len, _] = queries.shape().dims();
-    let [_, _, keys_len, dim_v] = values.shape().dims();
+    let (queries, keys, values) = (
+        B::float_tensor::<4>(queries),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
+    );
+    let assignments = device_ints(B::int_tensor::<3>(clusters.assignments));
+    let topk = device_ints(B::int_tensor::<4>(clusters.topk));
+    let (mass, rest, grad) = (
+        B::float_tensor::<4>(clusters.mass),
+        B::float_tensor::<4>(clusters.rest),
+        B::float_tensor::<4>(grad),
+    );
+    let key_lengths = key_lengths.map(B::int_tensor::<1>);
+    let [batch, heads, len, _] = queries.dims();
+    let [_, _, keys_len, dim_v] = values.dims();
     let num_clusters = topk.dims()[2];
     check_top_attention(
-        queries.shape().dims(),
-        keys.shape().dims(),
-        [batch, heads, keys_len, dim_v],
+        queries.dims(),
+        keys.dims(),
+        values.dims(),
         assignments.dims(),
         topk.dims(),
         mass.dims(),
-        clusters.rest.shape().dims(),
+        rest.dims(),
     );
     assert!(
         grad.dims() == [batch, heads, len, dim_v],
@@ -88,9 +105,8 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     );
     let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
     let grad = grad.mask_fill(padded.expand([batch, heads, len, dim_v]), 0.0);
-    let sparse = |x: Tensor<B, 4>| x.into_primitive().tensor();
     let groups = QueryGroups::new(assignments.clone(), num_clusters, queries.dtype());
-    let probs = top_softmax::<B>(
+    let probs = top_softmax(
         queries.clone(),
         keys.clone(),
         &topk,
@@ -100,60 +116,48 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     );
     let query_mass = groups.broadcast(mass);
     // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
-    let grad_weights = float4::<B>(B::sparse_dot(
-        sparse(grad.clone()),
-        values,
-        topk.clone().into_primitive(),
-        assignments.clone().into_primitive(),
-    ));
+    let grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
     let delta = (grad_weights.clone() * probs.clone()).sum_dim(3);
     let grad_scores =
         (probs.clone() * (grad_weights - delta.clone()) * query_mass.clone()).mul_scalar(scale);
     let weights = probs * query_mass;
-    let sparse_ints = || {
-        (
-            topk.clone().into_primitive(),
-            assignments.clone().into_primitive(),
-        )
-    };
-    let (t, a) = sparse_ints();
-    let grad_queries = B::sparse_weighted_sum(sparse(grad_scores.clone()), keys, t, a);
-    let (t, a) = sparse_ints();
-    let grad_keys = B::sparse_scatter(sparse(grad_scores), queries, t, a, keys_len);
-    let (t, a) = sparse_ints();
-    let grad_values = B::sparse_scatter(sparse(weights), sparse(grad.clone()), t, a, keys_len);
+    let grad_queries =
+        sparse_weighted_sum(grad_scores.clone(), keys, topk.clone(), assignments.clone());
+    let grad_keys = sparse_scatter(
+        grad_scores,
+        queries,
+        topk.clone(),
+        assignments.clone(),
+        keys_len,
+    );
+    let grad_values = sparse_scatter(weights, grad.clone(), topk, assignments, keys_len);
     TopAttentionGrads {
-        queries: grad_queries,
-        keys: grad_keys,
-        values: grad_values,
-        mass: float_out(groups.aggregate(delta)),
-        rest: float_out(groups.aggregate(grad)),
+        queries: B::float_primitive(grad_queries),
+        keys: B::float_primitive(grad_keys),
+        values: B::float_primitive(grad_values),
+        mass: B::float_primitive(groups.aggregate(delta)),
+        rest: B::float_primitive(groups.aggregate(grad)),
     }
 }
 
 /// Each query's softmax over its cluster's top-k keys (paper eq. 10 before the mass), `[batch,
 /// heads, L, k]`: `scale · q · k` by [`ClusteredAttentionBackend::sparse_dot`], the padded keys at
 /// `-inf`, [`ClusteredAttentionBackend::attention_softmax`]. Rows of padded queries are finite.
-fn top_softmax<B: ClusteredAttentionBackend>(
-    queries: FloatTensor<B>,
-    keys: FloatTensor<B>,
-    topk: &Tensor<B, 4, Int>,
-    groups: &QueryGroups<B>,
-    key_lengths: Option<IntTensor<B>>,
+fn top_softmax(
+    queries: Tensor<4>,
+    keys: Tensor<4>,
+    topk: &Tensor<4, Int>,
+    groups: &QueryGroups,
+    key_lengths: Option<Tensor<1, Int>>,
     scale: f64,
-) -> Tensor<B, 4> {
-    let mut scores = float4::<B>(B::sparse_dot(
-        queries,
-        keys,
-        topk.clone().into_primitive(),
-        groups.assignments().into_primitive(),
-    ))
-    .mul_scalar(scale);
+) -> Tensor<4> {
+    let mut scores =
+        sparse_dot(queries, keys, topk.clone(), groups.assignments()).mul_scalar(scale);
     if let Some(lengths) = key_lengths {
         let padded = padded_keys(lengths, topk.clone());
-        let bias = Tensor::<B, 4>::zeros(topk.dims(), (&scores.device(), scores.dtype()))
+        let bias = Tensor::<4>::zeros(topk.dims(), (&scores.device(), scores.dtype()))
             .mask_fill(padded, f32::NEG_INFINITY);
         scores = scores + groups.broadcast(bias);
     }
-    float4::<B>(B::attention_softmax(scores.into_primitive().tensor()))
+    attention_softmax(scores)
 }

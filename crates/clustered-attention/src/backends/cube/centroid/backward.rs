@@ -2,12 +2,14 @@
 //! in the parent module's docs (`prepare`, `grad_rows`, `grad_keys`), over the forward's
 //! `scan`, `merge` and `finish`.
 
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_cubecl::kernel::into_contiguous;
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::super::linear;
@@ -43,7 +45,7 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
     kth_keys: &mut Tensor<u32>,
     #[comptime] dim: usize,
     #[comptime] topk: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let rows = centroids.shape(0) * heads * clusters;
@@ -63,7 +65,7 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
         }
     }
     if topk > 0 {
-        let mut shared = SharedMemory::<f32>::new(comptime!(PREPARE_UNITS * dim));
+        let mut shared = Shared::<[f32]>::new_slice(comptime!(PREPARE_UNITS * dim));
         if active {
             let base = flat * topk;
             for r in 0..topk {
@@ -120,7 +122,7 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
     #[comptime] topk: usize,
     #[comptime] tile: usize,
     #[comptime] tiles: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
@@ -145,8 +147,8 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
         }
     }
 
-    let mut shared_keys = SharedMemory::<f32>::new(comptime!(tile * dim));
-    let mut shared_values = SharedMemory::<f32>::new(comptime!(tile * dim_v));
+    let mut shared_keys = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut shared_values = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
     let mut sums = Array::<f32>::new(dim);
     #[unroll]
     for e in 0..dim {
@@ -227,7 +229,7 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     #[comptime] dim_v: usize,
     #[comptime] topk: usize,
     #[comptime] tile: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
@@ -248,10 +250,10 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     for d in 0..dim_v {
         sums_v[d] = 0.0f32;
     }
-    let mut shared_centroids = SharedMemory::<f32>::new(comptime!(tile * dim));
-    let mut shared_grads = SharedMemory::<f32>::new(comptime!(tile * dim_v));
-    let mut shared_rows = SharedMemory::<f32>::new(comptime!(tile * 3));
-    let mut shared_kth_keys = SharedMemory::<u32>::new(tile);
+    let mut shared_centroids = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut shared_grads = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
+    let mut shared_rows = Shared::<[f32]>::new_slice(comptime!(tile * 3));
+    let mut shared_kth_keys = Shared::<[u32]>::new_slice(tile);
     let mut start = 0usize;
     while start < clusters {
         load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
@@ -336,28 +338,24 @@ const KEY_UNITS: usize = 64;
 /// [`centroid_grad_rows_kernel`] with the finish pass for the centroids' gradient and
 /// [`centroid_grad_keys_kernel`] for the keys' and values'; no `[C, S]` tensor and no matrix
 /// product. See
-/// [`ClusteredAttentionBackend::centroid_attention_backward`](crate::ClusteredAttentionBackend::centroid_attention_backward)
-/// for the contract. Call only when [`supported`] (with `forward`'s `topk`).
+/// [`ClusteredAttentionBackward::centroid_attention_backward`](crate::ops::ClusteredAttentionBackward::centroid_attention_backward)
+/// for the contract. The kernels read the lengths and the top-k indices as one int type: that of
+/// `forward.top`'s indices, or with `topk = 0` that of `key_lengths` (`I32` when `None`);
+/// `key_lengths` is cast to it. Call only when [`supported`] (with `forward`'s `topk`).
 ///
 /// # Panics
 /// As the default body: if the shapes disagree, or `forward.top` and `grad_top_weights` are
 /// not both given or both `None`.
 #[allow(clippy::too_many_arguments)]
-pub(in crate::backends::cube) fn centroid_attention_backward<R, F, I, BT>(
-    centroids: CubeTensor<R>,
-    keys: CubeTensor<R>,
-    values: CubeTensor<R>,
-    key_lengths: Option<CubeTensor<R>>,
-    forward: CentroidAttention<CubeBackend<R, F, I, BT>>,
-    grad_values: CubeTensor<R>,
-    grad_top_weights: Option<CubeTensor<R>>,
-) -> CentroidAttentionGrads<CubeBackend<R, F, I, BT>>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
+pub(in crate::backends::cube) fn centroid_attention_backward(
+    centroids: CubeTensor,
+    keys: CubeTensor,
+    values: CubeTensor,
+    key_lengths: Option<CubeTensor>,
+    forward: CentroidAttention<CubeBackend>,
+    grad_values: CubeTensor,
+    grad_top_weights: Option<CubeTensor>,
+) -> CentroidAttentionGrads<CubeBackend> {
     let [batch, heads, clusters, dim] = centroids.shape().dims();
     let [_, _, keys_len, dim_v] = values.shape().dims();
     check_centroid_attention(
@@ -400,15 +398,18 @@ where
     debug_assert!(supported(dim, dim_v, topk));
     let (client, device) = (centroids.client.clone(), centroids.device.clone());
     let float_dtype = centroids.dtype;
-    let int_dtype = I::dtype();
-    let dtypes = [float_dtype.into(), int_dtype.into()];
-    let key_lengths = super::super::key_lengths_or_all::<R, F, I, BT>(
-        key_lengths,
-        batch,
-        keys_len,
-        &device,
-        int_dtype,
-    );
+    let int_dtype = match (&top, &key_lengths) {
+        (Some((indices, _, _)), _) => indices.dtype,
+        (None, Some(lengths)) => lengths.dtype,
+        (None, None) => DType::I32,
+    };
+    let dtypes = [
+        dtype_to_storage_type(float_dtype),
+        dtype_to_storage_type(int_dtype),
+    ];
+    let key_lengths = key_lengths.map(|lengths| cast(lengths, int_dtype));
+    let key_lengths =
+        super::super::key_lengths_or_all(key_lengths, batch, keys_len, &device, int_dtype);
     let (centroids, keys, values) = (
         into_contiguous(centroids),
         into_contiguous(keys),
@@ -433,7 +434,7 @@ where
 
     let row_stats = empty(vec![rows, 3], DType::F32);
     let kth_keys = empty(vec![rows], DType::U32);
-    centroid_grad_prepare_kernel::launch::<R>(
+    centroid_grad_prepare_kernel::launch(
         &client,
         super::super::cube_count(rows.div_ceil(PREPARE_UNITS), 1),
         CubeDim::new_1d(PREPARE_UNITS as u32),
@@ -459,7 +460,7 @@ where
     let tiles = tiles_per_chunk(keys_len, tile, row_blocks * batch * heads);
     let chunks = keys_len.div_ceil(tile * tiles);
     let partial = empty(vec![rows, chunks * dim], DType::F32);
-    centroid_grad_rows_kernel::launch::<R>(
+    centroid_grad_rows_kernel::launch(
         &client,
         CubeCount::Static(chunks as u32, row_blocks as u32, (batch * heads) as u32),
         CubeDim::new_1d(units as u32),
@@ -482,7 +483,7 @@ where
     );
     let grad_centroids = empty(vec![rows, dim], float_dtype);
     let finish_units = 256;
-    centroid_finish_kernel::launch::<R>(
+    centroid_finish_kernel::launch(
         &client,
         super::super::cube_count((rows * dim).div_ceil(finish_units), 1),
         CubeDim::new_1d(finish_units as u32),
@@ -490,12 +491,12 @@ where
         linear(stats.clone()),
         linear(grad_centroids.clone()),
         false,
-        float_dtype.into(),
+        dtype_to_storage_type(float_dtype),
     );
 
     let grad_keys = empty(vec![batch, heads, keys_len, dim], float_dtype);
     let grad_vals = empty(vec![batch, heads, keys_len, dim_v], float_dtype);
-    centroid_grad_keys_kernel::launch::<R>(
+    centroid_grad_keys_kernel::launch(
         &client,
         super::super::cube_count(keys_len.div_ceil(KEY_UNITS), batch * heads),
         CubeDim::new_1d(KEY_UNITS as u32),
