@@ -52,7 +52,7 @@ impl ProgressLines {
         let every = if self.split == "train" { 4 } else { 1 };
         let total = self.split_items.max(1);
         let step = total.div_ceil(every).max(1);
-        if done != total && done % step != 0 {
+        if done != total && !done.is_multiple_of(step) {
             return;
         }
         let started = *self.started.get_or_insert_with(std::time::Instant::now);
