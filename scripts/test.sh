@@ -109,7 +109,7 @@ phase "LLVM (Debian's)" bash scripts/offline-llvm.sh
 # matrices (`cmma`, whose test runs on lavapipe by scripts/cmma-lavapipe.sh) included, and
 # asr-model's `ddp` (burn-train's distributed data parallel, whose all-reduce Burn 0.22 runs on
 # CUDA alone; its test runs on a GPU, scripts/gpu-bundle.sh), so that it keeps compiling. One
-# set of features, so the dependencies are type-checked once for all three.
+# set of features, so the dependencies are type-checked once for the docs and both checks.
 features=(--workspace --locked --features clustered-attention/wgpu,clustered-attention/cuda,clustered-attention/cmma,asr-model/ddp)
 
 # The API docs build without a warning (broken or private links among them).
@@ -123,12 +123,11 @@ phase "CUDA check" cargo check "${features[@]}" --all-targets
 # The clustered-attention crate as crates.io would get it, used as a Burn user's crate uses
 # it: the package is checked for publishing (no upload), then a crate outside the workspace
 # (downstream/: its own workspace and lock file, the dependency by path with the default
-# features off) is built against the packaged sources and run with every backend feature
-# on: an encoder block on the multi-head layer, Adam steps, the record saved and loaded. One
-# build with the three backend features, whose program runs the block on each backend in
-# turn, as a Burn 0.22 program picks its backend by device. This is the packaged crate's
-# build on its own, so `cargo publish` skips its own. It shares the workspace's target
-# directory.
+# features off) is built once against the packaged sources with its three backend features
+# and run: an encoder block on the multi-head layer, Adam steps, the record saved and loaded,
+# on each backend in turn (a Burn 0.22 program picks its backend by device). This is the
+# packaged crate's build on its own, so `cargo publish` skips its own. It shares the
+# workspace's target directory.
 package_and_downstream() {
     local target="${CARGO_TARGET_DIR:-$PWD/target}" version unpacked
     cargo publish --dry-run --no-verify --locked --allow-dirty -p clustered-attention
