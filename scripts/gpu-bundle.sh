@@ -17,8 +17,9 @@
 #
 # Why so few binaries: on Burn 0.22 every CUDA binary links LLVM statically (burn-cuda →
 # cubecl-cuda → cubecl-llvm; scripts/offline-llvm.sh sets up Debian's, run first here), so each
-# is over 120 MB stripped (about 24.5 MB with `xz -9` alone). One build of each program
-# serves: with `cmma` on, the CUDA tests of the scores on cooperative matrices are in the same
+# is over 120 MB stripped (about 24.5 MB with `xz -9` alone). Two builds make the four: the
+# suite without Burn's autotuning, the three others with it, in one cargo invocation. With
+# `cmma` on, the CUDA tests of the scores on cooperative matrices are in the same
 # suite as the others, and the bench's f16 and bf16 tables say which products ran. (The
 # scores take cooperative matrices wherever the device reports a tile shape for f16 or bf16
 # into f32, as a tensor-core GPU does: there the half-precision tests and tables run them, and
@@ -46,34 +47,37 @@ has() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
 kit=gpu-kit
 limit=$((64 * 1024 * 1024))
-target=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 # The LLVM that the CUDA backend links, from Debian's packages (no download from GitHub).
 bash scripts/offline-llvm.sh
 
-# test_binary NAME CARGO_TEST_ARGS...: builds a test binary and prints the path of the one
-# whose target is NAME.
-test_binary() {
-    local name=$1
-    shift
-    cargo test "$@" --no-run --message-format=json | NAME="$name" python3 -c '
-import json, os, sys
+# executables CARGO_ARGS...: runs `cargo CARGO_ARGS --message-format=json` and prints, for each
+# executable it built, its target's name and its path, one line each.
+executables() {
+    cargo "$@" --message-format=json | python3 -c '
+import json, sys
 for line in sys.stdin:
     message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message.get("executable") \
-            and message["target"]["name"] == os.environ["NAME"]:
-        print(message["executable"])
+    if message.get("reason") == "compiler-artifact" and message.get("executable"):
+        print(message["target"]["name"], message["executable"])
 '
+}
+# path_of NAME: the first path that the list on standard input (from `executables`) gives NAME;
+# fails, saying so, when it has none.
+path_of() {
+    awk -v name="$1" '!found && $1 == name { print $2; found = 1 } END { exit !found }' ||
+        { echo "gpu-bundle: the build made no executable named $1" >&2; return 1; }
 }
 
 # The binaries are gathered here, stripped, as they are built.
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
 binaries=()
-# add NAME PATH: NAME in the kit is the binary at PATH.
+# add NAME: NAME in the kit is the executable named NAME in $built (the list of `executables`).
 add() {
-    cp "$2" "$staging/$1"
+    local path
+    path=$(path_of "$1" <<<"$built")
+    cp "$path" "$staging/$1"
     strip "$staging/$1"
     binaries+=("$1")
 }
@@ -82,20 +86,35 @@ if has tests; then
     # the scores on cooperative matrices (`cuda::cmma_*`) among them. Without Burn's
     # autotuning: the tests check values, and with it the half-precision tests ran past 150 s
     # on an H100, where a build without it had taken ~35 s. The benchmark keeps it.
-    add suite "$(test_binary suite --release --locked -p clustered-attention --features cuda,cmma \
-        --test suite)"
+    built=$(executables test --release --locked -p clustered-attention --features cuda,cmma \
+        --test suite --no-run)
+    add suite
 fi
-if has bench; then
-    cargo build --release --locked -p bench --no-default-features --features cuda,cmma
-    add bench "$target/release/bench"
-fi
-if has ddp; then
-    # Training on CUDA with burn-train's DDP: `asr` and the `ddp` test, built with asr-model's
-    # `ddp` feature (CUDA alone: with Burn's `distributed`, the CPU backends cannot train).
-    cargo build --release --locked -p asr-model --no-default-features --features ddp --bin asr
-    add asr "$target/release/asr"
-    add ddp "$(test_binary ddp --release --locked -p asr-model --no-default-features \
-        --features ddp --test ddp)"
+if has bench || has ddp; then
+    # `bench` (CUDA backend only), and `asr` and its `ddp` test (asr-model's `ddp` feature,
+    # training on CUDA with burn-train's DDP; CUDA alone: with Burn's `distributed`, the CPU
+    # backends cannot train), in one build: both take Burn's autotuning, so one build of the
+    # Burn stack serves the three (the features of one cargo invocation are unified: `asr` gets
+    # `cmma` too, which changes nothing in f32).
+    packages=()
+    features=()
+    if has bench; then
+        packages+=(-p bench --bin bench)
+        features+=(bench/cuda bench/cmma)
+    fi
+    if has ddp; then
+        packages+=(-p asr-model --bin asr --test ddp)
+        features+=(asr-model/ddp)
+    fi
+    built=$(executables build --release --locked --no-default-features "${packages[@]}" \
+        --features "$(IFS=,; echo "${features[*]}")")
+    if has bench; then
+        add bench
+    fi
+    if has ddp; then
+        add asr
+        add ddp
+    fi
 fi
 
 # The shared libraries the binaries need beyond glibc's and libgcc's (the C++ runtime and
