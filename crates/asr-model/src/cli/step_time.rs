@@ -1,6 +1,7 @@
 //! `asr step-time`: the time of a training step (forward + backward + Adam) of the default
 //! model on random features, per attention, with the model's forward pass and the CTC loss
-//! (its forward) timed apart.
+//! (its forward) timed apart. The dropout masks come from a generator seeded per step, as
+//! `asr train` seeds one per batch (`clustered_attention::with_dropout_seed`).
 
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use backend_select::BackendName;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use clap::Args;
-use clustered_attention::AttentionKind;
+use clustered_attention::{AttentionKind, with_dropout_seed};
 
 /// Arguments of `asr step-time`.
 #[derive(Args, Debug)]
@@ -63,6 +64,9 @@ pub struct StepTimeArgs {
     /// Feed-forward hidden size.
     #[arg(long, default_value_t = 512)]
     d_ff: usize,
+    /// Dropout probability (attention weights, residual branches; as `asr train --dropout`).
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
 }
 
 /// Times the steps on `device` (with autodiff) and prints a markdown table.
@@ -70,7 +74,7 @@ pub fn run(args: &StepTimeArgs, _: BackendName, device: Device) -> anyhow::Resul
     let inventory = PhoneInventory::standard();
     let targets_len = args.frames / args.subsampling / 4;
     println!(
-        "| attention | frames | batch | subsampling | CTC loss | median step (s) | min (s) | max (s) | forward (s) | loss (s) |\n|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+        "| attention | frames | batch | subsampling | dropout | CTC loss | median step (s) | min (s) | max (s) | forward (s) | loss (s) |\n|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
     );
     for &attention in &args.attention {
         device.seed(0);
@@ -85,6 +89,7 @@ pub fn run(args: &StepTimeArgs, _: BackendName, device: Device) -> anyhow::Resul
             .with_n_heads(args.n_heads)
             .with_n_layers(args.n_layers)
             .with_d_ff(args.d_ff)
+            .with_dropout(args.dropout)
             .init(&device);
         let mut optim = burn::optim::AdamConfig::new().init();
         let features = Tensor::<3>::random(
@@ -102,15 +107,20 @@ pub fn run(args: &StepTimeArgs, _: BackendName, device: Device) -> anyhow::Resul
         let (mut times, mut forwards, mut losses) = (Vec::new(), Vec::new(), Vec::new());
         for step in 0..=args.steps {
             let start = Instant::now();
-            let log_probs = model.forward(features.clone(), &frame_lengths);
-            let _ = device.sync();
-            let forward = start.elapsed().as_secs_f64();
-            let loss = model
-                .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
-                .mean();
-            let _ = device.sync();
-            let loss_done = start.elapsed().as_secs_f64();
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            // The dropout masks drawn as `asr train` draws them: from a generator seeded per
+            // step, not the backend's (Flex draws its one element at a time, under a lock).
+            let (forward, loss_done, grads) = with_dropout_seed(step as u64, || {
+                let log_probs = model.forward(features.clone(), &frame_lengths);
+                let _ = device.sync();
+                let forward = start.elapsed().as_secs_f64();
+                let loss = model
+                    .ctc_loss(log_probs, &frame_lengths, targets.clone(), &target_lengths)
+                    .mean();
+                let _ = device.sync();
+                let loss_done = start.elapsed().as_secs_f64();
+                (forward, loss_done, loss.backward())
+            });
+            let grads = GradientsParams::from_grads(grads, &model);
             model = optim.step(1e-4, model, grads);
             // Wait for the device: read one value back.
             let _ = device.sync();
@@ -126,10 +136,11 @@ pub fn run(args: &StepTimeArgs, _: BackendName, device: Device) -> anyhow::Resul
         };
         let step = median(&mut times);
         println!(
-            "| {attention} | {} | {} | {} | {} | {step:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {attention} | {} | {} | {} | {} | {} | {step:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
             args.frames,
             args.batch,
             args.subsampling,
+            args.dropout,
             args.ctc_loss,
             times[0],
             times[times.len() - 1],
