@@ -2,6 +2,13 @@
 //!
 //! This file parses the command line and dispatches; each command is a file of `cli/`.
 
+/// mimalloc keeps freed pages for reuse: glibc's malloc maps every allocation above 32 MiB
+/// fresh and unmaps it on free, so each large intermediate tensor (full attention's
+/// `[batch, heads, L, S]` scores and weights, forward and backward) pays its page faults again
+/// on every step. The bench links it for the same reason, so that the two time the same code.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cli;
 
 use clap::{Parser, Subcommand};
