@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
 /// them on free), and the heap's free top kept up to 2 GiB. Without it each large intermediate
 /// tensor (full attention's `[batch, heads, L, S]` scores and weights, forward and backward)
 /// pays its page faults again on every step: a step of full attention at 1,560 encoder steps
-/// took 2.1 times as long on Flex. The process's resident memory then stays at its peak.
+/// took 2.3 times as long on Flex. The process's resident memory then stays at its peak.
 fn keep_freed_pages() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `mallopt` only sets malloc's parameters; no thread has been started yet.
