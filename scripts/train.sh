@@ -67,20 +67,24 @@ case " $* " in
     *" --ctc-loss"*) ;;
     *) args+=(--ctc-loss burn) ;;
 esac
-"$bin" train "${args[@]}" --devices "cpu:$cores" --out runs/improved \
-    --also-test data/real/test.jsonl "$@"
+# The model's directory: runs/improved, unless the arguments name one (`--out`).
+out=
+prev=
+for arg in "$@"; do
+    [ "$prev" = --out ] && out=$arg
+    case "$arg" in --out=*) out=${arg#--out=} ;; esac
+    prev=$arg
+done
+if [ -z "$out" ]; then
+    out=runs/improved
+    args+=(--out "$out")
+fi
+"$bin" train "${args[@]}" --devices "cpu:$cores" --also-test data/real/test.jsonl "$@"
 
 if [ "$games" = 1 ] && [ "${PHONE_LM:-1}" != 0 ]; then
     # The same test sets decoded by CTC prefix beam search with a phone 5-gram LM counted on the
     # three corpora's training transcripts (its weight, insertion bonus and beam were chosen on
     # their dev splits), in the directory the model was written to.
-    out=runs/improved
-    prev=
-    for arg in "$@"; do
-        [ "$prev" = --out ] && out=$arg
-        case "$arg" in --out=*) out=${arg#--out=} ;; esac
-        prev=$arg
-    done
     for corpus in "${corpora[@]}" data/real; do
         "$bin" eval --model "$out" --corpus "$corpus" --split test "${corpora[@]/#/--lm-corpus=}"
     done
