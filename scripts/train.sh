@@ -14,7 +14,8 @@
 # phone language model (`asr eval --lm-corpus`).
 #
 # EPOCHS sets the number of epochs (default: 14 with the games, 40 without). Extra arguments go
-# to `asr train` (see `cargo run --release -p asr-model -- train --help`). ASR_BIN names an asr
+# to `asr train` (see `cargo run --release -p asr-model -- train --help`), an option among them
+# in place of the script's own (e.g. `--devices cpu:1`, `--out runs/full`). ASR_BIN names an asr
 # binary to use instead of building one (release); PHONE_LM=0 skips the decoding with the phone
 # language model.
 set -euo pipefail
@@ -33,6 +34,21 @@ cores=$(nproc 2>/dev/null || echo 1)
 # (2026-12-01, 40 epochs on the bundled corpus) scored 73.53 % on data/real; README's figures
 # are the main job's with the games.
 without_games="the games' speech was NOT used: this model is trained on the bundled synthesized corpus alone and scores about 73.5 % PER on data/real, where the main job with the games scores 40.00 % (36.47 % with the phone LM)"
+# The options the arguments give (`--name` or `--name=value`) and the model's directory
+# (`--out`, runs/improved unless given): the script's own value of an option the arguments give
+# is left out, so that the arguments choose (`asr train` rejects an option given twice).
+given=" "
+out=
+prev=
+for arg in "$@"; do
+    case "$arg" in --*) given+="${arg%%=*} " ;; esac
+    [ "$prev" = --out ] && out=$arg
+    case "$arg" in --out=*) out=${arg#--out=} ;; esac
+    prev=$arg
+done
+args=()
+# option NAME VALUE: adds NAME VALUE to `asr train`'s arguments unless the arguments give NAME.
+option() { [[ "$given" == *" $1 "* ]] || args+=("$@"); }
 games=0
 if [ "$packages" = 0 ]; then
     echo "train.sh: the main job's system packages are missing (see above): the games cannot be imported" >&2
@@ -47,10 +63,18 @@ elif ASR_BIN="$bin" bash scripts/get-real-speech.sh; then
     # no dropout (within 20 minutes the model is far from overfitting, and steps without it
     # are faster).
     corpora=(data/corpus data/games/sky data/games/queen)
-    args=("${corpora[@]/#/--corpus=}"
-        --front-end conv:128 --conv-kernel 15 --activation relu --inter-ctc 0.3
-        --epochs "${EPOCHS:-14}" --batch-frames 4000 --learning-rate 3e-3 --warmup-steps 100
-        --final-learning-rate 0 --augment speed --dropout 0)
+    args=("${corpora[@]/#/--corpus=}")
+    option --front-end conv:128
+    option --conv-kernel 15
+    option --activation relu
+    option --inter-ctc 0.3
+    option --epochs "${EPOCHS:-14}"
+    option --batch-frames 4000
+    option --learning-rate 3e-3
+    option --warmup-steps 100
+    option --final-learning-rate 0
+    option --augment speed
+    option --dropout 0
 fi
 if [ "$games" = 0 ]; then
     if [ "${ASR_REQUIRE_GAMES:-0}" = 1 ]; then
@@ -58,28 +82,16 @@ if [ "$games" = 0 ]; then
         exit 1
     fi
     echo "train.sh: the games' speech is not available (see above): training on the bundled corpus alone" >&2
-    args=(--corpus data/corpus --epochs "${EPOCHS:-40}")
+    args=(--corpus data/corpus)
+    option --epochs "${EPOCHS:-40}"
 fi
 # burn-nn's CTC loss, with which the main job's results were measured (on its clips of 40 to 90
-# encoder steps it costs little; `asr train`'s default is the alpha-beta loss), unless the
-# arguments choose one.
-case " $* " in
-    *" --ctc-loss"*) ;;
-    *) args+=(--ctc-loss burn) ;;
-esac
-# The model's directory: runs/improved, unless the arguments name one (`--out`).
-out=
-prev=
-for arg in "$@"; do
-    [ "$prev" = --out ] && out=$arg
-    case "$arg" in --out=*) out=${arg#--out=} ;; esac
-    prev=$arg
-done
-if [ -z "$out" ]; then
-    out=runs/improved
-    args+=(--out "$out")
-fi
-"$bin" train "${args[@]}" --devices "cpu:$cores" --also-test data/real/test.jsonl "$@"
+# encoder steps it costs little; `asr train`'s default is the alpha-beta loss).
+option --ctc-loss burn
+option --devices "cpu:$cores"
+option --out runs/improved
+out=${out:-runs/improved}
+"$bin" train "${args[@]}" --also-test data/real/test.jsonl "$@"
 
 if [ "$games" = 1 ] && [ "${PHONE_LM:-1}" != 0 ]; then
     # The same test sets decoded by CTC prefix beam search with a phone 5-gram LM counted on the
