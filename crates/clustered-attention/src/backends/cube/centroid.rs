@@ -45,6 +45,7 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::device_properties;
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
 use super::{MAX_DIM, SHARED_FLOATS, linear};
 use crate::ops::CentroidAttention;
@@ -182,7 +183,7 @@ fn load_tile<F: Float>(
 /// - `maxima`, `sums`: `[B·H·C, chunks]`
 /// - `top_scores`, `top_keys`: `[B·H·C, chunks · topk]` (unused with `topk = 0`)
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_scan_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
@@ -285,7 +286,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
 ///   the same keys by index (all three unused with `topk = 0`)
 /// - shared memory: `units · topk` scores and keys
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_merge_kernel<F: Float, I: Int>(
     maxima: &Tensor<f32>,
     sums: &Tensor<f32>,
@@ -415,7 +416,7 @@ fn centroid_merge_kernel<F: Float, I: Int>(
 /// - `values`: `[B, H, S, D]`; `stats`, `top_ascending`: from [`centroid_merge_kernel`]
 /// - `partial`: `[B·H·C, chunks · D]`
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_rest_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
@@ -523,7 +524,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
 /// alone without `normalize` (the centroids' gradient, from [`centroid_grad_rows_kernel`]).
 ///
 /// - `partial`: `[rows, chunks · D]`, `stats`: `[rows, 2]`, `output`: `[rows, D]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_finish_kernel<F: Float>(
     partial: &Tensor<f32>,
     stats: &Tensor<f32>,
@@ -624,8 +625,7 @@ fn pass_tiles(
     extra: usize,
     fallback: usize,
 ) -> (Mma, usize) {
-    let client = &centroids.client;
-    let mma = mma_shape(client, centroids.dtype);
+    let mma = mma_shape(&device_properties(&centroids.client), centroids.dtype);
     if mma.is_some()
         && let Some(tile) = centroid_tile(mma, units, dim, extra)
     {
@@ -684,7 +684,7 @@ fn scan_and_merge(
     let sums = empty(vec![rows, scan_chunks], DType::F32);
     let top_scores = empty(vec![rows, scan_chunks * slots], DType::F32);
     let top_keys = empty(vec![rows, scan_chunks * slots], DType::U32);
-    centroid_scan_kernel::launch(
+    launch!(centroid_scan_kernel(
         &client,
         CubeCount::Static(
             scan_chunks as u32,
@@ -706,7 +706,7 @@ fn scan_and_merge(
         units,
         scan_mma,
         dtypes,
-    );
+    ));
 
     let stats = empty(vec![rows, 2], DType::F32);
     let top_indices = empty(vec![rows, slots], int_dtype);
@@ -717,7 +717,7 @@ fn scan_and_merge(
         .min(scan_chunks.next_power_of_two())
         .min(SHARED_FLOATS / 2 / slots);
     let merge_units = 1usize << merge_units.max(1).ilog2();
-    centroid_merge_kernel::launch(
+    launch!(centroid_merge_kernel(
         &client,
         super::cube_count(rows, 1),
         CubeDim::new_1d(merge_units as u32),
@@ -732,7 +732,7 @@ fn scan_and_merge(
         topk,
         merge_units,
         dtypes,
-    );
+    ));
     Scan {
         stats,
         top_indices,
@@ -795,7 +795,7 @@ pub(super) fn centroid_attention(
     let rest_tiles = tiles_per_chunk(keys_len, rest_tile, row_blocks * batch * heads);
     let rest_chunks = keys_len.div_ceil(rest_tile * rest_tiles);
     let partial = empty(vec![rows, rest_chunks * dim_v], DType::F32);
-    centroid_rest_kernel::launch(
+    launch!(centroid_rest_kernel(
         &client,
         CubeCount::Static(
             rest_chunks as u32,
@@ -818,11 +818,11 @@ pub(super) fn centroid_attention(
         units,
         rest_mma,
         dtypes,
-    );
+    ));
 
     let output = empty(vec![rows, dim_v], float_dtype);
     let finish_units = 256;
-    centroid_finish_kernel::launch(
+    launch!(centroid_finish_kernel(
         &client,
         super::cube_count((rows * dim_v).div_ceil(finish_units), 1),
         CubeDim::new_1d(finish_units as u32),
@@ -831,7 +831,7 @@ pub(super) fn centroid_attention(
         linear(output.clone()),
         true,
         dtype_to_storage_type(float_dtype),
-    );
+    ));
 
     let shape = |last: usize| Shape::new([batch, heads, clusters, last]);
     CentroidAttention {

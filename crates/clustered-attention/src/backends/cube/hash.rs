@@ -20,7 +20,7 @@ use crate::ops::checks::check_planes;
 /// - `queries`: `[rows, dim]`, contiguous
 /// - `planes`: `[bits, dim + 1]`, contiguous, the last column the thresholds
 /// - `codes`: `[rows]`, the 32-bit codes as `i32` bit patterns
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn lsh_hash_kernel<F: Float, I: Int>(
     queries: &Tensor<F>,
     planes: &Tensor<F>,
@@ -90,7 +90,7 @@ pub(super) fn lsh_hash(queries: CubeTensor, planes: CubeTensor, int_dtype: DType
     let fit = (4096 / (dim + 1)).clamp(1, 64);
     let tile = 1usize << fit.ilog2();
     let float_dtype = queries.dtype;
-    lsh_hash_kernel::launch(
+    launch!(lsh_hash_kernel(
         &client,
         cube_count(rows.div_ceil(tile), 1),
         CubeDim::new_1d(tile as u32),
@@ -103,6 +103,6 @@ pub(super) fn lsh_hash(queries: CubeTensor, planes: CubeTensor, int_dtype: DType
             dtype_to_storage_type(float_dtype),
             dtype_to_storage_type(int_dtype),
         ],
-    );
+    ));
     codes
 }

@@ -50,7 +50,7 @@ const LOOP_CLUSTERS: usize = 4096 / (VOTES + 1);
 /// - `codes`, `assignments`: `[rows, L]`
 /// - `centroids`: `[rows, clusters]`
 /// - `lengths`: `[rows]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn kmeans_assign_kernel<I: Int>(
     codes: &Tensor<I>,
     centroids: &Tensor<I>,
@@ -115,7 +115,7 @@ fn kmeans_assign_kernel<I: Int>(
 ///
 /// - `codes`, `assignments`: `[rows, L]`
 /// - `votes`: `[rows, clusters * 33]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn kmeans_votes_kernel<I: Int>(
     codes: &Tensor<I>,
     assignments: &Tensor<I>,
@@ -191,7 +191,7 @@ fn kmeans_votes_kernel<I: Int>(
 /// - `votes`: `[rows, clusters * 33]`
 /// - `lengths`: `[rows]`
 /// - `centroids`, `counts`: `[rows, clusters]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn kmeans_update_kernel<I: Int>(
     votes: &mut Tensor<u32>,
     lengths: &Tensor<I>,
@@ -248,7 +248,7 @@ fn kmeans_update_kernel<I: Int>(
 /// - `positions`: `[rows · clusters]`, the queries whose codes are the initial centroids
 /// - `counts`: `[rows, clusters]`
 /// - `lengths`: `[rows]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn kmeans_loop_kernel<I: Int>(
     codes: &Tensor<I>,
     positions: &Tensor<I>,
@@ -434,7 +434,7 @@ pub(super) fn hamming_kmeans(
 
     let reshape = |x: CubeTensor, last: usize| reshape(x, Shape::new([batch, heads, last]));
     if one_launch {
-        kmeans_loop_kernel::launch(
+        launch!(kmeans_loop_kernel(
             &client,
             cube_count(1, rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -449,7 +449,7 @@ pub(super) fn hamming_kmeans(
                 .expect("iterations must be below 2^32 - 1"),
             clusters,
             dtype_to_storage_type(dtype),
-        );
+        ));
         return (reshape(assignments, len), reshape(counts, clusters));
     }
     let centroids = start;
@@ -463,7 +463,7 @@ pub(super) fn hamming_kmeans(
 
     let shared = clusters <= SHARED_CENTROIDS;
     let assign = || {
-        kmeans_assign_kernel::launch(
+        launch!(kmeans_assign_kernel(
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -474,10 +474,10 @@ pub(super) fn hamming_kmeans(
             clusters,
             shared,
             dtype_to_storage_type(dtype),
-        )
+        ))
     };
     let update = |update: bool| {
-        kmeans_votes_kernel::launch(
+        launch!(kmeans_votes_kernel(
             &client,
             cube_count(len.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS as u32),
@@ -488,8 +488,8 @@ pub(super) fn hamming_kmeans(
             clusters <= SHARED_VOTES,
             update,
             dtype_to_storage_type(dtype),
-        );
-        kmeans_update_kernel::launch(
+        ));
+        launch!(kmeans_update_kernel(
             &client,
             cube_count(clusters.div_ceil(CUBE_THREADS), rows),
             CubeDim::new_1d(CUBE_THREADS.min(clusters.next_power_of_two()) as u32),
@@ -499,7 +499,7 @@ pub(super) fn hamming_kmeans(
             linear(counts.clone()),
             update,
             dtype_to_storage_type(dtype),
-        )
+        ))
     };
     for _ in 0..iterations {
         assign();

@@ -14,7 +14,7 @@ use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
-use super::MAX_SHARED_BYTES;
+use super::{MAX_SHARED_BYTES, cmma_feature, device_properties};
 use crate::ops::ScoreProducts;
 
 /// The tile shape of a cooperative matrix product, `m × k` times `k × n` into `m × n`; all
@@ -50,14 +50,14 @@ impl Mma {
 /// lavapipe's `VK_KHR_cooperative_matrix` 8 × 8 × 8 in `f16`.
 const SHAPES: [(u32, u32, u32); 2] = [(16, 16, 16), (8, 8, 8)];
 
-/// The cooperative-matrix tile shape for scores in `dtype` on the device of `client`:
-/// [`Mma::NONE`] without the `cmma` feature, for another type than `f16` and `bf16`, on a
-/// device whose planes may not divide a cube of 32 units (the kernels' cubes have 32 or 64, and
-/// a product takes whole planes), or when the device reports none of [`SHAPES`] for that type
-/// into `f32`.
-pub(super) fn mma_shape(client: &Client, dtype: DType) -> Mma {
-    let plane = plane_size(client);
-    if !cfg!(feature = "cmma") || plane == 0 || 32 % plane != 0 {
+/// The cooperative-matrix tile shape for scores in `dtype` on a device of `properties` (see
+/// `device_properties`): [`Mma::NONE`] without the `cmma` feature, for another type than `f16`
+/// and `bf16`, on a device whose planes may not divide a cube of 32 units (the kernels' cubes
+/// have 32 or 64, and a product takes whole planes), or when the device reports none of
+/// [`SHAPES`] for that type into `f32`.
+pub(super) fn mma_shape(properties: &DeviceProperties, dtype: DType) -> Mma {
+    let plane = plane_size(properties);
+    if !cmma_feature() || plane == 0 || 32 % plane != 0 {
         return Mma::NONE;
     }
     let input = match dtype {
@@ -66,7 +66,7 @@ pub(super) fn mma_shape(client: &Client, dtype: DType) -> Mma {
         _ => return Mma::NONE,
     };
     let output = ElemType::Float(FloatKind::F32);
-    let supported = &client.properties().features.matmul.cmma;
+    let supported = &properties.features.matmul.cmma;
     SHAPES
         .into_iter()
         .find(|&(m, n, k)| {
@@ -87,8 +87,8 @@ pub(super) fn mma_shape(client: &Client, dtype: DType) -> Mma {
 }
 
 /// The device's plane size, where every plane has the same (0 where they may differ).
-fn plane_size(client: &Client) -> usize {
-    let hardware = &client.properties().hardware;
+fn plane_size(properties: &DeviceProperties) -> usize {
+    let hardware = &properties.hardware;
     if hardware.plane_size_min == hardware.plane_size_max {
         hardware.plane_size_max as usize
     } else {
@@ -98,7 +98,7 @@ fn plane_size(client: &Client) -> usize {
 
 /// What [`mma_shape`] says, as the crate's public [`ScoreProducts`].
 pub(super) fn score_products(client: &Client, dtype: DType) -> ScoreProducts {
-    let mma = mma_shape(client, dtype);
+    let mma = mma_shape(&device_properties(client), dtype);
     if mma.is_some() {
         ScoreProducts::Cmma {
             m: mma.m,

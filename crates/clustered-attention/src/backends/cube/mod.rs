@@ -10,6 +10,8 @@
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
 //!   `improved_attention_forward` sorts once for both; `mma.rs`: the score tiles of both
 //!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`).
+//! - `offline.rs` (the crate's tests): every kernel built for an A100 and an H100 and compiled
+//!   to CUDA C++ without a GPU, through the `launch!` macro's capture (below).
 //! - `fusion.rs`: the same ops registered as Fusion custom operations, the implementation of
 //!   the crate's traits for `Fusion<CubeBackend>` (`CubeBackend` itself is not a backend that
 //!   Burn's `Dispatch` reaches when fusion is on).
@@ -31,11 +33,43 @@
 //! a multiple of a power of two between 16 and 512, and a linear write then lands partly in the
 //! padding and partly in the wrong rows.
 
+/// Launches the kernel of the `#[cube(launch, create_dummy_kernel)]` module `$kernel` on
+/// `$client`: `launch!(kernel(client, cube_count, cube_dim, args..))`, the arguments of
+/// `kernel::launch`. In the crate's own tests, while an `offline` capture is open on the
+/// thread, the kernel is instead built for the capture's device (a CUDA GPU's properties) and
+/// recorded, not launched: the CUDA sources are checked at the configurations the launchers
+/// choose, without a GPU.
+macro_rules! launch {
+    ($kernel:ident($client:expr, $count:expr, $dim:expr $(, $arg:expr)* $(,)?)) => {{
+        #[cfg(test)]
+        {
+            if let Some(capture) = $crate::backends::cube::offline::Capture::open() {
+                capture.record(
+                    stringify!($kernel),
+                    $kernel::create_dummy_kernel(
+                        capture.properties(),
+                        capture.target(),
+                        $count,
+                        $dim
+                        $(, $arg)*
+                    ),
+                );
+            } else {
+                $kernel::launch($client, $count, $dim $(, $arg)*)
+            }
+        }
+        #[cfg(not(test))]
+        $kernel::launch($client, $count, $dim $(, $arg)*)
+    }};
+}
+
 mod centroid;
 mod fusion;
 mod hash;
 mod kmeans;
 mod mma;
+#[cfg(test)]
+mod offline;
 mod sparse;
 mod top;
 mod topk;
@@ -47,6 +81,7 @@ use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeDevice};
 use cubecl::prelude::*;
+use std::sync::Arc;
 
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
@@ -264,6 +299,27 @@ pub(super) fn linear(tensor: CubeTensor) -> TensorArg {
         tensor.meta.strides(),
     );
     tensor.into_tensor_arg()
+}
+
+/// The properties of the device the launchers plan their kernels for (the plane size and the
+/// cooperative-matrix shapes, see `mma::mma_shape`): `client`'s; in the crate's own tests,
+/// those of an open `offline` capture.
+fn device_properties(client: &Client) -> Arc<DeviceProperties> {
+    #[cfg(test)]
+    if let Some(capture) = offline::Capture::open() {
+        return capture.properties();
+    }
+    client.properties_shared()
+}
+
+/// Whether the kernels may compute their scores on cooperative matrices: the `cmma` feature;
+/// in the crate's own tests, what an open `offline` capture says.
+fn cmma_feature() -> bool {
+    #[cfg(test)]
+    if let Some(capture) = offline::Capture::open() {
+        return capture.cmma();
+    }
+    cfg!(feature = "cmma")
 }
 
 /// `f32`s of shared memory a cube of the attention kernels may use: 16 KiB, WebGPU's

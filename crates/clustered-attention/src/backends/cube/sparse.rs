@@ -37,7 +37,7 @@ fn unit_index() -> usize {
 /// - `queries`: `[B, H, L, E]`, `keys`: `[B, H, S, E]`
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
 /// - `output`: `[B, H, L, k]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn sparse_dot_kernel<F: Float, I: Int>(
     queries: &Tensor<F>,
     keys: &Tensor<F>,
@@ -91,7 +91,7 @@ fn sparse_dot_kernel<F: Float, I: Int>(
 /// - `weights`: `[B, H, L, k]`, `values`: `[B, H, S, D]`
 /// - `topk`: `[B, H, C, k]`, `assignments`: `[B, H, L]`
 /// - `output`: `[B, H, L, D]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn sparse_weighted_sum_kernel<F: Float, I: Int>(
     weights: &Tensor<F>,
     values: &Tensor<F>,
@@ -140,7 +140,7 @@ fn sparse_weighted_sum_kernel<F: Float, I: Int>(
 ///
 /// Grid: X (folded into Y) over chunks, Z over `bh`.
 /// - `assignments`: `[bh, L]`; `chunk_counts`: `[bh, chunks, clusters]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn cluster_histogram_kernel<I: Int>(
     assignments: &Tensor<I>,
     chunk_counts: &mut Tensor<u32>,
@@ -183,7 +183,7 @@ fn cluster_histogram_kernel<I: Int>(
 /// cluster boundaries `starts[bh, c] .. starts[bh, c + 1]` of the sorted order.
 ///
 /// - `chunk_counts`: `[bh, chunks, clusters]`; `starts`: `[bh, clusters + 1]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn cluster_offsets_kernel(
     chunk_counts: &mut Tensor<u32>,
     starts: &mut Tensor<u32>,
@@ -238,7 +238,7 @@ fn cluster_offsets_kernel(
 ///
 /// Grid as [`cluster_histogram_kernel`], with the same cube size.
 /// - `assignments`, `order`: `[bh, L]`; `chunk_offsets`: `[bh, chunks, clusters]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn cluster_order_kernel<I: Int>(
     assignments: &Tensor<I>,
     chunk_offsets: &Tensor<u32>,
@@ -281,7 +281,7 @@ fn cluster_order_kernel<I: Int>(
 /// - `weights`: `[B, H, L, k]`, `x`: `[B, H, L, F]`
 /// - `order`: `[bh, L]`, `starts`: `[bh, clusters + 1]`
 /// - `slot_sums`: `[bh, clusters, k, F]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn cluster_slot_sums_kernel<F: Float>(
     weights: &Tensor<F>,
     x: &Tensor<F>,
@@ -314,7 +314,7 @@ fn cluster_slot_sums_kernel<F: Float>(
 /// `-1`). The keys of a cluster's top-k are distinct.
 ///
 /// - `topk`: `[B, H, C, k]`; `slots`: `[bh, C, keys_len]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn invert_topk_kernel<I: Int>(
     topk: &Tensor<I>,
     slots: &mut Tensor<i32>,
@@ -337,7 +337,7 @@ fn invert_topk_kernel<I: Int>(
 ///
 /// - `slots`: `[bh, C, keys_len]`; `slot_sums`: `[bh, C, k, F]`
 /// - `output`: `[B, H, keys_len, F]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn gather_slot_sums_kernel<F: Float>(
     slots: &Tensor<i32>,
     slot_sums: &Tensor<f32>,
@@ -456,7 +456,9 @@ pub(super) fn sparse_dot(
 ) -> CubeTensor {
     let k = topk.shape()[3];
     let launch: SparseLaunch = |client, count, dim, [q, k, t, a, o], width, dtypes| {
-        sparse_dot_kernel::launch(client, count, dim, q, k, t, a, o, width, dtypes)
+        launch!(sparse_dot_kernel(
+            client, count, dim, q, k, t, a, o, width, dtypes
+        ))
     };
     sparse_product(launch, queries, keys, topk, assignments, k)
 }
@@ -470,7 +472,9 @@ pub(super) fn sparse_weighted_sum(
 ) -> CubeTensor {
     let dim = values.shape()[3];
     let launch: SparseLaunch = |client, count, dim, [w, v, t, a, o], width, dtypes| {
-        sparse_weighted_sum_kernel::launch(client, count, dim, w, v, t, a, o, width, dtypes)
+        launch!(sparse_weighted_sum_kernel(
+            client, count, dim, w, v, t, a, o, width, dtypes
+        ))
     };
     sparse_product(launch, weights, values, topk, assignments, dim)
 }
@@ -505,7 +509,7 @@ pub(super) fn sort_by_cluster(
     let offsets = u32_tensor(vec![bh, chunks, clusters]);
     let starts = u32_tensor(vec![bh, clusters + 1]);
     let order = u32_tensor(vec![bh, len]);
-    cluster_histogram_kernel::launch(
+    launch!(cluster_histogram_kernel(
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -513,16 +517,16 @@ pub(super) fn sort_by_cluster(
         linear(offsets.clone()),
         clusters,
         dtype_to_storage_type(int_dtype),
-    );
-    cluster_offsets_kernel::launch(
+    ));
+    launch!(cluster_offsets_kernel(
         &client,
         CubeCount::Static(bh as u32, 1, 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
         linear(offsets.clone()),
         linear(starts.clone()),
         clusters,
-    );
-    cluster_order_kernel::launch(
+    ));
+    launch!(cluster_order_kernel(
         &client,
         cube_count(chunks, bh),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -531,7 +535,7 @@ pub(super) fn sort_by_cluster(
         linear(order.clone()),
         SPARSE_THREADS,
         dtype_to_storage_type(int_dtype),
-    );
+    ));
     (order, starts)
 }
 
@@ -568,7 +572,7 @@ pub(super) fn sparse_scatter(
         DType::F32,
     );
     let units = bh * clusters * k * features;
-    cluster_slot_sums_kernel::launch(
+    launch!(cluster_slot_sums_kernel(
         &client,
         cube_count(units.div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -578,7 +582,7 @@ pub(super) fn sparse_scatter(
         linear(starts),
         linear(slot_sums.clone()),
         dtype_to_storage_type(float_dtype),
-    );
+    ));
 
     // For every key, the slots that hold it, then the sum of their slot sums.
     let slots = into_contiguous(full_device_dtype(
@@ -589,21 +593,21 @@ pub(super) fn sparse_scatter(
         DType::I32,
     ));
     let topk = into_contiguous(topk);
-    invert_topk_kernel::launch(
+    launch!(invert_topk_kernel(
         &client,
         cube_count((bh * clusters * k).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
         linear(topk),
         linear(slots.clone()),
         dtype_to_storage_type(int_dtype),
-    );
+    ));
     let output = empty_device_contiguous_dtype(
         client.clone(),
         device,
         Shape::new([batch, heads, keys_len, features]),
         float_dtype,
     );
-    gather_slot_sums_kernel::launch(
+    launch!(gather_slot_sums_kernel(
         &client,
         cube_count((bh * keys_len).div_ceil(SPARSE_THREADS), 1),
         CubeDim::new_1d(SPARSE_THREADS as u32),
@@ -611,6 +615,6 @@ pub(super) fn sparse_scatter(
         linear(slot_sums),
         linear(output.clone()),
         dtype_to_storage_type(float_dtype),
-    );
+    ));
     output
 }

@@ -21,6 +21,7 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::device_properties;
 use super::mma::{Mma, mma_shape, score_tile};
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
 use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
@@ -41,7 +42,7 @@ use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
 /// - `units`: `CUBE_DIM_X`; shared memory: the keys (`k · E` in `f32`, or `k_pad · dim_pad` in
 ///   the float type and `units · dim_pad` queries), `k · D` values, `k · units` scores (`k_pad`)
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn top_attention_kernel<F: Float, I: Int>(
     queries: &Tensor<F>,
     keys: &Tensor<F>,
@@ -280,7 +281,7 @@ fn weighted_sum<F: Float>(
 /// (cluster, `bh`) as [`top_attention_kernel`], one unit per feature (a loop past `CUBE_DIM_X`).
 ///
 /// - `queries`: `[B, H, L, E]`, `inverse_counts`: `[B, H, C, 1]`, `centroids`: `[B, H, C, E]`
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn cluster_means_kernel<F: Float>(
     queries: &Tensor<F>,
     inverse_counts: &Tensor<F>,
@@ -336,7 +337,7 @@ fn top_mma(
     dim_v: usize,
     k: usize,
 ) -> Option<(Mma, usize)> {
-    let mma = mma_shape(client, dtype);
+    let mma = mma_shape(&device_properties(client), dtype);
     if !mma.is_some() {
         return None;
     }
@@ -406,7 +407,7 @@ pub(super) fn cluster_means(
         Shape::new([batch, heads, clusters, dim]),
         dtype,
     );
-    cluster_means_kernel::launch(
+    launch!(cluster_means_kernel(
         &queries.client.clone(),
         cluster_grid(clusters, batch * heads),
         CubeDim::new_1d(UNITS),
@@ -417,7 +418,7 @@ pub(super) fn cluster_means(
         linear(centroids.clone()),
         scale as f32,
         dtype_to_storage_type(dtype),
-    );
+    ));
     centroids
 }
 
@@ -453,7 +454,7 @@ pub(super) fn top_attention(
     ));
     let (mma, units) = top_mma(&client, float_dtype, dim, dim_v, k)
         .unwrap_or((Mma::NONE, top_units(dim, dim_v, k)));
-    top_attention_kernel::launch(
+    launch!(top_attention_kernel(
         &client,
         cluster_grid(clusters, batch * heads),
         CubeDim::new_1d(units as u32),
@@ -477,6 +478,6 @@ pub(super) fn top_attention(
             dtype_to_storage_type(float_dtype),
             dtype_to_storage_type(int_dtype),
         ],
-    );
+    ));
     reshape(output, Shape::new([batch, heads, len, dim_v]))
 }

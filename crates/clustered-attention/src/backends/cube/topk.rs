@@ -40,7 +40,7 @@ fn ranks_before<F: Float>(value: F, index: u32, other_value: F, other_index: u32
 /// - `scores`: `[rows, S]`, contiguous
 /// - `indices`: `[rows, k]`, in `0..S`
 /// - shared memory: `units · k` scores and indices
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn topk_kernel<F: Float, I: Int>(
     scores: &Tensor<F>,
     indices: &mut Tensor<I>,
@@ -182,7 +182,7 @@ pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> Cu
         .min(len.next_power_of_two());
     let units = 1usize << units.max(1).ilog2();
     let float_dtype = scores.dtype;
-    topk_kernel::launch(
+    launch!(topk_kernel(
         &client,
         cube_count(all_rows, 1),
         CubeDim::new_1d(units as u32),
@@ -194,6 +194,6 @@ pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> Cu
             dtype_to_storage_type(float_dtype),
             dtype_to_storage_type(int_dtype),
         ],
-    );
+    ));
     reshape(indices, Shape::new([batch, heads, rows, k]))
 }

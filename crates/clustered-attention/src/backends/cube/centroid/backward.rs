@@ -30,7 +30,7 @@ use crate::ops::{CentroidAttention, CentroidAttentionGrads};
 ///   `top_indices`, `top_weights`, `grad_top`: `[B, H, C, topk]` (unused with `topk = 0`)
 /// - `row_stats`: `[B·H·C, 3]`: the log-sum-exp, `δ`, the k-th score; `kth_keys`: `[B·H·C]`
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_grad_prepare_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
@@ -105,7 +105,7 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
 /// - `row_stats`, `kth_keys`: from [`centroid_grad_prepare_kernel`]
 /// - `partial`: `[B·H·C, chunks · E]`
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_grad_rows_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
@@ -212,7 +212,7 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
 ///
 /// - `grad_keys`: `[B, H, S, E]`, `grad_vals`: `[B, H, S, D]`
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 fn centroid_grad_keys_kernel<F: Float, I: Int>(
     centroids: &Tensor<F>,
     keys: &Tensor<F>,
@@ -434,7 +434,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
 
     let row_stats = empty(vec![rows, 3], DType::F32);
     let kth_keys = empty(vec![rows], DType::U32);
-    centroid_grad_prepare_kernel::launch(
+    launch!(centroid_grad_prepare_kernel(
         &client,
         super::super::cube_count(rows.div_ceil(PREPARE_UNITS), 1),
         CubeDim::new_1d(PREPARE_UNITS as u32),
@@ -452,7 +452,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         dim,
         topk,
         dtypes,
-    );
+    ));
 
     let units = row_units(clusters);
     let row_blocks = clusters.div_ceil(units);
@@ -460,7 +460,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
     let tiles = tiles_per_chunk(keys_len, tile, row_blocks * batch * heads);
     let chunks = keys_len.div_ceil(tile * tiles);
     let partial = empty(vec![rows, chunks * dim], DType::F32);
-    centroid_grad_rows_kernel::launch(
+    launch!(centroid_grad_rows_kernel(
         &client,
         CubeCount::Static(chunks as u32, row_blocks as u32, (batch * heads) as u32),
         CubeDim::new_1d(units as u32),
@@ -480,10 +480,10 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         tile,
         tiles,
         dtypes,
-    );
+    ));
     let grad_centroids = empty(vec![rows, dim], float_dtype);
     let finish_units = 256;
-    centroid_finish_kernel::launch(
+    launch!(centroid_finish_kernel(
         &client,
         super::super::cube_count((rows * dim).div_ceil(finish_units), 1),
         CubeDim::new_1d(finish_units as u32),
@@ -492,11 +492,11 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         linear(grad_centroids.clone()),
         false,
         dtype_to_storage_type(float_dtype),
-    );
+    ));
 
     let grad_keys = empty(vec![batch, heads, keys_len, dim], float_dtype);
     let grad_vals = empty(vec![batch, heads, keys_len, dim_v], float_dtype);
-    centroid_grad_keys_kernel::launch(
+    launch!(centroid_grad_keys_kernel(
         &client,
         super::super::cube_count(keys_len.div_ceil(KEY_UNITS), batch * heads),
         CubeDim::new_1d(KEY_UNITS as u32),
@@ -517,7 +517,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         // Each row's centroid, gradient, three statistics and k-th key.
         tile_keys(dim + dim_v + 4),
         dtypes,
-    );
+    ));
     CentroidAttentionGrads {
         centroids: reshape(grad_centroids, Shape::new([batch, heads, clusters, dim])),
         keys: grad_keys,

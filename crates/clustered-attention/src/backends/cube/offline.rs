@@ -1,0 +1,571 @@
+#![cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+//! The CUDA source of every kernel, checked without a GPU: the launchers run on a WGPU device
+//! (lavapipe where there is no GPU) inside a [`Capture`] that stands for an NVIDIA GPU, so each
+//! kernel is planned from that GPU's properties (its plane size and cooperative-matrix shapes,
+//! [`super::device_properties`]) and built, not launched (`launch!`, in `mod.rs`); every kernel
+//! so captured is then compiled to CUDA C++ by cubecl-cpp's CUDA compiler, as cubecl-cuda
+//! 0.11.3 compiles it before handing the source to NVRTC (`compute/context.rs`,
+//! `compile_kernel`), and checked against the GPU's limits (cube size, units per cube, shared
+//! memory).
+//!
+//! The GPUs are an A100 (`sm_80`) and an H100 (`sm_90`), described as cubecl-cuda 0.11.3's
+//! `runtime.rs` describes a device from what its driver reports. The configurations are those a
+//! user meets: `f32`, `f16` and `bf16`, the scores on cooperative matrices on and off, 64 and
+//! 128 features a head, 100 and 200 clusters, top-k 0 and 32, 4,096 keys.
+//!
+//! With `CUDA_KERNELS_DIR` set, the sources are written there (`sm_80/*.cu`, `sm_90/*.cu`) with
+//! `kernels.tsv`, one line per source: `scripts/cuda-offline.sh` compiles them with NVRTC
+//! (registers, spills) and writes the table of docs/backends.md.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::tensor::{DType, Shape};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeDevice};
+use cubecl::ir::features::{AtomicUsage, Features, Plane, Tma, TypeUsage};
+use cubecl::ir::{
+    DeviceIdentity, ElemType, FloatKind, HardwareProperties, MemoryDeviceProperties, MmaProperties,
+    OpaqueType, Type,
+};
+use cubecl::prelude::*;
+use cubecl::{Compiler, CubeKernel, define_kernel};
+use cubecl_cpp::cuda::arch::CudaArchitecture;
+use cubecl_cpp::cuda::mma::CudaCmmaCompiler;
+use cubecl_cpp::cuda::mma::manual::contiguous_elements_cuda;
+use cubecl_cpp::shared::{
+    CompilationOptions, CppCompiler, CppSupportedFeatures, register_mma_features,
+    register_wmma_features,
+};
+use cubecl_cpp::target::Cuda;
+
+use crate::ops::{CentroidAttention, QueryClusters};
+
+/// The kernels the launchers built while a capture was open on the thread, in place of
+/// launching them, for the device properties it carries.
+pub(in crate::backends::cube) struct Capture {
+    properties: Arc<DeviceProperties>,
+    target: Arc<TargetProperties>,
+    cmma: bool,
+    kernels: RefCell<Vec<(&'static str, Box<dyn CubeKernel>)>>,
+}
+
+thread_local! {
+    static OPEN: RefCell<Option<Rc<Capture>>> = const { RefCell::new(None) };
+}
+
+impl Capture {
+    /// The capture open on this thread, if any.
+    pub(in crate::backends::cube) fn open() -> Option<Rc<Capture>> {
+        OPEN.with(|open| open.borrow().clone())
+    }
+
+    /// The properties of the device the kernels are built for.
+    pub(in crate::backends::cube) fn properties(&self) -> Arc<DeviceProperties> {
+        self.properties.clone()
+    }
+
+    /// The target properties of the device's runtime.
+    pub(in crate::backends::cube) fn target(&self) -> Arc<TargetProperties> {
+        self.target.clone()
+    }
+
+    /// Whether the scores may go through cooperative matrices (the `cmma` feature's role).
+    pub(in crate::backends::cube) fn cmma(&self) -> bool {
+        self.cmma
+    }
+
+    /// Keeps `kernel`, built by the launcher of `name`.
+    pub(in crate::backends::cube) fn record(&self, name: &'static str, kernel: impl CubeKernel) {
+        self.kernels.borrow_mut().push((name, Box::new(kernel)));
+    }
+}
+
+/// Runs `ops` with a capture for `gpu` open on the thread and returns the kernels built.
+fn capture(
+    gpu: &CudaGpu,
+    cmma: bool,
+    ops: impl FnOnce(),
+) -> Vec<(&'static str, Box<dyn CubeKernel>)> {
+    let capture = Rc::new(Capture {
+        properties: gpu.properties.clone(),
+        target: Arc::new(cuda_target_properties()),
+        cmma,
+        kernels: RefCell::new(Vec::new()),
+    });
+    OPEN.with(|open| *open.borrow_mut() = Some(capture.clone()));
+    // Closed however `ops` ends, so that a failing case leaves no capture behind.
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            OPEN.with(|open| *open.borrow_mut() = None);
+        }
+    }
+    let close = Close;
+    ops();
+    drop(close);
+    Rc::try_unwrap(capture)
+        .ok()
+        .expect("the capture is closed")
+        .kernels
+        .into_inner()
+}
+
+/// An NVIDIA GPU as cubecl-cuda 0.11.3 describes it to the kernels.
+struct CudaGpu {
+    /// The architecture's name, as NVRTC's `--gpu-architecture` takes it.
+    arch: &'static str,
+    properties: Arc<DeviceProperties>,
+    options: CompilationOptions,
+}
+
+/// The device properties and compilation options cubecl-cuda 0.11.3 gives a GPU of compute
+/// capability `version` (its `runtime.rs`, `DeviceService::init`, with a CUDA 13 build: what
+/// NVRTC 13 supports), for a GPU with tensor cores, `max_shared` bytes of shared memory per
+/// block (the opt-in maximum) and `sms` multiprocessors. The complex types and the memory size
+/// are left out: no kernel of the crate uses them.
+fn cuda_gpu(arch: &'static str, version: u32, max_shared: usize, sms: u32) -> CudaGpu {
+    const CUDA_VERSION: u32 = 13000;
+    let cuda_arch = CudaArchitecture {
+        version,
+        tensor_cores: true,
+    };
+    let cmma = CudaCmmaCompiler::Cpp.supported_cmma_combinations(&cuda_arch);
+    let hardware = HardwareProperties {
+        load_width: 128,
+        vector_register_count: None,
+        plane_size_min: 32,
+        plane_size_max: 32,
+        max_bindings: 1024,
+        max_shared_memory_size: max_shared,
+        max_cube_count: (i32::MAX as u32, 65_535, 65_535),
+        max_units_per_cube: 1024,
+        max_cube_dim: (1024, 1024, 64),
+        num_streaming_multiprocessors: Some(sms),
+        num_tensor_cores: Some(4),
+        min_tensor_cores_dim: (!cmma.is_empty()).then_some(8),
+        num_cpu_cores: None,
+        last_level_cache_size: None,
+        max_vector_size: VectorSize::MAX,
+        cube_mma_reserved_shared_memory: 0,
+    };
+    let mut properties = DeviceProperties::new(
+        Features::default(),
+        MemoryDeviceProperties::new(u64::MAX, 512),
+        hardware,
+        cubecl::profile::TimingMethod::Device,
+        DeviceIdentity {
+            name: format!("offline {arch}"),
+            fingerprint: format!("ptx_sm{version}"),
+            physical: None,
+        },
+    );
+    let mut features = CppSupportedFeatures {
+        fast_math: true,
+        dp4a: true,
+        ..Default::default()
+    };
+    cubecl_cpp::register_supported_types(&mut properties);
+    properties.register_atomic_type_usage(
+        Type::atomic(ElemType::Float(FloatKind::F64)),
+        AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+    );
+    properties.register_atomic_type_usage(
+        Type::atomic(ElemType::Float(FloatKind::F16)),
+        AtomicUsage::Add,
+    );
+    properties.register_atomic_type_usage(
+        Type::atomic(Type::new(ElemType::Float(FloatKind::F16)).with_vector_size(2)),
+        AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+    );
+    properties.register_opaque_type(OpaqueType::Barrier);
+    properties.features.plane.insert(Plane::Sync);
+    features.grid_constants = true;
+    for float in [FloatKind::F16, FloatKind::BF16] {
+        properties
+            .features
+            .matmul
+            .ldmatrix
+            .insert(ElemType::Float(float));
+    }
+    features.fast_tanh = CUDA_VERSION >= 12080;
+    properties.register_type_usage(ElemType::Float(FloatKind::TF32), TypeUsage::Conversion);
+    properties.features.copy_async = true;
+    if version >= 90 {
+        properties.features.tma.insert(Tma::Base);
+        properties.register_opaque_type(OpaqueType::TensorMap);
+        properties.features.cube_cluster = true;
+        features.clusters = true;
+        features.elect_sync = true;
+        for float in [FloatKind::F16, FloatKind::BF16] {
+            properties
+                .features
+                .matmul
+                .stmatrix
+                .insert(ElemType::Float(float));
+        }
+        for vector in [2, 4, 8] {
+            for float in [FloatKind::BF16, FloatKind::F16] {
+                properties.register_atomic_type_usage(
+                    Type::atomic(Type::new(float).with_vector_size(vector)),
+                    AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+                );
+            }
+        }
+        for vector in [4, 8] {
+            for float in [FloatKind::BF16, FloatKind::F16] {
+                properties.register_atomic_type_usage(
+                    Type::atomic(Type::new(float).with_vector_size(vector)),
+                    AtomicUsage::MinMax,
+                );
+            }
+        }
+        for vector in [2, 4] {
+            properties.register_atomic_type_usage(
+                Type::atomic(Type::new(ElemType::Float(FloatKind::F32)).with_vector_size(vector)),
+                AtomicUsage::LoadStore | AtomicUsage::Exchange | AtomicUsage::Add,
+            );
+        }
+    }
+    properties.features.memory_reinterpret = true;
+    properties.features.alignment = true;
+    properties.features.device_memory_scope = true;
+    properties.features.plane.insert(Plane::Ops);
+    properties
+        .features
+        .plane
+        .insert(Plane::NonUniformControlFlow);
+    register_wmma_features(cmma, &mut properties);
+    register_mma_features(
+        cubecl_cpp::cuda::supported_mma_combinations(&cuda_arch),
+        &mut properties,
+    );
+    CudaGpu {
+        arch,
+        properties: Arc::new(properties),
+        options: CompilationOptions {
+            warp_size: 32,
+            supports_features: features,
+            amd_wmma: None,
+        },
+    }
+}
+
+/// `CudaRuntime::target_properties()` of cubecl-cuda 0.11.3.
+fn cuda_target_properties() -> TargetProperties {
+    TargetProperties {
+        mma: MmaProperties {
+            register_size_bits: 32,
+            const_plane_size: 32,
+            register_layout_a: cubecl::cmma::MatrixLayout::RowMajor,
+            register_layout_b: cubecl::cmma::MatrixLayout::ColMajor,
+            register_layout_acc: cubecl::cmma::MatrixLayout::RowMajor,
+            register_duplication_a: 1,
+            register_duplication_b: 1,
+            register_duplication_acc: 1,
+            contiguous_elements: cubecl::ir::ContiguousElements::new(contiguous_elements_cuda),
+        },
+    }
+}
+
+/// The A100 (`sm_80`: 164 KiB of shared memory a block at most, 108 SMs) and the H100 SXM
+/// (`sm_90`: 227 KiB, 132 SMs).
+fn gpus() -> [CudaGpu; 2] {
+    [
+        cuda_gpu("sm_80", 80, 166_912, 108),
+        cuda_gpu("sm_90", 90, 232_448, 132),
+    ]
+}
+
+/// The float types of the configurations.
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Features a head (`E = D`).
+const DIMS: [usize; 2] = [64, 128];
+
+/// Keys and queries a sequence; batch and heads.
+const LEN: usize = 4096;
+const BATCH: usize = 1;
+const HEADS: usize = 8;
+
+/// The top-k of the improved attention.
+const TOPK: usize = 32;
+
+/// A float tensor of `shape` and `dtype` on `device`, zeros.
+fn floats(shape: [usize; 4], dtype: DType, device: &CubeDevice) -> CubeTensor {
+    CubeBackend::float_zeros(Shape::new(shape), device, dtype.into())
+}
+
+/// An int tensor of `shape` on `device`, zeros (one cluster, key 0).
+fn ints<const N: usize>(shape: [usize; N], device: &CubeDevice) -> CubeTensor {
+    CubeBackend::int_zeros(Shape::new(shape), device, DType::I32.into())
+}
+
+/// Runs every launcher of the crate, as the ops call them, for `dtype` and `dim` features a
+/// head, on `device`. Nothing is read back: the kernels are captured, and the tensors between
+/// them hold whatever Burn's allocation left (zeros or garbage, which the launchers never read
+/// on the host).
+fn run_ops(dtype: DType, dim: usize, device: &CubeDevice) {
+    let int = DType::I32;
+    let clusters = 100;
+    let queries = || floats([BATCH, HEADS, LEN, dim], dtype, device);
+    let planes = CubeBackend::float_zeros(Shape::new([32, dim + 1]), device, dtype.into());
+    let codes = super::lsh_hash(queries(), planes, int);
+    // The whole Lloyd loop in one launch (100 clusters) and in steps, the votes in global
+    // memory (200).
+    for clusters in [clusters, 200] {
+        let _ = super::hamming_kmeans(codes.clone(), None, clusters, 10, 7);
+    }
+    let scores = floats([BATCH, HEADS, clusters, LEN], dtype, device);
+    let _ = super::topk_indices(scores, TOPK, int);
+
+    let centroids = floats([BATCH, HEADS, clusters, dim], dtype, device);
+    for topk in [0, TOPK] {
+        assert!(super::centroid::supported(dim, dim, topk));
+        let forward = super::centroid::centroid_attention(
+            centroids.clone(),
+            queries(),
+            queries(),
+            None,
+            topk,
+            int,
+        );
+        let grad_top = forward
+            .top
+            .as_ref()
+            .map(|_| floats([BATCH, HEADS, clusters, topk], dtype, device));
+        let _ = super::centroid_attention_backward(
+            centroids.clone(),
+            queries(),
+            queries(),
+            None,
+            CentroidAttention {
+                values: forward.values,
+                top: forward.top,
+                log_sum_exp: None,
+            },
+            floats([BATCH, HEADS, clusters, dim], dtype, device),
+            grad_top,
+        );
+    }
+    if super::top::supported(dim, dim, TOPK, clusters) {
+        let clusters = QueryClusters {
+            assignments: ints([BATCH, HEADS, LEN], device),
+            inverse_counts: CubeBackend::float_zeros(
+                Shape::new([BATCH, HEADS, clusters]),
+                device,
+                dtype.into(),
+            ),
+        };
+        let _ = super::improved_attention_forward(
+            queries(),
+            queries(),
+            queries(),
+            clusters,
+            None,
+            TOPK,
+            0.125,
+            int,
+        );
+    }
+
+    let topk = ints([BATCH, HEADS, clusters, TOPK], device);
+    let assignments = ints([BATCH, HEADS, LEN], device);
+    let weights = || floats([BATCH, HEADS, LEN, TOPK], dtype, device);
+    let _ = super::sparse_dot(queries(), queries(), topk.clone(), assignments.clone());
+    let _ = super::sparse_weighted_sum(weights(), queries(), topk.clone(), assignments.clone());
+    let _ = super::sparse_scatter(weights(), queries(), topk, assignments, LEN);
+}
+
+/// The kernels of the crate: every `#[cube(launch, ..)]` function of the cube backend's files.
+fn kernel_names() -> BTreeSet<String> {
+    let sources = [
+        include_str!("hash.rs"),
+        include_str!("kmeans.rs"),
+        include_str!("topk.rs"),
+        include_str!("sparse.rs"),
+        include_str!("centroid.rs"),
+        include_str!("centroid/backward.rs"),
+        include_str!("top.rs"),
+    ];
+    let mut names = BTreeSet::new();
+    for source in sources {
+        let mut lines = source.lines();
+        while let Some(line) = lines.next() {
+            if line.starts_with("#[cube(launch") {
+                let signature = lines.next().expect("a function after #[cube(launch)]");
+                let name = signature
+                    .trim_start_matches("pub(super) ")
+                    .trim_start_matches("fn ")
+                    .split(['<', '('])
+                    .next()
+                    .expect("a kernel name");
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// `source` as the key of its kernel: the variables (`v123`) renumbered in order of first use
+/// and the hash that ends the entry point's name dropped, so that two builds of the same code
+/// (whose numbering depends on what the expansion met before) count once.
+fn canonical(source: &str) -> String {
+    let mut names = BTreeMap::new();
+    let mut out = String::with_capacity(source.len());
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String, names: &mut BTreeMap<String, usize>| {
+        let is_variable = token.len() > 1
+            && token.starts_with('v')
+            && token[1..].bytes().all(|b| b.is_ascii_digit());
+        let hashed = token.contains("_kernel")
+            && token.len() > 9
+            && token.as_bytes()[token.len() - 9] == b'_'
+            && token[token.len() - 8..]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit());
+        if is_variable {
+            let next = names.len();
+            let index = *names.entry(token.clone()).or_insert(next);
+            let _ = write!(out, "v{index}");
+        } else if hashed {
+            out.push_str(&token[..token.len() - 9]);
+        } else {
+            out.push_str(token);
+        }
+        token.clear();
+    };
+    for c in source.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out, &mut names);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out, &mut names);
+    out
+}
+
+/// One kernel compiled for one GPU.
+struct Compiled {
+    kernel: &'static str,
+    /// The configurations that built this source, e.g. `f16 cmma E=64`.
+    configs: BTreeSet<String>,
+    source: String,
+    shared_bytes: usize,
+    cube_dim: (u32, u32, u32),
+}
+
+/// Every launcher of the crate, for both GPUs, in every configuration of the module docs,
+/// captured and compiled to CUDA C++; each distinct source checked against its GPU's limits
+/// (and written to `CUDA_KERNELS_DIR` when set). Fails on a kernel that does not compile, a
+/// cube larger than the GPU takes or more shared memory than it has, and on a `#[cube(launch)]`
+/// kernel that no configuration reaches.
+#[cfg(feature = "wgpu")]
+#[test]
+fn cuda_sources_compile_for_sm_80_and_sm_90() {
+    let device = CubeDevice::Wgpu(Default::default());
+    let out = std::env::var_os("CUDA_KERNELS_DIR").map(std::path::PathBuf::from);
+    let mut manifest = String::from("arch\tfile\tkernel\tcube_dim\tshared_bytes\tconfigs\n");
+    let expected = kernel_names();
+    assert!(
+        expected.len() >= 20,
+        "found only {expected:?} in the sources"
+    );
+    for gpu in gpus() {
+        let mut sources: BTreeMap<String, Compiled> = BTreeMap::new();
+        for dtype in DTYPES {
+            for cmma in [false, true] {
+                for dim in DIMS {
+                    let config = format!(
+                        "{} {} E={dim}",
+                        format!("{dtype:?}").to_lowercase(),
+                        if cmma { "cmma" } else { "fma" },
+                    );
+                    for (kernel, built) in capture(&gpu, cmma, || run_ops(dtype, dim, &device)) {
+                        let definition = define_kernel(&*built)
+                            .unwrap_or_else(|e| panic!("{kernel} ({config}): {e}"));
+                        let compiled = CppCompiler::<Cuda>::default()
+                            .compile(definition, &gpu.options)
+                            .unwrap_or_else(|e| {
+                                panic!("{kernel} ({config}) for {}: {e}", gpu.arch)
+                            });
+                        let cube_dim = built.id().cube_dim;
+                        let entry =
+                            sources
+                                .entry(canonical(&compiled.source))
+                                .or_insert_with(|| Compiled {
+                                    kernel,
+                                    configs: BTreeSet::new(),
+                                    source: compiled.source.clone(),
+                                    shared_bytes: compiled.shared_memory_size,
+                                    cube_dim: (cube_dim.x, cube_dim.y, cube_dim.z),
+                                });
+                        entry.configs.insert(config.clone());
+                    }
+                }
+            }
+        }
+        let hardware = &gpu.properties.hardware;
+        let mut seen = BTreeSet::new();
+        for (index, compiled) in sources.values().enumerate() {
+            let (x, y, z) = compiled.cube_dim;
+            let (max_x, max_y, max_z) = hardware.max_cube_dim;
+            assert!(
+                x <= max_x && y <= max_y && z <= max_z && x * y * z <= hardware.max_units_per_cube,
+                "{} on {}: a cube of {x}×{y}×{z} units",
+                compiled.kernel,
+                gpu.arch
+            );
+            assert!(
+                compiled.shared_bytes <= hardware.max_shared_memory_size,
+                "{} on {} ({:?}): {} B of shared memory, the GPU has {} B a block",
+                compiled.kernel,
+                gpu.arch,
+                compiled.configs,
+                compiled.shared_bytes,
+                hardware.max_shared_memory_size
+            );
+            seen.insert(compiled.kernel.to_string());
+            if let Some(out) = &out {
+                let file = format!("{}/{}-{index:03}.cu", gpu.arch, compiled.kernel);
+                let path = out.join(&file);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, &compiled.source).unwrap();
+                writeln!(
+                    manifest,
+                    "{}\t{file}\t{}\t{x}x{y}x{z}\t{}\t{}",
+                    gpu.arch,
+                    compiled.kernel,
+                    compiled.shared_bytes,
+                    compiled
+                        .configs
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+                .unwrap();
+            }
+        }
+        let missed: Vec<_> = expected.difference(&seen).collect();
+        assert!(
+            missed.is_empty(),
+            "no configuration reaches {missed:?} on {}",
+            gpu.arch
+        );
+        assert_eq!(
+            seen, expected,
+            "the kernels captured on {} are not the kernels of the sources",
+            gpu.arch
+        );
+    }
+    if let Some(out) = &out {
+        std::fs::write(out.join("kernels.tsv"), manifest).unwrap();
+    }
+}
