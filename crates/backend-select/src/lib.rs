@@ -65,9 +65,15 @@ impl BackendName {
     }
 
     /// The backend's default device (the first GPU where there are several), without
-    /// autodiff; `Err(`[`NotCompiled`]`)` when this crate was built without the backend's
-    /// feature.
-    pub fn device(self) -> Result<Device, NotCompiled> {
+    /// autodiff.
+    ///
+    /// # Errors
+    /// [`DeviceError::NotCompiled`] when this crate was built without the backend's feature;
+    /// for CUDA, [`DeviceError::CudaHeaders`] when the CUDA headers that NVRTC compiles the
+    /// kernels with are not where the CUDA runtime will look
+    /// (`clustered_attention::backends::cuda::toolkit`), which would otherwise be a panic
+    /// inside CubeCL at the first kernel.
+    pub fn device(self) -> Result<Device, DeviceError> {
         #[allow(unreachable_code)]
         match self {
             // Burn 0.22 deprecates NdArray in favour of Flex; it stays selectable meanwhile.
@@ -81,9 +87,23 @@ impl BackendName {
             #[cfg(feature = "vulkan")]
             Self::Vulkan => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
             #[cfg(feature = "cuda")]
-            Self::Cuda => Ok(Device::cuda(0)),
+            Self::Cuda => match clustered_attention::backends::cuda::toolkit() {
+                Ok(_) => Ok(Device::cuda(0)),
+                Err(error) => Err(DeviceError::CudaHeaders(error.to_string())),
+            },
             #[allow(unreachable_patterns)]
-            other => Err(NotCompiled(other)),
+            other => Err(DeviceError::NotCompiled(other)),
+        }
+    }
+
+    /// Whether the backend's feature is compiled into this build.
+    pub fn is_compiled(self) -> bool {
+        match self {
+            Self::Ndarray => cfg!(feature = "ndarray"),
+            Self::Flex => cfg!(feature = "flex"),
+            Self::Wgpu => cfg!(feature = "wgpu"),
+            Self::Vulkan => cfg!(feature = "vulkan"),
+            Self::Cuda => cfg!(feature = "cuda"),
         }
     }
 
@@ -91,7 +111,7 @@ impl BackendName {
     pub fn compiled() -> Vec<BackendName> {
         Self::ALL
             .into_iter()
-            .filter(|name| name.device().is_ok())
+            .filter(|name| name.is_compiled())
             .collect()
     }
 }
@@ -102,19 +122,27 @@ impl core::fmt::Display for BackendName {
     }
 }
 
-/// The error of [`BackendName::device`] for a backend that is not compiled into the program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotCompiled(pub BackendName);
+/// The error of [`BackendName::device`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The backend is not compiled into the program.
+    NotCompiled(BackendName),
+    /// CUDA: the CUDA headers NVRTC needs are missing (what is missing, and how to fix it).
+    CudaHeaders(String),
+}
 
-impl core::fmt::Display for NotCompiled {
+impl core::fmt::Display for DeviceError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "backend {} is not compiled into this program: rebuild it with `--features {}`",
-            self.0,
-            self.0.feature()
-        )
+        match self {
+            Self::NotCompiled(name) => write!(
+                f,
+                "backend {name} is not compiled into this program: rebuild it with \
+                 `--features {}`",
+                name.feature()
+            ),
+            Self::CudaHeaders(reason) => write!(f, "backend cuda cannot compile kernels: {reason}"),
+        }
     }
 }
 
-impl std::error::Error for NotCompiled {}
+impl std::error::Error for DeviceError {}

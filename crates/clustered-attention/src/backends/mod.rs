@@ -9,6 +9,7 @@
 //!   and `fusion.rs`, which implements the traits for Burn's `Cube` backend (`Fusion` over
 //!   `CubeBackend`) by registering them as custom operations.
 //! - `autodiff.rs`: `Autodiff`, the backward nodes of the differentiable ops.
+//! - `cuda` (feature `cuda`): what CUDA needs at run time, and [`cuda::toolkit`], its check.
 
 #[cfg(feature = "autodiff")]
 mod autodiff;
@@ -16,3 +17,5 @@ pub mod cpu;
 // `pub(crate)`: `ops::score_products` asks `cube::score_products` on a Cube device.
 #[cfg(feature = "cube")]
 pub(crate) mod cube;
+#[cfg(feature = "cuda")]
+pub mod cuda;
