@@ -22,29 +22,10 @@ shift
 [ -x "$bin" ] || { echo "fresh-main-job: $bin is not an executable" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "fresh-main-job: needs root (debootstrap, chroot, mount)" >&2; exit 1; }
 
-source scripts/system-packages/install.sh
-command -v debootstrap >/dev/null || install_system_packages <(echo debootstrap)
-# shellcheck disable=SC1091
-suite=$(. /etc/os-release && echo "$VERSION_CODENAME")
-root=$(mktemp -d "${FRESH_ROOT_PARENT:-/tmp}/fresh-main-job.XXXXXX")
-# The tree's root as a system's root is (mktemp's 0700 would keep apt's _apt user out).
-chmod 755 "$root"
-cleanup() {
-    umount "$root/proc" 2>/dev/null || true
-    # Nothing may stay mounted inside the tree when it is removed.
-    if ! grep -q " $root/" /proc/mounts; then
-        rm -rf "$root"
-    else
-        echo "fresh-main-job: $root still has mounts; left in place" >&2
-    fi
-}
-trap cleanup EXIT
-
+source scripts/fresh-debian.sh
+trap fresh_debian_cleanup EXIT
 start=$SECONDS
-debootstrap --variant=minbase "$suite" "$root" http://deb.debian.org/debian >/dev/null
-echo "fresh-main-job: Debian $suite (minbase) in $root, $((SECONDS - start)) s"
-cp /etc/resolv.conf "$root/etc/resolv.conf"
-mount -t proc proc "$root/proc"
+fresh_debian fresh-main-job
 
 # What a fresh clone holds of scripts/ and data/ (nothing fetched or made since), and the binary.
 mkdir -p "$root/work"

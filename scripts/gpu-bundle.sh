@@ -8,7 +8,8 @@
 # one device call carries): the script fails, saying so, when it does not.
 #
 # Use: `bash scripts/gpu-bundle.sh [PART...]`, copy `gpu-kit/` to a Linux x86-64 machine with an
-# NVIDIA GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel),
+# NVIDIA GPU (driver for CUDA 13; NVRTC from the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel;
+# the CUDA headers from the toolkit, the wheels, or the kit's own `cuda-headers.tar.xz`),
 # and run `bash gpu-kit/run.sh RESULTS_DIR` there (RESULTS_DIR defaults to `$OUT`, else
 # `gpu-results`); run.sh runs what the kit holds. PARTs (default all three): `tests` (`suite`:
 # the CUDA tests), `bench` (`bench`: the benchmark tables and the comparison with PyTorch's
@@ -155,7 +156,13 @@ done
 echo "packing ${binaries[*]}${libs:+ and lib/} (xz -9, dictionary $((dict / 1048576)) MiB)"
 tar -C "$staging" -cf - "${binaries[@]}" lib |
     xz -9 -T1 --lzma2="preset=9,dict=$dict" >"$kit/bin.tar.xz"
+# The CUDA headers that the kernels' sources include (cuda_fp16.h, cuda_bf16.h, mma.h and what
+# they include), from the pinned PyPI wheels of scripts/cuda-offline.sh: run.sh points
+# CUDA_PATH at them on a machine that has NVRTC but no CUDA toolkit.
+cuda_tree=$(bash scripts/cuda-offline.sh --tree)
+tar -C "$cuda_tree" -cf - include | xz -9 -T1 >"$kit/cuda-headers.tar.xz"
 cp scripts/gpu-run.sh "$kit/run.sh"
+cp scripts/cuda_offline.py "$kit/cuda_offline.py"
 cp scripts/sdpa-bench.py "$kit/sdpa-bench.py"
 
 for file in "$kit"/*; do

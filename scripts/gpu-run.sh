@@ -40,6 +40,13 @@ if [ -n "${RUN_DEADLINE_S:-}" ] && ! [[ $RUN_DEADLINE_S =~ ^[0-9]+$ ]]; then
     echo "RUN_DEADLINE_S must be a number of seconds, got '$RUN_DEADLINE_S'" >&2
     exit 2
 fi
+# `bash gpu-kit/run.sh --check-setup`: only the set-up (libraries, NVRTC, CUDA_PATH and a probe
+# compile with the headers), reported on standard output, without running anything on the GPU.
+check_setup=0
+if [ "${1:-}" = --check-setup ]; then
+    check_setup=1
+    shift
+fi
 sanitize_also=${SANITIZE_ALSO:-}
 sanitize_tools=${SANITIZE_TOOLS:-memcheck}
 for tool in ${sanitize_tools//,/ }; do
@@ -57,16 +64,25 @@ out=$(mkdir -p "${1:-${OUT:-gpu-results}}" && cd "${1:-${OUT:-gpu-results}}" && 
 work=$(mktemp -d)
 bin=$(mktemp -d)
 # The binaries and lib/ from bin.tar.xz (xz, or Python's lzma where xz is missing).
-[ -f "$kit/bin.tar.xz" ] || { echo "the kit has no bin.tar.xz" >&2; exit 1; }
-if command -v xz >/dev/null; then
-    xz -dc "$kit/bin.tar.xz" | tar -xf - -C "$bin"
-else
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
-        "$kit/bin.tar.xz" "$bin"
-fi || { echo "cannot unpack $kit/bin.tar.xz" >&2; exit 1; }
+# unpack ARCHIVE DIR: the .tar.xz ARCHIVE into DIR (xz, or Python's lzma where xz is missing).
+unpack() {
+    if command -v xz >/dev/null; then
+        xz -dc "$1" | tar -xf - -C "$2"
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+            "$1" "$2"
+    fi || { echo "cannot unpack $1" >&2; exit 1; }
+}
+if [ -f "$kit/bin.tar.xz" ]; then
+    unpack "$kit/bin.tar.xz" "$bin"
+elif [ "$check_setup" = 0 ]; then
+    echo "the kit has no bin.tar.xz" >&2
+    exit 1
+fi
 # has NAME: whether the kit holds the program NAME.
 has() { [ -x "$bin/$1" ]; }
-has suite || has bench || has ddp || { echo "the kit holds no program" >&2; exit 1; }
+has suite || has bench || has ddp || [ "$check_setup" = 1 ] ||
+    { echo "the kit holds no program" >&2; exit 1; }
 
 # The shared libraries of lib/ (the C++ runtime, and what Debian's LLVM named at the build):
 # those the machine has are set aside, and used after all when a program would then miss a
@@ -94,13 +110,78 @@ if [ -d "$bin/lib" ]; then
     fi
 fi
 
-# Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or a pip wheel.
-if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
+# Kernels are compiled at run time by NVRTC: find it in the CUDA toolkit or in python3's NVIDIA
+# wheels (`nvidia-cuda-nvrtc`, which PyTorch installs).
+site_packages=()
+if command -v python3 >/dev/null; then
+    mapfile -t site_packages < <(python3 -c 'import site
+for path in site.getsitepackages() + [site.getusersitepackages()]: print(path)' 2>/dev/null)
+fi
+nvrtc=$(ldconfig -p | awk '/libnvrtc\.so/ { print $NF; exit }')
+if [ -z "$nvrtc" ]; then
     nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /usr/lib /opt /usr/local/lib \
-        -name 'libnvrtc.so*' 2>/dev/null | head -1)
+        "${site_packages[@]/%//nvidia}" -name 'libnvrtc.so*' ! -name '*builtins*' \
+        ! -name '*.alt.*' 2>/dev/null | sort | head -1)
     if [ -n "$nvrtc" ]; then
         export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
+fi
+
+# NVRTC compiles the kernels' CUDA C++, which includes the CUDA headers (cuda_fp16.h,
+# cuda_bf16.h, mma.h): cubecl-cuda 0.11.3 looks for them under $CUDA_PATH/include (and
+# include/cccl), and panics with "CUDA installation not found" at the first kernel unless
+# CUDA_PATH is set or /usr/local/cuda, /opt/cuda or /usr/bin/nvcc exists. CUDA_PATH is the first
+# of: CUDA_PATH as given, /usr/local/cuda, /opt/cuda (the toolkit's), python3's NVIDIA wheels
+# (nvidia/cu13 or nvidia/cuda_runtime, with their include/), and the kit's own headers
+# (cuda-headers.tar.xz: the PyPI wheels of scripts/cuda-offline-requirements.txt, CUDA 13.0),
+# each only where include/cuda_fp16.h is.
+cuda_path_from=
+for candidate in "${CUDA_PATH:-}" /usr/local/cuda /opt/cuda \
+    "${site_packages[@]/%//nvidia/cu13}" "${site_packages[@]/%//nvidia/cuda_runtime}" kit; do
+    [ -n "$candidate" ] || continue
+    if [ "$candidate" = kit ]; then
+        [ -f "$kit/cuda-headers.tar.xz" ] || continue
+        mkdir -p "$work/cuda"
+        unpack "$kit/cuda-headers.tar.xz" "$work/cuda"
+        candidate="$work/cuda"
+    fi
+    if [ -f "$candidate/include/cuda_fp16.h" ]; then
+        [ "$candidate" = "$work/cuda" ] && cuda_path_from="the kit's headers" ||
+            cuda_path_from="$candidate"
+        export CUDA_PATH="$candidate"
+        break
+    fi
+done
+# What the set-up found, and the probe: NVRTC compiles a kernel that includes the headers the
+# crate's kernels include, for sm_80, as cubecl-cuda would call it.
+setup_report() {
+    echo "NVRTC: ${nvrtc:-NOT FOUND (install the CUDA toolkit or the nvidia-cuda-nvrtc wheel)}"
+    if [ -n "$cuda_path_from" ]; then
+        echo "CUDA_PATH: $CUDA_PATH (from $cuda_path_from)"
+    else
+        echo "CUDA_PATH: NOT FOUND: no include/cuda_fp16.h in CUDA_PATH (${CUDA_PATH:-unset})," \
+            "/usr/local/cuda, /opt/cuda, python3's NVIDIA wheels or the kit (no cuda-headers.tar.xz)"
+    fi
+    if [ -z "$nvrtc" ] || [ -z "$cuda_path_from" ]; then
+        return 1
+    fi
+    if ! command -v python3 >/dev/null; then
+        echo "probe: not run (no python3)"
+        return 0
+    fi
+    python3 "$kit/cuda_offline.py" --probe "$nvrtc" "$CUDA_PATH"
+}
+if [ "$check_setup" = 1 ]; then
+    setup_report
+    status=$?
+    driver=$(ldconfig -p | awk '/libcuda\.so\.1/ { print $NF; exit }')
+    echo "driver (libcuda.so.1), needed next: ${driver:-not found}"
+    exit $status
+fi
+if ! setup_report >"$work/setup.log" 2>&1; then
+    cat "$work/setup.log" >&2
+    echo "the CUDA kernels cannot be compiled here: see above" >&2
+    exit 1
 fi
 
 {
@@ -112,6 +193,10 @@ fi
     echo
     echo "Kit: $(for name in suite bench asr ddp; do has "$name" && echo "$name"; done | paste -sd ' ')" \
         "(libraries from the kit: $kit_libs)"
+    echo
+    echo '```'
+    cat "$work/setup.log"
+    echo '```'
 } >"$out/summary.md"
 
 # within_deadline LIMIT: LIMIT, or less to end within RUN_DEADLINE_S (20 s kept for the

@@ -3,7 +3,8 @@
 # tests need (scripts/system-packages/*.txt; as root, or through sudo), fetches the MiniLM
 # checkpoint and the two games' Debian packages (unpacked, not installed), then builds and runs
 # every test of the workspace (the examples that are tests included), the WGPU kernels' tests
-# again with CUDA's memory layout, then sets up the LLVM that Burn's CUDA backend links (from
+# again with CUDA's memory layout, compiles every kernel's CUDA source with NVRTC for an A100
+# and an H100 (scripts/cuda-offline.sh), then sets up the LLVM that Burn's CUDA backend links (from
 # Debian's packages, scripts/offline-llvm.sh) and builds the API docs (warnings denied), a type
 # check of every target with CUDA and asr-model's `ddp` on, a dry-run publish of the
 # clustered-attention crate and a crate outside the workspace built on the package (downstream/,
@@ -79,6 +80,10 @@ fi
 # two of the examples): an example that is not a test is type-checked below with every
 # target. The doc tests run after them.
 test_targets=(--tests)
+# The test that builds every kernel for CUDA GPUs (src/backends/cube/offline.rs) writes their
+# CUDA sources here during the tests, for the NVRTC phase below.
+CUDA_KERNELS_DIR=$(mktemp -d)
+export CUDA_KERNELS_DIR
 phase "build" cargo test "${test_features[@]}" "${test_targets[@]}" --no-run
 run_tests() {
     {
@@ -95,6 +100,15 @@ if [ "${PITCHED_WGPU:-1}" != 0 ]; then
     phase "pitched WGPU" bash scripts/pitched-wgpu.sh
 fi
 cp "$lock" Cargo.lock
+
+# Every kernel's CUDA source, as the tests wrote it, compiled by NVRTC for an A100 and an H100
+# (PyPI's NVRTC and headers, pinned by hash): fails when one does not compile or spills more
+# than scripts/cuda-offline-spills.tsv records (scripts/cuda-offline.sh).
+# (When arguments left that test out, the script runs it.)
+from=()
+[ ! -f "$CUDA_KERNELS_DIR/kernels.tsv" ] || from=(--from "$CUDA_KERNELS_DIR")
+phase "CUDA sources (NVRTC)" bash scripts/cuda-offline.sh "${from[@]}"
+rm -rf "$CUDA_KERNELS_DIR"
 
 # From here on the builds have CUDA on, and Burn 0.22's CUDA backend links LLVM (burn-cuda →
 # cubecl-cuda → cubecl-llvm → tracel-llvm-bundler, whose build script downloads LLVM from
