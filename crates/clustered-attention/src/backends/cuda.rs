@@ -22,33 +22,22 @@
 //! programs call it when `--backend cuda` is chosen. The driver and NVRTC are loaded by CubeCL
 //! itself when the device is first used.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A header every kernel source includes (the half-precision types).
 const PROBE_HEADER: &str = "cuda_fp16.h";
 
-/// Where the CUDA headers are, as cubecl-cuda 0.11.3 will look for them (`install::cuda_path`):
-/// the folder it will use as `CUDA_PATH`, whose `include/` holds `cuda_fp16.h`.
+/// Where the CUDA headers are, as cubecl-cuda 0.11.3 will look for them (its
+/// `install::cuda_path`, called here): the folder it will use as `CUDA_PATH`, whose `include/`
+/// holds `cuda_fp16.h`.
 ///
 /// # Errors
-/// [`ToolkitError::NotFound`] when cubecl-cuda would find no CUDA installation (no
-/// `CUDA_PATH`, `/usr/local/cuda`, `/opt/cuda` or `/usr/bin/nvcc`: it would panic at the first
-/// kernel), [`ToolkitError::NoHeaders`] when the folder it would take has no
-/// `include/cuda_fp16.h` (every kernel would fail to compile).
+/// [`ToolkitError::NotFound`] when cubecl-cuda finds no CUDA installation (no `CUDA_PATH`,
+/// `/usr/local/cuda`, `/opt/cuda` or `/usr/bin/nvcc`: it would panic at the first kernel),
+/// [`ToolkitError::NoHeaders`] when the folder it takes has no `include/cuda_fp16.h` (every
+/// kernel would fail to compile).
 pub fn toolkit() -> Result<PathBuf, ToolkitError> {
-    let cuda_path = match std::env::var_os("CUDA_PATH") {
-        Some(path) => PathBuf::from(path),
-        None => ["/usr/local/cuda", "/opt/cuda"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|path| path.exists())
-            .or_else(|| {
-                Path::new("/usr/bin/nvcc")
-                    .exists()
-                    .then(|| PathBuf::from("/usr"))
-            })
-            .ok_or(ToolkitError::NotFound)?,
-    };
+    let cuda_path = cubecl::cuda::install::cuda_path().ok_or(ToolkitError::NotFound)?;
     if cuda_path.join("include").join(PROBE_HEADER).is_file() {
         Ok(cuda_path)
     } else {

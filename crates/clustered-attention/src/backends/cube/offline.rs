@@ -208,19 +208,27 @@ fn cuda_gpu(arch: &'static str, version: u32, max_shared: usize, sms: u32) -> Cu
                 .stmatrix
                 .insert(ElemType::Float(float));
         }
-        for vector in [2, 4, 8] {
+        let half_vectors = [
+            (
+                2,
+                AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+            ),
+            (
+                4,
+                AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+            ),
+            (
+                8,
+                AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
+            ),
+            (4, AtomicUsage::MinMax.into()),
+            (8, AtomicUsage::MinMax.into()),
+        ];
+        for (vector, usage) in half_vectors {
             for float in [FloatKind::BF16, FloatKind::F16] {
                 properties.register_atomic_type_usage(
                     Type::atomic(Type::new(float).with_vector_size(vector)),
-                    AtomicUsage::Add | AtomicUsage::LoadStore | AtomicUsage::Exchange,
-                );
-            }
-        }
-        for vector in [4, 8] {
-            for float in [FloatKind::BF16, FloatKind::F16] {
-                properties.register_atomic_type_usage(
-                    Type::atomic(Type::new(float).with_vector_size(vector)),
-                    AtomicUsage::MinMax,
+                    usage,
                 );
             }
         }
