@@ -20,6 +20,7 @@ use crate::sparse::{Indices, indices, max_diff};
 /// 5e-3 instead of 1e-5, relative to the k-th best score when it exceeds 1
 /// ([`matmul_tolerance`]), with padded
 /// keys, `topk` from 0 to S, shapes small enough for one thread and large enough for several,
+/// rows of 128 features (which the CubeCL kernels split over units),
 /// and one (batch, head) with enough clusters for the host loops to split its rows between
 /// threads (on a machine with two or more); in the last case the centroids and keys are in
 /// `{-1, 0, 1}`, so that many scores tie with the k-th best (ties go to the lower key).
@@ -54,6 +55,7 @@ pub fn centroid_attention_matches_loops_in(device: &Device, dtype: DType) {
         ([2, 3, 37, 8], 300, 5, &[300, 123], &[0, 1, 7, 300]),
         ([1, 4, 150, 16], 2000, 16, &[1999], &[32]),
         ([1, 1, 45, 16], 1100, 5, &[1050], &[0, 6]),
+        ([1, 2, 40, 128], 300, 128, &[280], &[0, 8]),
         ([1, 2, 9, 4], 60, 3, &[50], &[7, 13]),
     ];
     let ties = cases.len() - 1;
@@ -64,8 +66,13 @@ pub fn centroid_attention_matches_loops_in(device: &Device, dtype: DType) {
         let [batch, heads, clusters, dim] = centroid_dims;
         let seed = 90 + 3 * n as u64;
         let ternary = |x: Host4| if n == ties { ternary(x) } else { x };
-        let (centroids, centroids_in) =
-            rounded(&ternary(normal(centroid_dims, seed)), dtype, device);
+        // Centroids of 128 features scaled by 1/4, as attention scales its queries by 1/√E,
+        // which keeps the scores within the range where f32 holds the outputs to 1e-5.
+        let mut centroids = normal(centroid_dims, seed);
+        if dim > 64 {
+            centroids.data.iter_mut().for_each(|x| *x /= 4.0);
+        }
+        let (centroids, centroids_in) = rounded(&ternary(centroids), dtype, device);
         let (keys, keys_in) = rounded(
             &ternary(normal([batch, heads, keys_len, dim], seed + 1)),
             dtype,
@@ -339,8 +346,10 @@ pub fn top_attention_matches_loops_in<X: ClusteredAttentionBackend>(device: &Dev
 /// padded keys, `topk` 0 and above 0, more clusters than one block of the host loops (128
 /// rows), more keys than one of their parts (512 keys) and than one task of their backward
 /// (2048 keys); more clusters than keys with `topk = S`, padded keys in the top-k; wider rows
-/// (`E = D = 32`, `topk` 16) over several row blocks and key blocks of the CubeCL kernels; and centroids and keys in `{-1, 0, 1}`, whose scores tie with the k-th best
-/// (the last case). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
+/// (`E = D = 32`, `topk` 16) over several row blocks and key blocks of the CubeCL kernels; the
+/// widths at which those kernels split a row's features over 2, 4 and 8 units (`E` 19, 32, 64
+/// and 128; the forward's `rest` over 2 at 128); and centroids and keys in `{-1, 0, 1}`, whose
+/// scores tie with the k-th best (the last case). The scores on both sides are Burn matmuls: 1e-4, raised where the matmul
 /// rounds to TF32 ([`matmul_tolerance`]).
 ///
 /// `X` is the backend of `device`: the backend's op runs through the crate's tensor-level
@@ -355,7 +364,7 @@ where
     let tolerance = matmul_tolerance(device, 1e-4) as f32;
     // ([batch, heads, C, E], S, D, key lengths, topk)
     type Case = ([usize; 4], usize, usize, &'static [usize], usize);
-    let cases: [Case; 8] = [
+    let cases: [Case; 10] = [
         ([2, 2, 5, 19], 37, 18, &[37, 9], 6),
         ([2, 2, 5, 19], 37, 18, &[30, 37], 0),
         ([1, 1, 130, 8], 40, 5, &[33], 3),
@@ -363,6 +372,8 @@ where
         ([2, 2, 7, 8], 4700, 6, &[4700, 2100], 5),
         ([2, 1, 12, 8], 6, 4, &[6, 3], 6),
         ([1, 2, 70, 32], 300, 32, &[251], 16),
+        ([1, 1, 33, 64], 90, 40, &[90], 4),
+        ([1, 2, 40, 128], 150, 128, &[130], 8),
         ([1, 2, 9, 4], 60, 3, &[50], 7),
     ];
     let ties = cases.len() - 1;

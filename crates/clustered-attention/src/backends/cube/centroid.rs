@@ -11,9 +11,10 @@
 //!    denominator `Z`, the row's top-k (by score, descending, ties to the lower index, as the
 //!    top-k kernel orders them), their weights `exp(s − M) / Z` and the same keys sorted by
 //!    index.
-//! 3. `rest`: the same grid as `scan`, with keys and values in shared memory: each unit sums
-//!    `exp(s − M) · v` over the chunk's valid keys outside its row's top-k, in `f32`: the rest
-//!    is summed without the top-k keys, not as a difference. The row's top-k keys, sorted by
+//! 3. `rest`: the same grid as `scan`, with keys and values in shared memory: each row sums
+//!    `exp(s − M) · v` over the chunk's valid keys outside its top-k, in `f32`: the rest is
+//!    summed without the top-k keys, not as a difference. On multiply-adds at wide rows a
+//!    row's features are split over a group of units (see "Rows over several units" below). The row's top-k keys, sorted by
 //!    index by `merge`, are walked in step with the chunk's keys (one comparison per key), so a
 //!    key's place in or out of the top-k is read from the list, never from a recomputed score.
 //! 4. `finish`: `values = Σ_chunks rest / Z`, cast to the float type.
@@ -22,12 +23,21 @@
 //! tile, and writes no `[C, S]` tensor either: `scan` and `merge` again for each row's `M` and
 //! `Z`; `prepare`, one unit per row, for `δ = rowsum(Aᶜ ⊙ dA)` from the forward's outputs and
 //! the k-th best score, recomputed as `scan` computes it; `grad_rows`, the grid of `rest`, for
-//! the centroids' gradient per chunk of keys, summed by `finish`; and `grad_keys`, one unit per
-//! key with the rows streamed through shared memory, for the keys' and values' gradients. There
+//! the centroids' gradient per chunk of keys, summed by `finish`; and `grad_keys`, a group of
+//! units per key with the rows streamed through shared memory, for the keys' and values'
+//! gradients. There
 //! a key's recomputed score is compared with the row's k-th best score, and a key that ranks
 //! before it or comes within a relative `1e-3` of it is looked up in the row's top-k list
 //! (`top_slot`), so that a score rounded differently from `scan`'s cannot move a key in or out
 //! of the top-k.
+//!
+//! Rows over several units: a unit that holds a whole row (`E` or `D` features), a second row
+//! and a sum for each would need up to 512 floats of registers at `E = D = 128`, more than a
+//! CUDA thread has (255), and spill to local memory. So `grad_rows`, `grad_keys` and `rest` on
+//! multiply-adds give each row a group of `group` units ([`row_group`]), each holding features
+//! `lane, lane + group, …` of the row and of its sums ([`load_row`]); per tile, each unit
+//! writes its part of every score to shared memory, and after a barrier every unit of the group
+//! sums the group's parts in the same order ([`group_sum`]), so that all see the same score.
 //!
 //! Scores, sums and products accumulate in `f32` whatever the float type; every tensor is
 //! contiguous; `bh` is the flattened `(batch, head)` index. Padded keys (at or past
@@ -47,7 +57,7 @@ use cubecl::prelude::*;
 
 use super::device_properties;
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
-use super::{MAX_DIM, SHARED_FLOATS, linear};
+use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
 use crate::ops::CentroidAttention;
 use crate::ops::checks::check_centroid_attention;
 
@@ -57,22 +67,78 @@ pub(super) use backward::centroid_attention_backward;
 /// Marks an empty top-k slot (a chunk with fewer keys than `topk`).
 const EMPTY: u32 = u32::MAX;
 
-/// One centroid row's score against key `key` of the tile in `shared` (`dim` floats per key).
-/// `scan` and `rest` both call it, so a key's score is the same bits in both.
+/// The dot product of a unit's features of a row (`own`, from [`load_row`]) with the same
+/// features of row `key` of the tile in `shared` (`dim` floats per row): with `group = 1` the
+/// whole row's, summed in feature order. `scan`, `rest` (at `group = 1`) and `prepare` all sum a
+/// score by it, so a key's score is the same bits in all three.
 #[cube]
-fn tile_score(
-    query: &Array<f32>,
+fn tile_dot(
+    own: &Array<f32>,
     shared: &Shared<[f32]>,
     key: usize,
+    lane: usize,
     #[comptime] dim: usize,
+    #[comptime] group: usize,
 ) -> f32 {
-    let base = key * dim;
-    let mut score = 0.0f32;
+    let base = key * dim + lane;
+    let mut sum = 0.0f32;
     #[unroll]
-    for e in 0..dim {
-        score += query[e] * shared[base + e];
+    for i in 0..comptime!(dim / group) {
+        sum += own[i] * shared[base + i * group];
     }
-    score
+    // The last, partial stripe, which only some lanes have.
+    if comptime!(!dim.is_multiple_of(group)) {
+        let i = comptime!(dim / group);
+        if lane + i * group < dim {
+            sum += own[i] * shared[base + i * group];
+        }
+    }
+    sum
+}
+
+/// `sums += weight · row`, over a unit's features (`lane, lane + group, …` below `dim`) of row
+/// `key` of the tile in `shared`.
+#[cube]
+fn tile_add(
+    sums: &mut Array<f32>,
+    weight: f32,
+    shared: &Shared<[f32]>,
+    key: usize,
+    lane: usize,
+    #[comptime] dim: usize,
+    #[comptime] group: usize,
+) {
+    let base = key * dim + lane;
+    #[unroll]
+    for i in 0..comptime!(dim / group) {
+        sums[i] += weight * shared[base + i * group];
+    }
+    if comptime!(!dim.is_multiple_of(group)) {
+        let i = comptime!(dim / group);
+        if lane + i * group < dim {
+            sums[i] += weight * shared[base + i * group];
+        }
+    }
+}
+
+/// The sum of the `group` partial products that the units `first, …, first + group − 1` wrote
+/// for key `key` of the tile (`parts`: `[tile, cube]`, one column per unit of the cube), in the
+/// same order in every unit of the group, so that all of them see the same score.
+#[cube]
+fn group_sum(
+    parts: &Shared<[f32]>,
+    key: usize,
+    first: usize,
+    #[comptime] cube: usize,
+    #[comptime] group: usize,
+) -> f32 {
+    let base = key * cube + first;
+    let mut sum = 0.0f32;
+    #[unroll]
+    for l in 0..group {
+        sum += parts[base + l];
+    }
+    sum
 }
 
 /// Whether `(score, key)` ranks after `(other, other_key)`: a lower score, or an equal score
@@ -124,26 +190,48 @@ fn empty_list(best: &mut Array<f32>, best_keys: &mut Array<u32>, #[comptime] top
     }
 }
 
-/// Loads the centroid row `row` of `bh` into registers, as `f32` (zeros for an inactive unit).
+/// Loads a unit's features of row `row` of `bh` (of `source`, `[B, H, rows, dim]`) into
+/// registers as `f32`: features `lane, lane + group, …` below `dim` (the whole row with
+/// `group = 1`), zeros past them and for an inactive unit.
 #[cube]
-fn load_query<F: Float>(
-    centroids: &Tensor<F>,
+fn load_row<F: Float>(
+    source: &Tensor<F>,
     bh: usize,
     row: usize,
     active: bool,
+    lane: usize,
     #[comptime] dim: usize,
+    #[comptime] group: usize,
 ) -> Array<f32> {
-    let clusters = centroids.shape(2);
-    let mut query = Array::<f32>::new(dim);
-    let base = (bh * clusters + row) * dim;
+    let rows = source.shape(2);
+    let mut own = Array::<f32>::new(comptime!(dim.div_ceil(group)));
+    let base = (bh * rows + row) * dim + lane;
     #[unroll]
-    for e in 0..dim {
-        query[e] = 0.0f32;
-        if active {
-            query[e] = f32::cast_from(centroids[base + e]);
+    for i in 0..comptime!(dim.div_ceil(group)) {
+        own[i] = 0.0f32;
+        if active && lane + i * group < dim {
+            own[i] = f32::cast_from(source[base + i * group]);
         }
     }
-    query
+    own
+}
+
+/// Writes a unit's features of `sums` (as [`load_row`] holds them) to `output[base + e]`.
+#[cube]
+fn store_row<T: CubePrimitive>(
+    output: &mut Tensor<T>,
+    sums: &Array<f32>,
+    base: usize,
+    lane: usize,
+    #[comptime] dim: usize,
+    #[comptime] group: usize,
+) {
+    #[unroll]
+    for i in 0..comptime!(dim.div_ceil(group)) {
+        if lane + i * group < dim {
+            output[base + lane + i * group] = T::cast_from(sums[i]);
+        }
+    }
 }
 
 /// Copies keys `start..start + tile` of `bh` (rows of `dim` floats of `source`, `[B, H, S,
@@ -177,7 +265,7 @@ fn load_tile<F: Float>(
 /// With cooperative matrices (`mma`), the cube's `units` centroid rows and each tile of keys
 /// go to shared memory in the float type and [`score_tile`] computes the tile's scores there;
 /// otherwise each unit holds its centroid in registers and sums its scores from the keys in
-/// `f32` ([`tile_score`]).
+/// `f32` ([`tile_dot`]).
 ///
 /// - `centroids`: `[B, H, C, E]`, `keys`: `[B, H, S, E]`, `key_lengths`: `[B]`
 /// - `maxima`, `sums`: `[B·H·C, chunks]`
@@ -208,7 +296,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
     let row = CUBE_POS_Y as usize * units + unit;
     let active = row < clusters;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
-    let query = load_query::<F>(centroids, bh, row, active, dim);
+    let query = load_row::<F>(centroids, bh, row, active, 0usize, dim, 1usize);
     let mut tiles_in = MmaTiles::<F>::new(centroids, bh, units, tile, dim, mma);
 
     let mut shared =
@@ -237,7 +325,7 @@ fn centroid_scan_kernel<F: Float, I: Int>(
                     let mut score = if comptime!(mma.is_some()) {
                         tiles_in.score(key - start, unit)
                     } else {
-                        tile_score(&query, &shared, key - start, dim)
+                        tile_dot(&query, &shared, key - start, 0usize, dim, 1usize)
                     };
                     if key < valid {
                         if score > maximum {
@@ -406,15 +494,21 @@ fn centroid_merge_kernel<F: Float, I: Int>(
     }
 }
 
-/// Pass 3. Grid as [`centroid_scan_kernel`] (its own chunks). `partial[row, chunk]` =
-/// `Σ exp(s − M) · values[key]` over the chunk's valid keys outside the row's top-k: the unit
-/// holds the next top-k key at or past the current one (from `top_ascending`) and skips the
-/// key that equals it.
+/// Pass 3. Grid as [`centroid_scan_kernel`] (its own chunks), `group` units per row.
+/// `partial[row, chunk]` = `Σ exp(s − M) · values[key]` over the chunk's valid keys outside the
+/// row's top-k: the units hold the next top-k key at or past the current one (from
+/// `top_ascending`) and skip the key that equals it.
 ///
-/// The scores as in [`centroid_scan_kernel`], by the same code.
+/// With `group = 1` each unit owns a row, scored as [`centroid_scan_kernel`] scores it (by the
+/// same code, or the same cooperative-matrix tiles). With `group > 1` (multiply-adds only) the
+/// `group` units of a row each hold every `group`-th feature of its centroid and of its sums, so
+/// that a unit's registers hold `(E + D) / group` floats rather than `E + D`: each unit writes
+/// its part of every score of the tile to shared memory, and after a barrier each sums its
+/// group's parts ([`group_sum`]).
 ///
 /// - `values`: `[B, H, S, D]`; `stats`, `top_ascending`: from [`centroid_merge_kernel`]
 /// - `partial`: `[B·H·C, chunks · D]`
+/// - cube: `units · group` units over `units` rows
 #[allow(clippy::too_many_arguments)]
 #[cube(launch, create_dummy_kernel)]
 fn centroid_rest_kernel<F: Float, I: Int>(
@@ -431,6 +525,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     #[comptime] tile: usize,
     #[comptime] tiles: usize,
     #[comptime] units: usize,
+    #[comptime] group: usize,
     #[comptime] mma: Mma,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
@@ -439,10 +534,11 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     let (chunk, chunks) = (CUBE_POS_X as usize, CUBE_COUNT_X as usize);
     let bh = CUBE_POS_Z as usize;
     let unit = UNIT_POS_X as usize;
-    let row = CUBE_POS_Y as usize * units + unit;
+    let (local, lane) = (unit / group, unit % group);
+    let row = CUBE_POS_Y as usize * units + local;
     let active = row < clusters;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
-    let query = load_query::<F>(centroids, bh, row, active, dim);
+    let query = load_row::<F>(centroids, bh, row, active, lane, dim, group);
     let mut tiles_in = MmaTiles::<F>::new(centroids, bh, units, tile, dim, mma);
     let flat = bh * clusters + row;
     let first = chunk * comptime!(tile * tiles);
@@ -467,9 +563,11 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     let mut shared_keys =
         Shared::<[f32]>::new_slice(comptime!(if mma.is_some() { 1 } else { tile * dim }));
     let mut shared_values = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
-    let mut sums = Array::<f32>::new(dim_v);
+    let mut parts =
+        Shared::<[f32]>::new_slice(comptime!(if group > 1 { tile * units * group } else { 1 }));
+    let mut sums = Array::<f32>::new(comptime!(dim_v.div_ceil(group)));
     #[unroll]
-    for d in 0..dim_v {
+    for d in 0..comptime!(dim_v.div_ceil(group)) {
         sums[d] = 0.0f32;
     }
     for t in 0..tiles {
@@ -482,8 +580,17 @@ fn centroid_rest_kernel<F: Float, I: Int>(
             }
             load_tile::<F>(values, &mut shared_values, bh, start, tile, dim_v);
             sync_cube();
+            let end = min(min(start + tile, keys_len), valid);
+            if comptime!(group > 1) {
+                if active {
+                    for key in start..end {
+                        parts[(key - start) * comptime!(units * group) + unit] =
+                            tile_dot(&query, &shared_keys, key - start, lane, dim, group);
+                    }
+                }
+                sync_cube();
+            }
             if active {
-                let end = min(min(start + tile, keys_len), valid);
                 let mut key = start;
                 while key < end {
                     if key as u32 == next {
@@ -493,17 +600,29 @@ fn centroid_rest_kernel<F: Float, I: Int>(
                             next = top_ascending[flat * topk + slot];
                         }
                     } else {
-                        let score = if comptime!(mma.is_some()) {
+                        let score = if comptime!(group > 1) {
+                            group_sum(
+                                &parts,
+                                key - start,
+                                local * group,
+                                comptime!(units * group),
+                                group,
+                            )
+                        } else if comptime!(mma.is_some()) {
                             tiles_in.score(key - start, unit)
                         } else {
-                            tile_score(&query, &shared_keys, key - start, dim)
+                            tile_dot(&query, &shared_keys, key - start, 0usize, dim, 1usize)
                         };
                         let weight = (score - maximum).exp();
-                        let base = (key - start) * dim_v;
-                        #[unroll]
-                        for d in 0..dim_v {
-                            sums[d] += weight * shared_values[base + d];
-                        }
+                        tile_add(
+                            &mut sums,
+                            weight,
+                            &shared_values,
+                            key - start,
+                            lane,
+                            dim_v,
+                            group,
+                        );
                     }
                     key += 1;
                 }
@@ -512,11 +631,14 @@ fn centroid_rest_kernel<F: Float, I: Int>(
         }
     }
     if active {
-        let out = (flat * chunks + chunk) * dim_v;
-        #[unroll]
-        for d in 0..dim_v {
-            partial[out + d] = sums[d];
-        }
+        store_row::<f32>(
+            partial,
+            &sums,
+            (flat * chunks + chunk) * dim_v,
+            lane,
+            dim_v,
+            group,
+        );
     }
 }
 
@@ -607,6 +729,26 @@ fn tiles_per_chunk(keys_len: usize, tile: usize, other_cubes: usize) -> usize {
 /// uses the default body.
 pub(super) fn supported(dim: usize, dim_v: usize, topk: usize) -> bool {
     dim > 0 && dim_v > 0 && dim <= MAX_DIM && dim_v <= MAX_DIM && topk <= MAX_TOPK
+}
+
+/// Units per row of the kernels that split a row's features over units (a power of two, at
+/// most 8, which keeps rows of [`MAX_DIM`] features within the budget): the fewest for which a
+/// unit's `copies` of its features of two rows of `dims` features (the rows, and sums of the
+/// same widths) take at most `budget` floats of registers. Register use past about 200 floats
+/// a unit spills to local memory on CUDA, as `scripts/cuda-offline.sh` reports.
+fn row_group(dims: [usize; 2], copies: usize, budget: usize) -> usize {
+    let mut group = 1;
+    while group < 8 && copies * (dims[0].div_ceil(group) + dims[1].div_ceil(group)) > budget {
+        group *= 2;
+    }
+    group
+}
+
+/// Keys per tile of a kernel whose rows are split over units ([`row_group`]): each key takes
+/// `floats` floats of shared memory plus one per part written for it (`parts`), in
+/// [`MAX_SHARED_BYTES`]; at most 128.
+fn split_tile(floats: usize, parts: usize) -> usize {
+    (MAX_SHARED_BYTES / 4 / (floats + parts)).clamp(1, 128)
 }
 
 /// Cluster rows per cube of the kernels with one unit per row: 32 or 64.
@@ -792,6 +934,17 @@ pub(super) fn centroid_attention(
 
     let (rest_mma, rest_tile) =
         pass_tiles(&centroids, units, dim, dim_v * 4, tile_keys(dim + dim_v));
+    // Multiply-adds hold a centroid and its sums per row: split over units beyond 128 floats.
+    let rest_group = if rest_mma.is_some() {
+        1
+    } else {
+        row_group([dim, dim_v], 1, 128)
+    };
+    let rest_tile = if rest_group > 1 {
+        split_tile(dim + dim_v, units * rest_group)
+    } else {
+        rest_tile
+    };
     let rest_tiles = tiles_per_chunk(keys_len, rest_tile, row_blocks * batch * heads);
     let rest_chunks = keys_len.div_ceil(rest_tile * rest_tiles);
     let partial = empty(vec![rows, rest_chunks * dim_v], DType::F32);
@@ -802,7 +955,7 @@ pub(super) fn centroid_attention(
             row_blocks as u32,
             (batch * heads) as u32,
         ),
-        CubeDim::new_1d(units as u32),
+        CubeDim::new_1d((units * rest_group) as u32),
         linear(centroids),
         linear(keys),
         linear(values),
@@ -816,6 +969,7 @@ pub(super) fn centroid_attention(
         rest_tile,
         rest_tiles,
         units,
+        rest_group,
         rest_mma,
         dtypes,
     ));

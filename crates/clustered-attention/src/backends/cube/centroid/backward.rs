@@ -14,8 +14,9 @@ use cubecl::prelude::*;
 
 use super::super::linear;
 use super::{
-    EMPTY, Scan, centroid_finish_kernel, load_query, load_tile, row_units, scan_and_merge,
-    supported, tile_keys, tile_score, tiles_per_chunk, top_slot,
+    EMPTY, Scan, centroid_finish_kernel, group_sum, load_row, load_tile, row_group, row_units,
+    scan_and_merge, split_tile, store_row, supported, tile_add, tile_dot, tiles_per_chunk,
+    top_slot,
 };
 use crate::ops::checks::check_centroid_attention;
 use crate::ops::{CentroidAttention, CentroidAttentionGrads};
@@ -23,7 +24,7 @@ use crate::ops::{CentroidAttention, CentroidAttentionGrads};
 /// Backward pass 1. One unit per row, [`PREPARE_UNITS`] rows per cube: the row's log-sum-exp
 /// `M + ln Z`, its `δ = rowsum(Aᶜ ⊙ dA) = grad_values · rest + grad_top · top weights` (the
 /// forward outputs stand for `Aᶜ`) and, with `topk > 0`, its k-th key and that key's score
-/// computed as `scan` computes it (by [`tile_score`], the key in shared memory), `f32::MIN`
+/// computed as `scan` computes it (by [`tile_dot`], the key in shared memory), `f32::MIN`
 /// for a padded key as `scan` scores it.
 ///
 /// - `stats`: from [`centroid_merge_kernel`]; `grad_values`, `rest`: `[B, H, C, D]`;
@@ -80,8 +81,8 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
         }
         sync_cube();
         if active {
-            let query = load_query::<F>(centroids, bh, flat % clusters, true, dim);
-            kth = tile_score(&query, &shared, unit, dim);
+            let query = load_row::<F>(centroids, bh, flat % clusters, true, 0usize, dim, 1usize);
+            kth = tile_dot(&query, &shared, unit, 0usize, dim, 1usize);
             let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
             if kth_key as usize >= valid {
                 kth = f32::min_value();
@@ -96,14 +97,19 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
     }
 }
 
-/// Backward pass 2, the centroids' gradient `dS · keys`. Grid as [`centroid_rest_kernel`]: each
-/// unit holds its row's centroid and `grad_values` row in registers and streams the chunk's
-/// keys and values through shared memory, recomputing `Aᶜ = exp(s − (M + ln Z))` key by key;
-/// `dA = grad_values · value` outside the row's top-k and the top-k weight's gradient at it,
-/// `dS = Aᶜ (dA − δ)`. `partial[row, chunk] = Σ dS · key` over the chunk's valid keys.
+/// Backward pass 2, the centroids' gradient `dS · keys`. Grid as [`centroid_rest_kernel`], with
+/// `group` units per row: each holds every `group`-th feature of its row's centroid, of its
+/// `grad_values` row and of its sums in registers ([`load_row`]), and the cube streams the
+/// chunk's keys and values through shared memory. For each tile the units first write their
+/// parts of each key's score and of `grad_values · value` to shared memory, then, after a
+/// barrier, each sums its group's parts ([`group_sum`]) and recomputes
+/// `Aᶜ = exp(s − (M + ln Z))` key by key; `dA = grad_values · value` outside the row's top-k and
+/// the top-k weight's gradient at it, `dS = Aᶜ (dA − δ)`.
+/// `partial[row, chunk] = Σ dS · key` over the chunk's valid keys.
 ///
 /// - `row_stats`, `kth_keys`: from [`centroid_grad_prepare_kernel`]
 /// - `partial`: `[B·H·C, chunks · E]`
+/// - cube: `units · group` units over `units` rows
 #[allow(clippy::too_many_arguments)]
 #[cube(launch, create_dummy_kernel)]
 fn centroid_grad_rows_kernel<F: Float, I: Int>(
@@ -122,17 +128,22 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
     #[comptime] topk: usize,
     #[comptime] tile: usize,
     #[comptime] tiles: usize,
+    #[comptime] units: usize,
+    #[comptime] group: usize,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
     let (chunk, chunks) = (CUBE_POS_X as usize, CUBE_COUNT_X as usize);
     let bh = CUBE_POS_Z as usize;
-    let row = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let (local, lane) = (unit / group, unit % group);
+    let cube = comptime!(units * group);
+    let row = CUBE_POS_Y as usize * units + local;
     let active = row < clusters;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
-    let query = load_query::<F>(centroids, bh, row, active, dim);
-    let gradient = load_query::<F>(grad_values, bh, row, active, dim_v);
+    let query = load_row::<F>(centroids, bh, row, active, lane, dim, group);
+    let gradient = load_row::<F>(grad_values, bh, row, active, lane, dim_v, group);
     let flat = bh * clusters + row;
     let mut log_sum_exp = 0.0f32;
     let mut delta = 0.0f32;
@@ -149,9 +160,11 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
 
     let mut shared_keys = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut shared_values = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
-    let mut sums = Array::<f32>::new(dim);
+    // Each unit's parts of the tile's scores, then of its `grad_values · value`.
+    let mut parts = Shared::<[f32]>::new_slice(comptime!(2 * tile * units * group));
+    let mut sums = Array::<f32>::new(comptime!(dim.div_ceil(group)));
     #[unroll]
-    for e in 0..dim {
+    for e in 0..comptime!(dim.div_ceil(group)) {
         sums[e] = 0.0f32;
     }
     let first = chunk * comptime!(tile * tiles);
@@ -161,11 +174,20 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
             load_tile::<F>(keys, &mut shared_keys, bh, start, tile, dim);
             load_tile::<F>(values, &mut shared_values, bh, start, tile, dim_v);
             sync_cube();
+            let end = min(min(start + tile, keys_len), valid);
             if active {
-                let end = min(min(start + tile, keys_len), valid);
-                let mut key = start;
-                while key < end {
-                    let score = tile_score(&query, &shared_keys, key - start, dim);
+                for key in start..end {
+                    let at = key - start;
+                    parts[at * cube + unit] = tile_dot(&query, &shared_keys, at, lane, dim, group);
+                    parts[(at + tile) * cube + unit] =
+                        tile_dot(&gradient, &shared_values, at, lane, dim_v, group);
+                }
+            }
+            sync_cube();
+            if active {
+                for key in start..end {
+                    let at = key - start;
+                    let score = group_sum(&parts, at, local * group, cube, group);
                     let weight = (score - log_sum_exp).exp();
                     let mut slot = u32::new(EMPTY as i64);
                     if topk > 0 {
@@ -176,41 +198,38 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
                     if slot != u32::new(EMPTY as i64) {
                         grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                     } else {
-                        let base = (key - start) * dim_v;
-                        #[unroll]
-                        for d in 0..dim_v {
-                            grad_weight += gradient[d] * shared_values[base + d];
-                        }
+                        grad_weight += group_sum(&parts, at + tile, local * group, cube, group);
                     }
                     let grad_score = weight * (grad_weight - delta);
-                    let base = (key - start) * dim;
-                    #[unroll]
-                    for e in 0..dim {
-                        sums[e] += grad_score * shared_keys[base + e];
-                    }
-                    key += 1;
+                    tile_add(&mut sums, grad_score, &shared_keys, at, lane, dim, group);
                 }
             }
             sync_cube();
         }
     }
     if active {
-        let out = (flat * chunks + chunk) * dim;
-        #[unroll]
-        for e in 0..dim {
-            partial[out + e] = sums[e];
-        }
+        store_row::<f32>(
+            partial,
+            &sums,
+            (flat * chunks + chunk) * dim,
+            lane,
+            dim,
+            group,
+        );
     }
 }
 
 /// Backward pass 3, the keys' gradient `dSᵀ · centroids` and the values' `Rᵀ · grad_values`.
-/// Grid: X (and Y) over blocks of `CUBE_DIM_X` keys, Z over `bh`. Each unit holds its key and
-/// value in registers and streams the rows' centroids and `grad_values` through shared memory,
-/// `tile` rows at a time with their log-sum-exps, `δ`s and k-th scores and keys, recomputing
-/// `Aᶜ`, `dA` and `dS` as [`centroid_grad_rows_kernel`] does; a row's top-k keys take no part
-/// in its `R`. Keys at or past `key_lengths[b]` get zeros.
+/// Grid: X (and Y) over blocks of `units` keys, Z over `bh`, `group` units per key: each holds
+/// every `group`-th feature of its key, its value and their sums in registers, and the cube
+/// streams the rows' centroids and `grad_values` through shared memory, `tile` rows at a time
+/// with their log-sum-exps, `δ`s and k-th scores and keys; the parts of the scores and of
+/// `grad_values · value` go through shared memory as in [`centroid_grad_rows_kernel`], which
+/// this recomputes `Aᶜ`, `dA` and `dS` as; a row's top-k keys take no part in its `R`. Keys
+/// at or past `key_lengths[b]` get zeros.
 ///
 /// - `grad_keys`: `[B, H, S, E]`, `grad_vals`: `[B, H, S, D]`
+/// - cube: `units · group` units over `units` keys
 #[allow(clippy::too_many_arguments)]
 #[cube(launch, create_dummy_kernel)]
 fn centroid_grad_keys_kernel<F: Float, I: Int>(
@@ -229,36 +248,42 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     #[comptime] dim_v: usize,
     #[comptime] topk: usize,
     #[comptime] tile: usize,
+    #[comptime] units: usize,
+    #[comptime] group: usize,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let (heads, clusters) = (centroids.shape(1), centroids.shape(2));
     let keys_len = keys.shape(2);
     let bh = CUBE_POS_Z as usize;
+    let unit = UNIT_POS_X as usize;
+    let (local, lane) = (unit / group, unit % group);
+    let cube = comptime!(units * group);
     let block = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
-    let key = block * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let key = block * units + local;
     let valid = u32::cast_from(key_lengths[bh / heads]) as usize;
     let active = key < valid;
-    let key_row = load_query::<F>(keys, bh, key, active, dim);
-    let value_row = load_query::<F>(values, bh, key, active, dim_v);
-    let mut sums_k = Array::<f32>::new(dim);
-    let mut sums_v = Array::<f32>::new(dim_v);
+    let key_row = load_row::<F>(keys, bh, key, active, lane, dim, group);
+    let value_row = load_row::<F>(values, bh, key, active, lane, dim_v, group);
+    let mut sums_k = Array::<f32>::new(comptime!(dim.div_ceil(group)));
+    let mut sums_v = Array::<f32>::new(comptime!(dim_v.div_ceil(group)));
     #[unroll]
-    for e in 0..dim {
+    for e in 0..comptime!(dim.div_ceil(group)) {
         sums_k[e] = 0.0f32;
     }
     #[unroll]
-    for d in 0..dim_v {
+    for d in 0..comptime!(dim_v.div_ceil(group)) {
         sums_v[d] = 0.0f32;
     }
     let mut shared_centroids = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut shared_grads = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
     let mut shared_rows = Shared::<[f32]>::new_slice(comptime!(tile * 3));
     let mut shared_kth_keys = Shared::<[u32]>::new_slice(tile);
+    let mut parts = Shared::<[f32]>::new_slice(comptime!(2 * tile * units * group));
     let mut start = 0usize;
     while start < clusters {
         load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
         load_tile::<F>(grad_values, &mut shared_grads, bh, start, tile, dim_v);
-        let mut i = UNIT_POS_X as usize;
+        let mut i = unit;
         while i < tile {
             if start + i < clusters {
                 let flat = bh * clusters + start + i;
@@ -271,66 +296,69 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
             i += CUBE_DIM_X as usize;
         }
         sync_cube();
+        let end = min(start + tile, clusters);
         if active {
-            let end = min(start + tile, clusters);
-            let mut row = start;
-            while row < end {
+            for row in start..end {
+                let at = row - start;
+                parts[at * cube + unit] =
+                    tile_dot(&key_row, &shared_centroids, at, lane, dim, group);
+                parts[(at + tile) * cube + unit] =
+                    tile_dot(&value_row, &shared_grads, at, lane, dim_v, group);
+            }
+        }
+        sync_cube();
+        if active {
+            for row in start..end {
                 let flat = bh * clusters + row;
-                let local = row - start;
-                // The product in the order `scan` takes it (each term `centroid · key` is the
-                // same float either way round).
-                let score = tile_score(&key_row, &shared_centroids, local, dim);
-                let weight = (score - shared_rows[local * 3]).exp();
+                let at = row - start;
+                let score = group_sum(&parts, at, local * group, cube, group);
+                let weight = (score - shared_rows[at * 3]).exp();
                 let mut slot = u32::new(EMPTY as i64);
                 if topk > 0 {
-                    let (kth, kth_key) = (shared_rows[local * 3 + 2], shared_kth_keys[local]);
+                    let (kth, kth_key) = (shared_rows[at * 3 + 2], shared_kth_keys[at]);
                     slot = top_slot::<I>(top_indices, flat, score, key as u32, kth, kth_key, topk);
                 }
-                let base = local * dim_v;
                 let mut grad_weight = 0.0f32;
                 if slot != u32::new(EMPTY as i64) {
                     grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                 } else {
-                    #[unroll]
-                    for d in 0..dim_v {
-                        grad_weight += shared_grads[base + d] * value_row[d];
-                    }
-                    #[unroll]
-                    for d in 0..dim_v {
-                        sums_v[d] += weight * shared_grads[base + d];
-                    }
+                    grad_weight += group_sum(&parts, at + tile, local * group, cube, group);
+                    tile_add(&mut sums_v, weight, &shared_grads, at, lane, dim_v, group);
                 }
-                let grad_score = weight * (grad_weight - shared_rows[local * 3 + 1]);
-                let centroid = local * dim;
-                #[unroll]
-                for e in 0..dim {
-                    sums_k[e] += grad_score * shared_centroids[centroid + e];
-                }
-                row += 1;
+                let grad_score = weight * (grad_weight - shared_rows[at * 3 + 1]);
+                tile_add(
+                    &mut sums_k,
+                    grad_score,
+                    &shared_centroids,
+                    at,
+                    lane,
+                    dim,
+                    group,
+                );
             }
         }
         sync_cube();
         start += tile;
     }
     if key < keys_len {
-        let base_k = (bh * keys_len + key) * dim;
-        #[unroll]
-        for e in 0..dim {
-            grad_keys[base_k + e] = F::cast_from(sums_k[e]);
-        }
-        let base_v = (bh * keys_len + key) * dim_v;
-        #[unroll]
-        for d in 0..dim_v {
-            grad_vals[base_v + d] = F::cast_from(sums_v[d]);
-        }
+        let base = bh * keys_len + key;
+        store_row::<F>(grad_keys, &sums_k, base * dim, lane, dim, group);
+        store_row::<F>(grad_vals, &sums_v, base * dim_v, lane, dim_v, group);
     }
 }
 
 /// Rows per cube of [`centroid_grad_prepare_kernel`] (its shared memory holds one key per row).
 const PREPARE_UNITS: usize = 32;
 
-/// Keys per cube of [`centroid_grad_keys_kernel`].
+/// Keys per cube of [`centroid_grad_keys_kernel`], at most.
 const KEY_UNITS: usize = 64;
+
+/// Most units per cube of [`centroid_grad_rows_kernel`] and [`centroid_grad_keys_kernel`].
+const GRAD_UNITS: usize = 128;
+
+/// Most floats of registers a unit of the gradient kernels holds of its row (its features of
+/// the row and of the sums): see [`row_group`].
+const GRAD_REGISTERS: usize = 64;
 
 /// The centroid attention's backward by kernels that recompute `Aᶜ` tile by tile, as flash
 /// attention's backward does: `scan` and `merge` again for each row's softmax statistics
@@ -454,16 +482,17 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         dtypes,
     ));
 
-    let units = row_units(clusters);
+    let group = row_group([dim, dim_v], 2, GRAD_REGISTERS);
+    let units = row_units(clusters).min(GRAD_UNITS / group);
     let row_blocks = clusters.div_ceil(units);
-    let tile = tile_keys(dim + dim_v);
+    let tile = split_tile(dim + dim_v, 2 * units * group);
     let tiles = tiles_per_chunk(keys_len, tile, row_blocks * batch * heads);
     let chunks = keys_len.div_ceil(tile * tiles);
     let partial = empty(vec![rows, chunks * dim], DType::F32);
     launch!(centroid_grad_rows_kernel(
         &client,
         CubeCount::Static(chunks as u32, row_blocks as u32, (batch * heads) as u32),
-        CubeDim::new_1d(units as u32),
+        CubeDim::new_1d((units * group) as u32),
         linear(centroids.clone()),
         linear(keys.clone()),
         linear(values.clone()),
@@ -479,6 +508,8 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         topk,
         tile,
         tiles,
+        units,
+        group,
         dtypes,
     ));
     let grad_centroids = empty(vec![rows, dim], float_dtype);
@@ -496,10 +527,11 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
 
     let grad_keys = empty(vec![batch, heads, keys_len, dim], float_dtype);
     let grad_vals = empty(vec![batch, heads, keys_len, dim_v], float_dtype);
+    let key_units = KEY_UNITS.min(GRAD_UNITS / group);
     launch!(centroid_grad_keys_kernel(
         &client,
-        super::super::cube_count(keys_len.div_ceil(KEY_UNITS), batch * heads),
-        CubeDim::new_1d(KEY_UNITS as u32),
+        super::super::cube_count(keys_len.div_ceil(key_units), batch * heads),
+        CubeDim::new_1d((key_units * group) as u32),
         linear(centroids),
         linear(keys),
         linear(values),
@@ -515,7 +547,9 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         dim_v,
         topk,
         // Each row's centroid, gradient, three statistics and k-th key.
-        tile_keys(dim + dim_v + 4),
+        split_tile(dim + dim_v + 4, 2 * key_units * group),
+        key_units,
+        group,
         dtypes,
     ));
     CentroidAttentionGrads {
