@@ -12,20 +12,17 @@
 #    f32, f16 and bf16, scores on cooperative matrices on and off, compiled to CUDA C++ by
 #    cubecl-cpp and written out, one file per distinct source.
 # 3. Compiles each source with NVRTC, cubecl-cuda's flags (sm_80, sm_90a) and ptxas's verbose
-#    report (scripts/cuda_offline.py); fails when a source does not compile or a kernel spills,
-#    but for the spills on record in scripts/cuda-offline-spills.tsv (the centroid attention's
-#    kernels at 128 features a head, and its backward's, which keep whole rows in registers:
-#    docs/backends.md): a new spill, or a larger one, fails.
+#    report (scripts/cuda_offline.py); fails when a source does not compile or a kernel spills
+#    registers to local memory.
 #
 # The test is built with scripts/test.sh's features (and its pitched-WGPU `--config`, given in
 # PITCHED_WGPU_CONFIG, so that its build serves here); it runs on WGPU (Mesa's lavapipe where
 # there is no GPU). Cargo.lock is restored afterwards.
 #
-# Use: bash scripts/cuda-offline.sh [--table FILE] [--docs] [--record-spills] [--from DIR]
+# Use: bash scripts/cuda-offline.sh [--table FILE] [--docs] [--from DIR]
 #   --table FILE     also writes the table of every kernel (registers, spills, shared memory,
 #                    occupancy on A100 and H100) to FILE
 #   --docs           writes that table into docs/backends.md, between its markers
-#   --record-spills  accepts the spills found: writes scripts/cuda-offline-spills.tsv
 #   --from DIR       compiles the sources the test already wrote to DIR (CUDA_KERNELS_DIR),
 #                    without running it (scripts/test.sh's main pass writes them)
 #      bash scripts/cuda-offline.sh --tree
@@ -56,14 +53,13 @@ if [ "${1:-}" = --tree ]; then
     exit 0
 fi
 
-table= docs=0 record=0 from=
+table= docs=0 from=
 while [ $# -gt 0 ]; do
     case $1 in
     --table) table=${2:?--table takes a file}; shift ;;
     --docs) docs=1 ;;
-    --record-spills) record=1 ;;
     --from) from=${2:?--from takes a folder}; shift ;;
-    *) echo "unknown argument $1 (--table FILE, --docs, --record-spills, --from DIR, --tree)" >&2; exit 2 ;;
+    *) echo "unknown argument $1 (--table FILE, --docs, --from DIR, --tree)" >&2; exit 2 ;;
     esac
     shift
 done
@@ -91,14 +87,7 @@ else
 fi
 [ -f "$kernels/kernels.tsv" ] || { echo "cuda-offline: no kernels.tsv in $kernels" >&2; exit 1; }
 
-spills=scripts/cuda-offline-spills.tsv
-if [ "$record" = 1 ]; then
-    python3 scripts/cuda_offline.py "$kernels" "$cuda_path" --record-spills "$spills" \
-        ${table:+--table "$table"}
-else
-    python3 scripts/cuda_offline.py "$kernels" "$cuda_path" --spills "$spills" \
-        ${table:+--table "$table"}
-fi
+python3 scripts/cuda_offline.py "$kernels" "$cuda_path" ${table:+--table "$table"}
 
 if [ "$docs" = 1 ]; then
     python3 - "$table" docs/backends.md <<'PY'

@@ -3,8 +3,7 @@
 run time, on a machine without GPU, and reports each kernel's registers, spills, shared memory
 and the occupancy they allow on an A100 (sm_80) and an H100 (sm_90a).
 
-Use: cuda_offline.py KERNELS_DIR CUDA_PATH [--table FILE] [--spills FILE | --record-spills FILE]
-                    [--jobs N]
+Use: cuda_offline.py KERNELS_DIR CUDA_PATH [--table FILE] [--jobs N]
      cuda_offline.py --probe LIBNVRTC CUDA_PATH   (whether NVRTC compiles a kernel that
                     includes the headers of CUDA_PATH; the CUDA kit's run.sh asks it)
 
@@ -15,9 +14,7 @@ scripts/cuda-offline.sh). The flags are cubecl-cuda's (`compute/context.rs`, `co
 `--gpu-architecture=sm_{arch}` with an `a` from 90 on, the include paths, `-lineinfo`) plus
 `--ptxas-options=-v`, which makes NVRTC compile to a cubin and report the resources of the
 entry function. Exits 1 when a source does not compile or a kernel spills registers to local
-memory, but for the spills that --spills FILE records (lines `arch kernel configuration bytes`,
-tab-separated: a source passes when every configuration that built it is recorded for its
-kernel with at least its bytes); --record-spills FILE writes that file from the spills found.
+memory.
 With --table, writes the markdown table of every kernel (one per source and GPU).
 """
 
@@ -165,23 +162,8 @@ def main():
     parser.add_argument("kernels")
     parser.add_argument("cuda_path")
     parser.add_argument("--table")
-    parser.add_argument("--spills")
-    parser.add_argument("--record-spills")
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     args = parser.parse_args()
-    known = {}
-    if args.spills:
-        with open(args.spills) as f:
-            for line in f:
-                if line.strip() and not line.startswith("#"):
-                    arch, kernel, config, spilled = line.rstrip("\n").split("\t")
-                    known[(arch, kernel, config)] = int(spilled)
-    recorded = []
-    # allowed ROW SPILLED: whether the spills file records this spill of ROW's source.
-    def allowed(row, spilled):
-        configs = row["configs"].split(", ")
-        return all(known.get((row["arch"], row["kernel"], c), -1) >= spilled for c in configs)
-
     with open(os.path.join(args.kernels, "kernels.tsv")) as f:
         header = f.readline().rstrip("\n").split("\t")
         rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f if line.strip()]
@@ -195,13 +177,6 @@ def main():
             elif found is None:
                 failures.append(f"{row['file']}: no resource usage in NVRTC's log\n{log}")
             elif found["spills"] > 0:
-                recorded += [
-                    (row["arch"], row["kernel"], c, found["spills"])
-                    for c in row["configs"].split(", ")
-                ]
-            if found and found["spills"] > 0 and not args.record_spills and not allowed(
-                row, found["spills"]
-            ):
                 failures.append(
                     f"{row['file']} ({row['configs']}): spills {found['spills']} B "
                     f"({found['registers']} registers)\n{log}"
@@ -246,20 +221,8 @@ def main():
     )
     if low:
         print("under 25 % occupancy:\n  " + "\n  ".join(low))
-    if args.record_spills:
-        with open(args.record_spills, "w") as f:
-            f.write(
-                "# The spills of the kernels' CUDA builds that scripts/cuda-offline.sh accepts, as\n"
-                "# written by its --record-spills: arch, kernel, configuration, bytes (stores + loads).\n"
-            )
-            worst = {}
-            for arch, kernel, config, spilled in recorded:
-                key = (arch, kernel, config)
-                worst[key] = max(worst.get(key, 0), spilled)
-            for (arch, kernel, config), spilled in sorted(worst.items()):
-                f.write(f"{arch}\t{kernel}\t{config}\t{spilled}\n")
     spilling = sum(1 for _, found in results if found["spills"] > 0)
-    print(f"cuda-offline: {spilling} sources spill ({len(known)} spills on record)")
+    print(f"cuda-offline: {spilling} sources spill")
     if args.table:
         with open(args.table, "w") as f:
             f.write("\n".join(lines))

@@ -102,8 +102,8 @@ fi
 cp "$lock" Cargo.lock
 
 # Every kernel's CUDA source, as the tests wrote it, compiled by NVRTC for an A100 and an H100
-# (PyPI's NVRTC and headers, pinned by hash): fails when one does not compile or spills more
-# than scripts/cuda-offline-spills.tsv records (scripts/cuda-offline.sh).
+# (PyPI's NVRTC and headers, pinned by hash): fails when one does not compile or spills
+# (scripts/cuda-offline.sh).
 # (When arguments left that test out, the script runs it.)
 from=()
 [ ! -f "$CUDA_KERNELS_DIR/kernels.tsv" ] || from=(--from "$CUDA_KERNELS_DIR")
