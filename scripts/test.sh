@@ -6,7 +6,8 @@
 # again with CUDA's memory layout, compiles every kernel's CUDA source with NVRTC for an A100
 # and an H100 (scripts/cuda-offline.sh), then sets up the LLVM that Burn's CUDA backend links (from
 # Debian's packages, scripts/offline-llvm.sh) and builds the API docs (warnings denied), a type
-# check of every target with CUDA and asr-model's `ddp` on, a dry-run publish of the
+# check of every target with CUDA and asr-model's `ddp` on, each package type-checked on its
+# own and clustered-attention with each backend feature alone, a dry-run publish of the
 # clustered-attention crate and a crate outside the workspace built on the package (downstream/,
 # run on each backend). Prints each phase's wall time.
 set -euo pipefail
@@ -133,6 +134,11 @@ phase "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
 # so the CUDA tests and code paths that the test build leaves out still have to compile.
 # Their dependencies are mostly the docs' type-checked ones.
 phase "CUDA check" cargo check "${features[@]}" --all-targets
+
+# Each package checked on its own, as a user builds it, and clustered-attention with each
+# backend feature alone: the workspace's builds above unify every package's features, which
+# hides a package that uses one it does not ask for (scripts/check-packages.sh).
+phase "each package alone" bash scripts/check-packages.sh
 
 # The clustered-attention crate as crates.io would get it, used as a Burn user's crate uses
 # it: the package is checked for publishing (no upload), then a crate outside the workspace
