@@ -34,9 +34,3 @@ pub mod train;
 // The speech data, host-side (its own crate, so that its tests' heavy loops build optimized
 // while this crate's tests build at opt-level 0; see the workspace's Cargo.toml).
 pub use asr_data::{audio, augment, corpus, data, features, files, games, join, manifest, phones};
-
-/// `asr manifest`'s importer, now [`manifest::import`](mod@manifest::import).
-#[deprecated(note = "moved to `asr_model::manifest::import`")]
-pub mod import {
-    pub use crate::manifest::import::*;
-}

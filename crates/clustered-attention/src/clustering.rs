@@ -47,7 +47,10 @@ pub struct ClusteringOptions {
     #[config(default = true)]
     pub hash_bias: bool,
     /// Seed of the hyperplanes and of the initial centroids: the same seed gives
-    /// bit-identical clusters, run after run.
+    /// bit-identical clusters, run after run. The initial centroids of a sequence are drawn
+    /// from the seed, the head and the sequence's valid length
+    /// ([`initial_centroid_positions`](crate::ops::initial_centroid_positions)), so a sequence
+    /// gets the same clusters alone or in any slot of any batch.
     #[config(default = 0)]
     pub seed: u64,
     /// What groups the queries: their hashes (the paper's method) or their positions.

@@ -6,8 +6,7 @@
 //! - The attentions on `[batch, heads, seq, dim]` tensors, each its options with a `forward`
 //!   taking an [`AttentionInput`]: [`FullAttention`], [`ClusteredAttention`],
 //!   [`ImprovedClusteredAttention`], and the paper's baselines [`LshAttention`] (Reformer's
-//!   lsh-X), [`SharedFullAttention`] and [`OracleTopAttention`]. The free functions
-//!   (`full_attention`, …) are their positional forms, deprecated.
+//!   lsh-X), [`SharedFullAttention`] and [`OracleTopAttention`].
 //! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`]; the attention named by [`AttentionKind`].
 //! - The clustering: [`ClusteringOptions`], [`cluster_queries`].
@@ -51,12 +50,9 @@ mod kind;
 mod layer;
 pub mod ops;
 
-#[allow(deprecated)]
 pub use attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
     ImprovedClusteredAttention, LshAttention, LshOptions, OracleTopAttention, SharedFullAttention,
-    clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
-    oracle_top_attention, shared_full_attention,
 };
 pub use clustering::{
     ClusteringOptions, Clusters, QueryGrouping, cluster_queries, hamming_kmeans, lsh_hash,
@@ -66,16 +62,6 @@ pub use dropout::with_dropout_seed;
 pub use kind::{AttentionKind, ParseAttentionKindError};
 pub use layer::{ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention};
 pub use ops::ClusteredAttentionBackend;
-
-/// The tensor-level forms of the top-k selection and the sparse top-k products, now in
-/// [`ops`].
-#[deprecated(note = "moved to `clustered_attention::ops`")]
-pub mod sparse {
-    pub use crate::ops::{
-        attention_softmax, centroid_attention, improved_attention, sparse_dot, sparse_scatter,
-        sparse_weighted_sum, top_attention, topk_indices,
-    };
-}
 
 /// The README's examples run as doctests.
 #[cfg(doctest)]

@@ -1,4 +1,4 @@
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 
 use super::{
     AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
@@ -90,30 +90,4 @@ impl ClusteredAttention {
         };
         groups.broadcast(cluster_values) // eq. 6
     }
-}
-
-/// [`ClusteredAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `ClusteredAttention::new(clusters).forward(AttentionInput::new(queries, keys, values))`"
-)]
-pub fn clustered_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    clustering: &ClusteringOptions,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    ClusteredAttention::new(clustering.clusters)
-        .with_clustering(clustering.clone())
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
 }

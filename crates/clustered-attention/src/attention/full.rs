@@ -1,4 +1,4 @@
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
 use crate::ops::attention_softmax;
@@ -63,28 +63,4 @@ impl FullAttention {
         let weights = dropout(weights, options.dropout);
         input.zero_padded_queries(weights.matmul(values))
     }
-}
-
-/// [`FullAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `FullAttention::new().forward(AttentionInput::new(queries, keys, values))`"
-)]
-pub fn full_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    FullAttention::new()
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
 }

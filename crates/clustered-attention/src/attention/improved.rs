@@ -150,34 +150,6 @@ impl ImprovedClusteredAttention {
     }
 }
 
-/// [`ImprovedClusteredAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `ImprovedClusteredAttention::new(clusters, topk).forward(AttentionInput::new(queries, keys, values))`"
-)]
-#[allow(clippy::too_many_arguments)]
-pub fn improved_clustered_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    clustering: &ClusteringOptions,
-    topk: usize,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    ImprovedClusteredAttention::new(clustering.clusters, topk)
-        .with_clustering(clustering.clone())
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
-}
-
 /// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all
 /// of `Aᶜ V` it leaves the rest without a second `[C, S]` tensor. The cancellation costs at
 /// most a few `f32` roundings of `|Aᶜ V|`, below the output's own in practice.

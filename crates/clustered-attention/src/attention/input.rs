@@ -61,23 +61,6 @@ impl AttentionInput {
         self
     }
 
-    /// The input of the positional forms.
-    pub(crate) fn from_parts(
-        queries: Tensor<4>,
-        keys: Tensor<4>,
-        values: Tensor<4>,
-        query_lengths: Option<Tensor<1, Int>>,
-        key_lengths: Option<Tensor<1, Int>>,
-    ) -> Self {
-        Self {
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        }
-    }
-
     /// Checks the input ([`check_input`]) and splits it into queries, keys, values and what
     /// the check found.
     pub(crate) fn checked(
@@ -158,6 +141,9 @@ pub(crate) fn check_input(
     );
     let device = queries.device();
 
+    // The key lengths first: a self-attention layer given key lengths alone takes them as its
+    // query lengths too, and a bad one is then named as the argument it was given as.
+    let key_lengths = key_lengths.map(|lengths| host_key_lengths(Some(lengths), batch, keys_len));
     // Made anew on the queries' device from the values read (as the key lengths below), so
     // that lengths made on another device (one without autodiff, say) meet the queries' own.
     let query_lengths = query_lengths.map(|lengths| {
@@ -168,7 +154,6 @@ pub(crate) fn check_input(
         );
         (lengths, host)
     });
-    let key_lengths = key_lengths.map(|lengths| host_key_lengths(Some(lengths), batch, keys_len));
 
     let query_padding = query_lengths
         .as_ref()

@@ -295,32 +295,6 @@ impl LshAttention {
     }
 }
 
-/// [`LshAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `LshAttention::new(rounds).forward(AttentionInput::new(queries, keys, values))`"
-)]
-pub fn lsh_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    lsh: &LshOptions,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    LshAttention::new(lsh.rounds)
-        .with_lsh(lsh.clone())
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
-}
-
 /// Zeroes the output rows of positions past their key length: in shared-QK self-attention a
 /// position whose key is padding is padding. `x`: `[batch, heads, L, D]` with `L = S`.
 pub(crate) fn zero_padded_positions(input: &Checked, x: Tensor<4>) -> Tensor<4> {

@@ -26,8 +26,7 @@
 //! assert_eq!(out.dims(), [2, 4, 300, 32]);
 //! ```
 //!
-//! The free functions (`full_attention`, …) are the same attentions with positional
-//! arguments, kept, deprecated, for one release. They are made of Burn tensor ops and the
+//! The attentions are made of Burn tensor ops and the
 //! [`ClusteredAttentionBackend`](crate::ClusteredAttentionBackend) ops of the backend of the
 //! tensors' device, so gradients flow to queries, keys and values on any autodiff device.
 //!
@@ -48,22 +47,14 @@ mod lsh;
 mod oracle;
 mod shared;
 
-#[allow(deprecated)]
-pub use clustered::{ClusteredAttention, clustered_attention};
-#[allow(deprecated)]
-pub use full::{FullAttention, full_attention};
-#[allow(deprecated)]
-pub use improved::{ImprovedClusteredAttention, improved_clustered_attention};
+pub use clustered::ClusteredAttention;
+pub use full::FullAttention;
+pub use improved::ImprovedClusteredAttention;
 pub use input::AttentionInput;
 pub(crate) use lsh::unit_keys;
-#[allow(deprecated)]
-pub use lsh::{
-    LshAttention, LshOptions, angular_buckets, lsh_attention, lsh_rotations, sort_by_bucket,
-};
-#[allow(deprecated)]
-pub use oracle::{OracleTopAttention, oracle_top_attention};
-#[allow(deprecated)]
-pub use shared::{SharedFullAttention, shared_full_attention};
+pub use lsh::{LshAttention, LshOptions, angular_buckets, lsh_rotations, sort_by_bucket};
+pub use oracle::OracleTopAttention;
+pub use shared::SharedFullAttention;
 
 pub(crate) use crate::dropout::dropout;
 pub(crate) use input::{Checked, inverse_counts, positions, top_keys};

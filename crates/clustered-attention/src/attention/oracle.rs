@@ -1,4 +1,4 @@
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 
 use super::{
     AttentionInput, AttentionOptions, attention_options_builders, dropout, positions, top_keys,
@@ -74,29 +74,4 @@ impl OracleTopAttention {
         );
         input.zero_padded_queries(sparse_weighted_sum(weights, values, top, rows))
     }
-}
-
-/// [`OracleTopAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `OracleTopAttention::new(topk).forward(AttentionInput::new(queries, keys, values))`"
-)]
-pub fn oracle_top_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    topk: usize,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    OracleTopAttention::new(topk)
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
 }

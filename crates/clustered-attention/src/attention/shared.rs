@@ -75,27 +75,3 @@ impl SharedFullAttention {
         zero_padded_positions(&input, input.zero_padded_queries(weights.matmul(values)))
     }
 }
-
-/// [`SharedFullAttention`] with positional arguments.
-#[deprecated(
-    since = "0.1.0",
-    note = "use `SharedFullAttention::new().forward(AttentionInput::new(queries, keys, values))`"
-)]
-pub fn shared_full_attention(
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    query_lengths: Option<Tensor<1, Int>>,
-    key_lengths: Option<Tensor<1, Int>>,
-    options: &AttentionOptions,
-) -> Tensor<4> {
-    SharedFullAttention::new()
-        .with_options(options.clone())
-        .forward(AttentionInput::from_parts(
-            queries,
-            keys,
-            values,
-            query_lengths,
-            key_lengths,
-        ))
-}

@@ -84,12 +84,6 @@ pub use types::{
     ImprovedForward, Lengths, QueryClusters, ScoreProducts, TopAttentionGrads,
 };
 
-/// The CPU backends' host ops, now in [`crate::backends::cpu`].
-#[deprecated(note = "moved to `clustered_attention::backends::cpu`")]
-pub mod host {
-    pub use crate::backends::cpu::*;
-}
-
 /// Largest number of hash bits: codes are read as `u32` (WGSL has no 64-bit integers).
 pub const MAX_BITS: usize = 32;
 

@@ -332,6 +332,96 @@ pub fn same_seed_bit_identical(device: &Device) {
     );
 }
 
+/// A sequence's output does not depend on its batch: the same sequence (40 queries, keys and
+/// values, self-attention) alone, in the second slot of a batch padded to 50, and in the first
+/// slot beside a longer sequence (padded to 60, the padding filled with other values) gives the
+/// same output rows to 1e-5, in clustered and improved attention. The clustering's starting
+/// centroids come from the seed, the head and the sequence's valid length, never its slot.
+pub fn same_sequence_same_output_in_any_slot(device: &Device) {
+    let (len, heads, dim, value_dim) = (40, 2, 8, 4);
+    let sequence = |len: usize, seed: u64| {
+        [
+            clustered_queries([1, heads, len, dim], 4, 1.5, seed),
+            normal([1, heads, len, dim], seed + 1),
+            normal([1, heads, len, value_dim], seed + 2),
+        ]
+    };
+    let own = sequence(len, 70);
+    // `[sequences, heads, padded, width]` of one input of each sequence, padded with 7s.
+    let stack = |sequences: &[&[Host4; 3]], which: usize, padded: usize| {
+        let width = sequences[0][which].dims[3];
+        let mut data = Vec::new();
+        for sequence in sequences {
+            let [_, _, n, _] = sequence[which].dims;
+            for h in 0..heads {
+                let row = |i| h * n * width + i * width;
+                for i in 0..padded {
+                    if i < n {
+                        data.extend_from_slice(&sequence[which].data[row(i)..row(i) + width]);
+                    } else {
+                        data.extend(std::iter::repeat_n(7.0f32, width));
+                    }
+                }
+            }
+        }
+        Host4 {
+            dims: [sequences.len(), heads, padded, width],
+            data,
+        }
+    };
+    let clustering = ClusteringOptions::new(6).with_bits(16).with_seed(3);
+    let run = |sequences: &[&[Host4; 3]], improved: bool| -> Host4 {
+        let padded = sequences.iter().map(|s| s[0].dims[2]).max().unwrap();
+        let sizes: Vec<usize> = sequences.iter().map(|s| s[0].dims[2]).collect();
+        let input = AttentionInput {
+            queries: stack(sequences, 0, padded).to_tensor(device),
+            keys: stack(sequences, 1, padded).to_tensor(device),
+            values: stack(sequences, 2, padded).to_tensor(device),
+            query_lengths: Some(lengths(&sizes, device)),
+            key_lengths: Some(lengths(&sizes, device)),
+        };
+        let options = AttentionOptions::new();
+        let out = if improved {
+            ImprovedClusteredAttention {
+                clustering: clustering.clone(),
+                topk: 5,
+                options,
+            }
+            .forward(input)
+        } else {
+            ClusteredAttention {
+                clustering: clustering.clone(),
+                options,
+            }
+            .forward(input)
+        };
+        Host4::from_tensor(out)
+    };
+    let (longer, shorter, longest) = (sequence(50, 80), sequence(30, 90), sequence(60, 100));
+    for improved in [false, true] {
+        let name = if improved { "improved" } else { "clustered" };
+        let alone = run(&[&own], improved);
+        for (batch, slot) in [
+            (vec![&longer, &own, &shorter], 1),
+            (vec![&own, &longest], 0),
+        ] {
+            let out = run(&batch, improved);
+            for h in 0..heads {
+                for i in 0..len {
+                    for d in 0..value_dim {
+                        let (got, expected) = (out.at(slot, h, i, d), alone.at(0, h, i, d));
+                        assert!(
+                            (got - expected).abs() <= TOLERANCE,
+                            "{name}, slot {slot} of {}: ({h}, {i}, {d}) {got} vs {expected} alone",
+                            batch.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A NaN in one query row leaves every other batch item's output unchanged.
 pub fn nan_query_is_contained(device: &Device) {
     let case = Case::padded(30, 20, 8, 4, 8);
@@ -363,17 +453,11 @@ pub fn nan_query_is_contained(device: &Device) {
     }
 }
 
-/// The builders set the option they name, and the positional forms (deprecated) give what
-/// the named forms give, bit for bit: each wrapper hands every argument to its field.
+/// The builders set the option they name: each hands its argument to its field, compared
+/// with the options built field by field.
 #[test]
-#[allow(deprecated)]
-fn named_forms_match_positional_forms() {
-    use clustered_attention::{
-        LshAttention, LshOptions, OracleTopAttention, QueryGrouping, SharedFullAttention,
-        clustered_attention, full_attention, improved_clustered_attention, lsh_attention,
-        oracle_top_attention, shared_full_attention,
-    };
-    let device = &ndarray();
+fn builders_set_the_options_they_name() {
+    use clustered_attention::{LshAttention, LshOptions, QueryGrouping};
 
     let improved = ImprovedClusteredAttention::new(5, 3)
         .with_bits(12)
@@ -405,113 +489,6 @@ fn named_forms_match_positional_forms() {
         .with_buckets(Some(6))
         .with_seed(4);
     assert_eq!(lsh.lsh, lsh_options);
-
-    // Without dropout (no autodiff here), one padded batch through every attention both ways.
-    let case = Case::padded(24, 24, 8, 5, 11);
-    let clustering = ClusteringOptions::new(6).with_bits(16).with_seed(3);
-    let options = AttentionOptions::new().with_scale(Some(0.4));
-    let lsh_options = LshOptions::new()
-        .with_rounds(2)
-        .with_chunk_size(4)
-        .with_seed(5);
-    let (q, k, v, ql, kl) = case.tensors(device);
-    let cross = || AttentionInput {
-        queries: q.clone(),
-        keys: k.clone(),
-        values: v.clone(),
-        query_lengths: ql.clone(),
-        key_lengths: kl.clone(),
-    };
-    // The shared-QK attentions are self-attention: the queries are the keys.
-    let own = || AttentionInput {
-        queries: q.clone(),
-        keys: q.clone(),
-        values: v.clone(),
-        query_lengths: ql.clone(),
-        key_lengths: ql.clone(),
-    };
-    let named = [
-        FullAttention::new().with_scale(0.4).forward(cross()),
-        ClusteredAttention::new(6)
-            .with_bits(16)
-            .with_seed(3)
-            .with_scale(0.4)
-            .forward(cross()),
-        ImprovedClusteredAttention::new(6, 4)
-            .with_bits(16)
-            .with_seed(3)
-            .with_scale(0.4)
-            .forward(cross()),
-        SharedFullAttention::new().with_scale(0.4).forward(own()),
-        LshAttention::new(2)
-            .with_chunk_size(4)
-            .with_seed(5)
-            .with_scale(0.4)
-            .forward(own()),
-        OracleTopAttention::new(4).with_scale(0.4).forward(cross()),
-    ];
-    let positional = [
-        full_attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            ql.clone(),
-            kl.clone(),
-            &options,
-        ),
-        clustered_attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            ql.clone(),
-            kl.clone(),
-            &clustering,
-            &options,
-        ),
-        improved_clustered_attention(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            ql.clone(),
-            kl.clone(),
-            &clustering,
-            4,
-            &options,
-        ),
-        shared_full_attention(
-            q.clone(),
-            q.clone(),
-            v.clone(),
-            ql.clone(),
-            ql.clone(),
-            &options,
-        ),
-        lsh_attention(
-            q.clone(),
-            q.clone(),
-            v.clone(),
-            ql.clone(),
-            ql.clone(),
-            &lsh_options,
-            &options,
-        ),
-        oracle_top_attention(q.clone(), k, v.clone(), ql.clone(), kl, 4, &options),
-    ];
-    let names = [
-        "full",
-        "clustered",
-        "improved",
-        "shared-full",
-        "lsh",
-        "oracle-top",
-    ];
-    for ((name, named), positional) in names.iter().zip(named).zip(positional) {
-        assert_eq!(
-            Host4::from_tensor(named).data,
-            Host4::from_tensor(positional).data,
-            "{name}: the named form differs from the positional one"
-        );
-    }
 }
 
 macro_rules! attention_tests {
@@ -544,6 +521,10 @@ macro_rules! attention_tests {
             #[test]
             fn nan_query_is_contained() {
                 super::nan_query_is_contained(&$device);
+            }
+            #[test]
+            fn same_sequence_same_output_in_any_slot() {
+                super::same_sequence_same_output_in_any_slot(&$device);
             }
         }
     };
@@ -582,6 +563,11 @@ macro_rules! gpu_attention_tests {
             $(#[$ignore])?
             fn same_seed_bit_identical() {
                 super::same_seed_bit_identical(&$device);
+            }
+            #[test]
+            $(#[$ignore])?
+            fn same_sequence_same_output_in_any_slot() {
+                super::same_sequence_same_output_in_any_slot(&$device);
             }
         }
     };

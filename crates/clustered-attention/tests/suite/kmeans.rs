@@ -12,7 +12,7 @@ use crate::common::*;
 /// The initial centroid positions as `initial_centroid_positions` documents them, written here
 /// from its docs (not calling it): per `(batch, head)`, `clusters` distinct positions in
 /// `0..n` drawn by `rand::seq::index::sample` from a `Xoshiro256PlusPlus` seeded with the
-/// SplitMix64 finaliser of `seed ^ batch · 0x9E3779B97F4A7C15 ^ head · 0xC2B2AE3D27D4EB4F`;
+/// SplitMix64 finaliser of `seed ^ n · 0x9E3779B97F4A7C15 ^ head · 0xC2B2AE3D27D4EB4F`;
 /// `0, 1, …, n − 1` then zeros when `n ≤ clusters`.
 pub(crate) fn initial_positions(
     lengths: &[usize],
@@ -21,14 +21,14 @@ pub(crate) fn initial_positions(
     seed: u64,
 ) -> Vec<i64> {
     let mut positions = Vec::new();
-    for (batch, &n) in lengths.iter().enumerate() {
+    for &n in lengths {
         for head in 0..heads {
             if n <= clusters {
                 positions.extend((0..clusters).map(|c| if c < n { c as i64 } else { 0 }));
                 continue;
             }
             let mut z = seed
-                ^ (batch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 ^ (head as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

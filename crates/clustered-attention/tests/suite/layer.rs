@@ -221,6 +221,18 @@ fn mask_pad_and_key_lengths_conflict() {
     );
 }
 
+/// Self-attention given key lengths alone takes them as its query lengths too; a key length
+/// past the sequence is named as the argument it was given as.
+#[test]
+#[should_panic(expected = "key_lengths[0] = 5 is outside 0..=4 (the sequence length)")]
+fn self_attention_names_a_bad_key_length() {
+    let device = ndarray();
+    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let x = Tensor::<3>::zeros([1, 4, 8], &device);
+    let lengths = Tensor::from_data(TensorData::new(vec![5i64], [1]), &device);
+    layer.forward(ClusteredAttentionInput::self_attn(x).key_lengths(lengths));
+}
+
 #[test]
 #[should_panic(
     expected = "lsh:4 needs a layer trained with shared queries and keys; this one was created with full"
