@@ -12,8 +12,9 @@
 //! computed with the loss. It enters the autodiff graph through one linear term, so the
 //! backward pass costs one product over `[batch, steps, outputs]`.
 //!
-//! burn-nn's loss stays the reference of the tests and the default of `asr train`
-//! ([`CtcLossImpl`]).
+//! burn-nn's loss stays the reference of the tests and a choice of `asr train` (`--ctc-loss
+//! burn`, [`CtcLossImpl`]; the main job, `scripts/train.sh`, trains with it), whose default is
+//! this one.
 
 use core::fmt;
 use core::str::FromStr;

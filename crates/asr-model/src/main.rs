@@ -54,24 +54,18 @@ fn main() -> anyhow::Result<()> {
         Command::Manifest(args) => cli::manifest::run(args),
         Command::Import(args) => cli::import::run(args),
         Command::Join(args) => cli::join::run(args),
-        Command::Train(args) => cli::on_training_backend(args.backend, |name, device| {
-            cli::train::run(&args, name, device)
-        }),
-        Command::Eval(args) => cli::on_backend(args.backend, |name, device| {
-            cli::eval::run(&args, name, device)
-        }),
-        Command::Compare(args) => cli::on_backend(args.backend, |name, device| {
-            cli::compare::run(&args, name, device)
-        }),
-        Command::Clusters(args) => cli::on_backend(args.backend, |name, device| {
-            cli::clusters::run(&args, name, device)
-        }),
-        Command::Transcribe(args) => cli::on_backend(args.backend, |name, device| {
-            cli::transcribe::run(&args, name, device)
-        }),
-        Command::StepTime(args) => cli::on_training_backend(args.backend, |name, device| {
-            cli::step_time::run(&args, name, device)
-        }),
+        Command::Train(args) => {
+            cli::train::run(&args, args.backend, args.backend.device()?.autodiff())
+        }
+        Command::Eval(args) => cli::eval::run(&args, args.backend, args.backend.device()?),
+        Command::Compare(args) => cli::compare::run(&args, args.backend, args.backend.device()?),
+        Command::Clusters(args) => cli::clusters::run(&args, args.backend, args.backend.device()?),
+        Command::Transcribe(args) => {
+            cli::transcribe::run(&args, args.backend, args.backend.device()?)
+        }
+        Command::StepTime(args) => {
+            cli::step_time::run(&args, args.backend, args.backend.device()?.autodiff())
+        }
     }
 }
 

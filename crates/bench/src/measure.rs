@@ -113,17 +113,15 @@ fn flops(op: &str, args: &Args, len: usize) -> f64 {
     }
 }
 
-/// Whether Burn's fused attention materialises the `[L, S]` scores: always under autodiff
-/// (its backward is the decomposed fallback), always on CPU backends, and on CubeCL backends
-/// when `L ≤ 4096`, where its autotune also tries the fallback; beyond, it runs the flash
-/// kernel, which keeps `O(L)` memory.
+/// Whether Burn's fused attention materialises the `[L, S]` scores: always under autodiff (its
+/// backward is the decomposed fallback), on CPU backends, and on CubeCL backends built without
+/// Burn's autotune (this program's `autotune` feature), whose default strategy is then the
+/// fallback. With it, burn-cubecl 0.22.1's autotune lets the fallback compete only while
+/// `L ≤ E` (`kernel/attention/tune.rs`: scores no larger than a `[batch, S, d_model]`
+/// activation) and otherwise runs a flash kernel, which keeps `O(L)` memory.
 fn fused_materialises(args: &Args, gpu: bool, len: usize) -> bool {
-    args.mode == Mode::Train || !gpu || len <= FUSED_FALLBACK_MAX_LEN
+    args.mode == Mode::Train || !gpu || !cfg!(feature = "autotune") || len <= args.dim
 }
-
-/// Longest sequence at which Burn 0.21's attention autotune tries its materialising fallback
-/// on CubeCL backends (`burn-cubecl` `kernel/attention/tune.rs`).
-const FUSED_FALLBACK_MAX_LEN: usize = 4096;
 
 /// Rough peak memory of one run in bytes (floats in `--dtype`, K-means in 32-bit integers),
 /// to skip what would not fit.

@@ -38,10 +38,8 @@ impl Model {
 }
 
 fn main() {
-    // NdArray, as the example's required features say (Burn 0.22 deprecates it for Flex), with
-    // autodiff for training.
-    #[allow(deprecated)]
-    let device = Device::ndarray().autodiff();
+    // Flex, the crate's default CPU backend, with autodiff for training.
+    let device = Device::flex().autodiff();
     let mut model = Model::new(
         AttentionKind::Improved {
             clusters: 16,

@@ -21,30 +21,3 @@ pub mod manifest;
 pub mod step_time;
 pub mod train;
 pub mod transcribe;
-
-use backend_select::BackendName;
-use burn::tensor::Device;
-
-/// Runs a command on the default device of the backend `name` chosen on the command line
-/// (without autodiff).
-///
-/// # Errors
-/// The command's error, or the backend's when it is not compiled in.
-pub fn on_backend(
-    name: BackendName,
-    command: impl FnOnce(BackendName, Device) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    command(name, name.device()?)
-}
-
-/// Runs a training command on the default device of the backend `name` chosen on the command
-/// line, with autodiff ([`Device::autodiff`]).
-///
-/// # Errors
-/// The command's error, or the backend's when it is not compiled in.
-pub fn on_training_backend(
-    name: BackendName,
-    command: impl FnOnce(BackendName, Device) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    command(name, name.device()?.autodiff())
-}
