@@ -922,7 +922,8 @@ pub(super) fn centroid_attention(
     let empty = |shape: Vec<usize>, dtype: DType| {
         empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::from(shape), dtype)
     };
-    // One unit per cluster row, 32 or 64 rows per cube.
+    // 32 or 64 cluster rows per cube (`scan` and `merge`: one unit a row; `rest`: `rest_group`
+    // units a row).
     let units = row_units(clusters);
     let row_blocks = clusters.div_ceil(units);
     let Scan {

@@ -327,8 +327,10 @@ fn cmma_feature() -> bool {
 const SHARED_FLOATS: usize = 4096;
 
 /// Most bytes of shared memory a cube of the kernels that need more than [`SHARED_FLOATS`]
-/// takes (the top-k attention's scores, the products on cooperative matrices): 32 KiB, the
-/// least of the drivers the crate runs on (lavapipe's; CUDA gives 48 KiB per block).
+/// takes (the top-k attention's scores, the products on cooperative matrices, the parts of the
+/// scores of the centroid attention's kernels that split rows over units: its backward's and
+/// its `rest` pass at wide rows): 32 KiB, the least of the drivers the crate runs on
+/// (lavapipe's; CUDA gives 48 KiB per block).
 const MAX_SHARED_BYTES: usize = 32 * 1024;
 
 /// Most features `E` or `D` the attention kernels keep in registers per row.

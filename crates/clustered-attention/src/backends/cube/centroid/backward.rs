@@ -97,8 +97,9 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
     }
 }
 
-/// Backward pass 2, the centroids' gradient `dS · keys`. Grid as [`centroid_rest_kernel`], with
-/// `group` units per row: each holds every `group`-th feature of its row's centroid, of its
+/// Backward pass 2, the centroids' gradient `dS · keys`. Grid laid out as
+/// [`centroid_rest_kernel`]'s (X over chunks of keys, Y over blocks of `units` rows, Z over
+/// `bh`; its own `units`, tile and chunks), with `group` units per row: each holds every `group`-th feature of its row's centroid, of its
 /// `grad_values` row and of its sums in registers ([`load_row`]), and the cube streams the
 /// chunk's keys and values through shared memory. For each tile the units first write their
 /// parts of each key's score and of `grad_values · value` to shared memory, then, after a
