@@ -57,89 +57,17 @@ use cubecl::prelude::*;
 
 use super::device_properties;
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
-use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
+use super::{MAX_DIM, SHARED_FLOATS, linear};
 use crate::ops::CentroidAttention;
 use crate::ops::checks::check_centroid_attention;
 
 mod backward;
+mod rows;
 pub(super) use backward::centroid_attention_backward;
+use rows::{group_sum, load_row, load_tile, row_group, split_tile, store_row, tile_add, tile_dot};
 
 /// Marks an empty top-k slot (a chunk with fewer keys than `topk`).
 const EMPTY: u32 = u32::MAX;
-
-/// The dot product of a unit's features of a row (`own`, from [`load_row`]) with the same
-/// features of row `key` of the tile in `shared` (`dim` floats per row): with `group = 1` the
-/// whole row's, summed in feature order. `scan`, `rest` (at `group = 1`) and `prepare` all sum a
-/// score by it, so a key's score is the same bits in all three.
-#[cube]
-fn tile_dot(
-    own: &Array<f32>,
-    shared: &Shared<[f32]>,
-    key: usize,
-    lane: usize,
-    #[comptime] dim: usize,
-    #[comptime] group: usize,
-) -> f32 {
-    let base = key * dim + lane;
-    let mut sum = 0.0f32;
-    #[unroll]
-    for i in 0..comptime!(dim / group) {
-        sum += own[i] * shared[base + i * group];
-    }
-    // The last, partial stripe, which only some lanes have.
-    if comptime!(!dim.is_multiple_of(group)) {
-        let i = comptime!(dim / group);
-        if lane + i * group < dim {
-            sum += own[i] * shared[base + i * group];
-        }
-    }
-    sum
-}
-
-/// `sums += weight · row`, over a unit's features (`lane, lane + group, …` below `dim`) of row
-/// `key` of the tile in `shared`.
-#[cube]
-fn tile_add(
-    sums: &mut Array<f32>,
-    weight: f32,
-    shared: &Shared<[f32]>,
-    key: usize,
-    lane: usize,
-    #[comptime] dim: usize,
-    #[comptime] group: usize,
-) {
-    let base = key * dim + lane;
-    #[unroll]
-    for i in 0..comptime!(dim / group) {
-        sums[i] += weight * shared[base + i * group];
-    }
-    if comptime!(!dim.is_multiple_of(group)) {
-        let i = comptime!(dim / group);
-        if lane + i * group < dim {
-            sums[i] += weight * shared[base + i * group];
-        }
-    }
-}
-
-/// The sum of the `group` partial products that the units `first, …, first + group − 1` wrote
-/// for key `key` of the tile (`parts`: `[tile, cube]`, one column per unit of the cube), in the
-/// same order in every unit of the group, so that all of them see the same score.
-#[cube]
-fn group_sum(
-    parts: &Shared<[f32]>,
-    key: usize,
-    first: usize,
-    #[comptime] cube: usize,
-    #[comptime] group: usize,
-) -> f32 {
-    let base = key * cube + first;
-    let mut sum = 0.0f32;
-    #[unroll]
-    for l in 0..group {
-        sum += parts[base + l];
-    }
-    sum
-}
 
 /// Whether `(score, key)` ranks after `(other, other_key)`: a lower score, or an equal score
 /// at a higher key (the top-k order is by score, descending, ties to the lower key).
@@ -187,75 +115,6 @@ fn empty_list(best: &mut Array<f32>, best_keys: &mut Array<u32>, #[comptime] top
     for r in 0..topk {
         best[r] = f32::min_value();
         best_keys[r] = u32::new(EMPTY as i64);
-    }
-}
-
-/// Loads a unit's features of row `row` of `bh` (of `source`, `[B, H, rows, dim]`) into
-/// registers as `f32`: features `lane, lane + group, …` below `dim` (the whole row with
-/// `group = 1`), zeros past them and for an inactive unit.
-#[cube]
-fn load_row<F: Float>(
-    source: &Tensor<F>,
-    bh: usize,
-    row: usize,
-    active: bool,
-    lane: usize,
-    #[comptime] dim: usize,
-    #[comptime] group: usize,
-) -> Array<f32> {
-    let rows = source.shape(2);
-    let mut own = Array::<f32>::new(comptime!(dim.div_ceil(group)));
-    let base = (bh * rows + row) * dim + lane;
-    #[unroll]
-    for i in 0..comptime!(dim.div_ceil(group)) {
-        own[i] = 0.0f32;
-        if active && lane + i * group < dim {
-            own[i] = f32::cast_from(source[base + i * group]);
-        }
-    }
-    own
-}
-
-/// Writes a unit's features of `sums` (as [`load_row`] holds them) to `output[base + e]`.
-#[cube]
-fn store_row<T: CubePrimitive>(
-    output: &mut Tensor<T>,
-    sums: &Array<f32>,
-    base: usize,
-    lane: usize,
-    #[comptime] dim: usize,
-    #[comptime] group: usize,
-) {
-    #[unroll]
-    for i in 0..comptime!(dim.div_ceil(group)) {
-        if lane + i * group < dim {
-            output[base + lane + i * group] = T::cast_from(sums[i]);
-        }
-    }
-}
-
-/// Copies keys `start..start + tile` of `bh` (rows of `dim` floats of `source`, `[B, H, S,
-/// dim]`) into `shared` as `f32`, zeros past the last key; all units of the cube take part.
-#[cube]
-fn load_tile<F: Float>(
-    source: &Tensor<F>,
-    shared: &mut Shared<[f32]>,
-    bh: usize,
-    start: usize,
-    #[comptime] tile: usize,
-    #[comptime] dim: usize,
-) {
-    let keys_len = source.shape(2);
-    let base = (bh * keys_len + start) * dim;
-    let available = (keys_len - start) * dim;
-    let mut i = UNIT_POS_X as usize;
-    while i < comptime!(tile * dim) {
-        let mut x = 0.0f32;
-        if i < available {
-            x = f32::cast_from(source[base + i]);
-        }
-        shared[i] = x;
-        i += CUBE_DIM_X as usize;
     }
 }
 
@@ -729,26 +588,6 @@ fn tiles_per_chunk(keys_len: usize, tile: usize, other_cubes: usize) -> usize {
 /// uses the default body.
 pub(super) fn supported(dim: usize, dim_v: usize, topk: usize) -> bool {
     dim > 0 && dim_v > 0 && dim <= MAX_DIM && dim_v <= MAX_DIM && topk <= MAX_TOPK
-}
-
-/// Units per row of the kernels that split a row's features over units (a power of two, at
-/// most 8, which keeps rows of [`MAX_DIM`] features within the budget): the fewest for which a
-/// unit's `copies` of its features of two rows of `dims` features (the rows, and sums of the
-/// same widths) take at most `budget` floats of registers. Register use past about 200 floats
-/// a unit spills to local memory on CUDA, as `scripts/cuda-offline.sh` reports.
-fn row_group(dims: [usize; 2], copies: usize, budget: usize) -> usize {
-    let mut group = 1;
-    while group < 8 && copies * (dims[0].div_ceil(group) + dims[1].div_ceil(group)) > budget {
-        group *= 2;
-    }
-    group
-}
-
-/// Keys per tile of a kernel whose rows are split over units ([`row_group`]): each key takes
-/// `floats` floats of shared memory plus one per part written for it (`parts`), in
-/// [`MAX_SHARED_BYTES`]; at most 128.
-fn split_tile(floats: usize, parts: usize) -> usize {
-    (MAX_SHARED_BYTES / 4 / (floats + parts)).clamp(1, 128)
 }
 
 /// Cluster rows per cube of the kernels with one unit per row: 32 or 64.
