@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use clustered_attention::ops::{
-    CentroidAttention, ClusterTop, ClusteredAttentionBackward, attention_softmax,
+    CentroidAttention, ClusterTop, ClusteredAttentionBackward, Lengths, attention_softmax,
     centroid_attention, sparse_dot, sparse_scatter, sparse_weighted_sum, top_attention,
     topk_indices,
 };
@@ -159,7 +159,7 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
     let normal =
         |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0., 1.), &device);
     let forward =
-        B::centroid_attention_forward(float(&centroids), float(&k), float(&v), None, topk);
+        B::centroid_attention_forward(float(&centroids), float(&k), float(&v), Lengths::All, topk);
     let (grad_rest, grad_top_weights) = (
         normal([1, heads, clusters, dim]),
         normal([1, heads, clusters, topk]),
@@ -169,7 +169,7 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
             float(&centroids),
             float(&k),
             float(&v),
-            None,
+            Lengths::All,
             CentroidAttention {
                 values: forward.values.clone(),
                 top: forward.top.clone(),
@@ -191,7 +191,7 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
                 mass: float(&mass),
                 rest: float(&cluster_values),
             },
-            None,
+            Lengths::All,
             0.125,
             float(&grad),
         )

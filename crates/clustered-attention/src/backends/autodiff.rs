@@ -128,7 +128,7 @@ impl<B: ClusteredAttentionBackend> Backward<B, 1> for AttentionSoftmax {
 type TopState<B> = (
     [FloatTensor<B>; 5],
     (IntTensor<B>, IntTensor<B>),
-    Option<IntTensor<B>>,
+    Lengths<B>,
     f64,
 );
 
@@ -164,12 +164,7 @@ impl<B: ClusteredAttentionBackward> Backward<B, 5> for TopAttention {
 /// Backward state of the centroid attention: its float inputs (of the inner backend), the key
 /// lengths, its result (the rest of `Aᶜ V`, the top-k indices and weights, the log-sum-exps)
 /// and `D`, the width of (the rest of) `Aᶜ V` in the joined output.
-type CentroidState<B> = (
-    [FloatTensor<B>; 3],
-    Option<IntTensor<B>>,
-    CentroidOutput<B>,
-    usize,
-);
+type CentroidState<B> = ([FloatTensor<B>; 3], Lengths<B>, CentroidOutput<B>, usize);
 
 /// The parts of a [`CentroidAttention`] (which is not `Clone`).
 type CentroidOutput<B> = (
@@ -230,7 +225,7 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for CentroidAttentionOp {
 type ImprovedState<B> = (
     [FloatTensor<B>; 3],
     (IntTensor<B>, FloatTensor<B>),
-    Option<IntTensor<B>>,
+    Lengths<B>,
     f64,
     (FloatTensor<B>, CentroidOutput<B>, FloatTensor<B>),
 );
@@ -315,7 +310,7 @@ where
         FloatTensor<Self>,
         Option<(IntTensor<Self>, FloatTensor<Self>)>,
     ) {
-        let key_lengths = key_lengths.into_option();
+        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
         let nodes = [&centroids, &keys, &values].map(|x| x.node());
         let floats = [centroids, keys, values].map(|x| x.into_primitive());
         let dim_v = floats[2].shape().dims::<4>()[3];
@@ -351,28 +346,21 @@ where
         key_lengths: Lengths<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let key_lengths = key_lengths.into_option();
+        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
         let nodes = [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node());
         let floats =
             [queries, keys, values, clusters.mass, clusters.rest].map(|x| x.into_primitive());
         let forward = |[queries, keys, values, mass, rest]: [FloatTensor<B>; 5],
                        assignments,
                        topk,
-                       key_lengths: Option<IntTensor<B>>| {
+                       key_lengths: Lengths<B>| {
             let clusters = ClusterTop {
                 assignments,
                 topk,
                 mass,
                 rest,
             };
-            B::top_attention(
-                queries,
-                keys,
-                values,
-                clusters,
-                Lengths::<B>::from(key_lengths),
-                scale,
-            )
+            B::top_attention(queries, keys, values, clusters, key_lengths, scale)
         };
         let (assignments, topk) = (clusters.assignments, clusters.topk);
         match TopAttention.prepare::<C>(nodes).compute_bound().stateful() {
@@ -400,7 +388,7 @@ where
         topk: usize,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let key_lengths = key_lengths.into_option();
+        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
         let nodes = [&queries, &keys, &values].map(|x| x.node());
         let floats = [queries, keys, values].map(|x| x.into_primitive());
         // The clustering is a constant: its inverse counts carry no gradient.
@@ -443,7 +431,7 @@ where
                     k,
                     v,
                     clusters,
-                    Lengths::<B>::from(key_lengths),
+                    key_lengths,
                     topk,
                     scale,
                 ))

@@ -5,9 +5,10 @@
 //!
 //! - [`cpu`]: NdArray and Flex, host loops (and the [`HostAccess`](cpu::HostAccess) trait for
 //!   other CPU backends).
-//! - `cube/`: the CubeCL backend (WGPU, Vulkan, CUDA), each CubeCL kernel beside its launcher,
-//!   and `fusion.rs`, which implements the traits for Burn's `Cube` backend (`Fusion` over
-//!   `CubeBackend`) by registering them as custom operations.
+//! - `cube/`: the CubeCL backend (WGPU, Vulkan, CUDA), each CubeCL kernel beside its launcher;
+//!   its `mod.rs` implements the traits for Burn's `Cube` backend (`Fusion` over `CubeBackend`),
+//!   each op with a kernel registered as a custom operation (`fusion.rs`) that runs the
+//!   launcher when the stream executes.
 //! - `autodiff.rs`: `Autodiff`, the backward nodes of the differentiable ops.
 //! - `cuda` (feature `cuda`): what CUDA needs at run time, and [`cuda::toolkit`], its check.
 

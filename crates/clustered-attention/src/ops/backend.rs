@@ -322,8 +322,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
     /// log-sum-exp.
     ///
     /// # Shapes
-    /// As [`ClusteredAttentionBackend::centroid_attention`] (`key_lengths`: `None` when every
-    /// key is valid); the log-sum-exp is `[batch, heads, C, 1]` in `f32`.
+    /// As [`ClusteredAttentionBackend::centroid_attention`]; the log-sum-exp is `[batch, heads, C, 1]` in `f32`.
     ///
     /// # Panics
     /// As [`ClusteredAttentionBackend::centroid_attention`].
@@ -331,10 +330,9 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         topk: usize,
     ) -> CentroidAttention<Self> {
-        let key_lengths = Lengths::<Self>::from(key_lengths);
         let (values, top) = Self::centroid_attention(centroids, keys, values, key_lengths, topk);
         CentroidAttention {
             values,
@@ -378,7 +376,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         forward: CentroidAttention<Self>,
         grad_values: FloatTensor<Self>,
         grad_top_weights: Option<FloatTensor<Self>>,
@@ -425,7 +423,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         clusters: ClusterTop<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         scale: f64,
         grad: FloatTensor<Self>,
     ) -> TopAttentionGrads<Self> {
@@ -458,7 +456,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
     ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
@@ -498,7 +496,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         clusters: QueryClusters<Self>,
-        key_lengths: Option<IntTensor<Self>>,
+        key_lengths: Lengths<Self>,
         scale: f64,
         forward: ImprovedForward<Self>,
         grad: FloatTensor<Self>,

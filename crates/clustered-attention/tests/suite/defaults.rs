@@ -36,16 +36,9 @@ pub fn int_out<X: ClusteredAttentionBackend, const D: usize>(x: IntTensor<X>) ->
     X::int_tensor::<D>(x)
 }
 
-/// Lengths as the backward bodies take them.
-fn lengths_in<X: ClusteredAttentionBackend>(
-    lengths: Option<Tensor<1, Int>>,
-) -> Option<IntTensor<X>> {
-    lengths.map(int_in::<X, 1>)
-}
-
-/// Lengths as the forward bodies (those of the extension's ops) take them.
+/// Lengths as the ops take them.
 fn lengths_of<X: ClusteredAttentionBackend>(lengths: Option<Tensor<1, Int>>) -> Lengths<X> {
-    Lengths::from(lengths_in::<X>(lengths))
+    Lengths::from(lengths.map(int_in::<X, 1>))
 }
 
 fn cluster_top<X: ClusteredAttentionBackend>(
@@ -253,7 +246,7 @@ pub fn centroid_attention_backward<X: ClusteredAttentionBackward>(
         float_in::<X>(centroids),
         float_in::<X>(keys),
         float_in::<X>(values),
-        lengths_in::<X>(key_lengths),
+        lengths_of::<X>(key_lengths),
         forward,
         float_in::<X>(grad_values),
         top.map(|top| float_in::<X>(grad_top(int_out::<X, 4>(top)))),
@@ -268,7 +261,7 @@ pub type TopBackward<X> = fn(
     FloatTensor<X>,
     FloatTensor<X>,
     ClusterTop<X>,
-    Option<IntTensor<X>>,
+    Lengths<X>,
     f64,
     FloatTensor<X>,
 ) -> TopAttentionGrads<X>;
@@ -295,7 +288,7 @@ pub fn top_attention_backward<X: ClusteredAttentionBackward>(
         float_in::<X>(keys),
         float_in::<X>(values),
         cluster_top::<X>(assignments, topk, mass, rest),
-        lengths_in::<X>(key_lengths),
+        lengths_of::<X>(key_lengths),
         scale,
         float_in::<X>(grad),
     );
@@ -329,7 +322,7 @@ pub fn improved_attention_backward<X: ClusteredAttentionBackward>(
         float_in::<X>(keys.clone()),
         float_in::<X>(values.clone()),
         query_clusters::<X>(assignments.clone(), inverse_counts.clone()),
-        lengths_in::<X>(key_lengths.clone()),
+        lengths_of::<X>(key_lengths.clone()),
         topk,
         scale,
     );
@@ -338,7 +331,7 @@ pub fn improved_attention_backward<X: ClusteredAttentionBackward>(
         float_in::<X>(keys),
         float_in::<X>(values),
         query_clusters::<X>(assignments, inverse_counts),
-        lengths_in::<X>(key_lengths),
+        lengths_of::<X>(key_lengths),
         scale,
         forward,
         float_in::<X>(grad),

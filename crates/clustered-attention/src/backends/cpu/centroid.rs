@@ -15,7 +15,7 @@ use super::simd;
 use crate::ops::checks::check_centroid_attention;
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend,
-    ClusteredAttentionBackward, reference,
+    ClusteredAttentionBackward, Lengths, reference,
 };
 
 /// Cluster rows per block of the host centroid attention: all the clusters of a head in the
@@ -333,7 +333,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             centroids,
             keys,
             values,
-            key_lengths,
+            Lengths::from(key_lengths),
             forward,
             grad_values,
             grad_top_weights,

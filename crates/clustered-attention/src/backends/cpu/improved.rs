@@ -13,7 +13,7 @@ use super::top::{top_attention, top_backward_buffers};
 use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::{
-    AttentionGrads, ClusterTop, ClusteredAttentionBackward, ImprovedForward, NO_CLUSTER,
+    AttentionGrads, ClusterTop, ClusteredAttentionBackward, ImprovedForward, Lengths, NO_CLUSTER,
     QueryClusters, reference,
 };
 
@@ -46,7 +46,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
             keys,
             values,
             clusters,
-            key_lengths,
+            Lengths::from(key_lengths),
             topk,
             scale,
         );
@@ -171,7 +171,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             keys,
             values,
             clusters,
-            key_lengths,
+            Lengths::from(key_lengths),
             scale,
             forward,
             grad,

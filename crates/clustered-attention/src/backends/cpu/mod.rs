@@ -185,14 +185,14 @@ macro_rules! host_ops {
             centroids: FloatTensor<Self>,
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             topk: usize,
         ) -> CentroidAttention<Self> {
             $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
                 values,
-                key_lengths,
+                key_lengths.into_option(),
                 topk,
             )
         }
@@ -201,7 +201,7 @@ macro_rules! host_ops {
             centroids: FloatTensor<Self>,
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             forward: CentroidAttention<Self>,
             grad_values: FloatTensor<Self>,
             grad_top_weights: Option<FloatTensor<Self>>,
@@ -210,7 +210,7 @@ macro_rules! host_ops {
                 centroids,
                 keys,
                 values,
-                key_lengths,
+                key_lengths.into_option(),
                 forward,
                 grad_values,
                 grad_top_weights,
@@ -222,7 +222,7 @@ macro_rules! host_ops {
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             clusters: ClusterTop<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             scale: f64,
             grad: FloatTensor<Self>,
         ) -> TopAttentionGrads<Self> {
@@ -231,7 +231,7 @@ macro_rules! host_ops {
                 keys,
                 values,
                 clusters,
-                key_lengths,
+                key_lengths.into_option(),
                 scale,
                 grad,
             )
@@ -242,7 +242,7 @@ macro_rules! host_ops {
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             clusters: QueryClusters<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             topk: usize,
             scale: f64,
         ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
@@ -251,7 +251,7 @@ macro_rules! host_ops {
                 keys,
                 values,
                 clusters,
-                key_lengths,
+                key_lengths.into_option(),
                 topk,
                 scale,
             )
@@ -263,7 +263,7 @@ macro_rules! host_ops {
             keys: FloatTensor<Self>,
             values: FloatTensor<Self>,
             clusters: QueryClusters<Self>,
-            key_lengths: Option<IntTensor<Self>>,
+            key_lengths: Lengths<Self>,
             scale: f64,
             forward: ImprovedForward<Self>,
             grad: FloatTensor<Self>,
@@ -273,7 +273,7 @@ macro_rules! host_ops {
                 keys,
                 values,
                 clusters,
-                key_lengths,
+                key_lengths.into_option(),
                 scale,
                 forward,
                 grad,

@@ -12,7 +12,8 @@ use super::simd::{self, padded};
 use super::sparse::{MEMBER_CHUNK, Members, Sparse, add_block_rows, gather_rows, prefetch_ahead};
 use crate::ops::checks::check_top_attention;
 use crate::ops::{
-    ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward, TopAttentionGrads, reference,
+    ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward, Lengths, TopAttentionGrads,
+    reference,
 };
 
 /// Host [`ClusteredAttentionBackend::top_attention`](ClusteredAttentionBackend::top_attention) in
@@ -356,7 +357,7 @@ pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             keys,
             values,
             clusters,
-            key_lengths,
+            Lengths::from(key_lengths),
             scale,
             grad,
         );

@@ -1,20 +1,21 @@
-//! Burn's CubeCL backend (`burn::backend::Cube`, which is [`Fusion`](burn_fusion::Fusion) over
-//! [`CubeBackend`]: WGPU, Vulkan, CUDA): hashing, K-means, the top-k and the sparse products as
-//! CubeCL kernels, each `#[cube]` kernel beside its launcher, the launchers free functions on
-//! [`CubeTensor`]s (one per op, below).
+//! Burn's CubeCL backend (`burn::backend::Cube`, which is [`Fusion`] over [`CubeBackend`]:
+//! WGPU, Vulkan, CUDA): hashing, K-means, the top-k and the sparse products as CubeCL
+//! kernels, each `#[cube]` kernel beside its launcher, a free function on [`CubeTensor`]s.
 //!
 //! - `hash.rs`: `lsh_hash`; `kmeans.rs`: `hamming_kmeans` (the whole Lloyd loop);
 //!   `topk.rs`: `topk_indices`; `sparse.rs`: `sparse_dot`, `sparse_weighted_sum`,
 //!   `sparse_scatter`; `centroid.rs`: `centroid_attention`, and its backward in
 //!   `centroid/backward.rs`, flash-style (no `[C, S]` tensor);
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
-//!   `improved_attention_forward` sorts once for both; `mma.rs`: the score tiles of both
+//!   the improved attention's forward sorts once for both; `mma.rs`: the score tiles of both
 //!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`).
+//! - This file: the crate's traits for `Fusion<CubeBackend>`, each op with a kernel registered
+//!   on the Fusion stream by `fusion.rs`'s `defer` and run by its launcher when the stream
+//!   executes (`CubeBackend` itself is not a backend that Burn's `Dispatch` reaches when fusion
+//!   is on, so the traits, whose default bodies go through `Dispatch`, are not implemented for
+//!   it).
 //! - `offline.rs` (the crate's tests): every kernel built for an A100 and an H100 and compiled
 //!   to CUDA C++ without a GPU, through the `launch!` macro's capture (below).
-//! - `fusion.rs`: the same ops registered as Fusion custom operations, the implementation of
-//!   the crate's traits for `Fusion<CubeBackend>` (`CubeBackend` itself is not a backend that
-//!   Burn's `Dispatch` reaches when fusion is on).
 //!
 //! The other ops (the softmax, the backward passes of the top-k attention and of the whole
 //! improved attention), and the calls whose sizes the kernels do not take, run their default
@@ -83,10 +84,19 @@ use burn_cubecl::{CubeBackend, CubeDevice};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
-use crate::ops::{
-    CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward, QueryClusters,
-    ScoreProducts,
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn_fusion::Fusion;
+use burn_fusion::custom::{OperationOutput, ScalarIr};
+
+use crate::ops::checks::{
+    check_centroid_attention, check_cluster_top, check_planes, check_query_clusters, check_topk,
 };
+use crate::ops::{
+    CentroidAttention, CentroidAttentionGrads, ClusterTop, ClusteredAttentionBackend,
+    ClusteredAttentionBackward, ImprovedForward, Lengths, QueryClusters, ScoreProducts, reference,
+};
+use fusion::{Tensor, defer, uint};
 
 /// How the attention kernels compute their scores in `dtype` on `device` (see
 /// [`crate::ops::ScoreProducts`]): on cooperative matrices where the `cmma` feature is on and
@@ -96,99 +106,491 @@ pub fn score_products(device: &CubeDevice, dtype: DType) -> ScoreProducts {
     mma::score_products(&device.client(), dtype)
 }
 
-/// [`ClusteredAttentionBackend::lsh_hash`](crate::ClusteredAttentionBackend::lsh_hash) by its
-/// kernel: codes `[batch, heads, L]` of dtype `int_dtype`.
-pub(crate) fn lsh_hash(queries: CubeTensor, planes: CubeTensor, int_dtype: DType) -> CubeTensor {
-    hash::lsh_hash(queries, planes, int_dtype)
+/// The dtype of the int tensors the ops create on `tensor`'s device (see [`int_dtype`]).
+fn int_dtype_of(tensor: &Tensor) -> DType {
+    int_dtype(tensor.client.device())
 }
 
-/// [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend::hamming_kmeans)
-/// by its kernels: the assignments and counts in the dtype of `codes`. Reads `query_lengths`
-/// to the host.
-pub(crate) fn hamming_kmeans(
-    codes: CubeTensor,
-    query_lengths: Option<CubeTensor>,
-    clusters: usize,
-    iterations: usize,
-    seed: u64,
-) -> (CubeTensor, CubeTensor) {
-    kmeans::hamming_kmeans(codes, query_lengths, clusters, iterations, seed)
+/// The crate's ops on `Cube`: the kernels, each call registered by `fusion::defer` and run
+/// by its launcher, the shapes checked where the call is made; the softmax and the calls
+/// whose sizes the kernels do not take keep their default bodies on `Fusion<CubeBackend>`.
+impl ClusteredAttentionBackend for Fusion<CubeBackend> {
+    fn lsh_hash(queries: FloatTensor<Self>, planes: FloatTensor<Self>) -> IntTensor<Self> {
+        let [batch, heads, len, dim] = queries.shape().dims();
+        check_planes([batch, heads, len, dim], planes.shape().dims());
+        let int = int_dtype_of(&queries);
+        let codes = (Shape::new([batch, heads, len]), int);
+        let inputs = [Some(queries), Some(planes)];
+        defer(
+            LSH_HASH,
+            inputs,
+            vec![codes],
+            vec![],
+            move |[queries, planes]| Some(vec![hash::lsh_hash(queries?, planes?, int)]),
+        )
+        .output()
+    }
+
+    fn hamming_kmeans(
+        codes: IntTensor<Self>,
+        query_lengths: Lengths<Self>,
+        clusters: usize,
+        iterations: usize,
+        seed: u64,
+    ) -> (IntTensor<Self>, IntTensor<Self>) {
+        assert!(clusters > 0, "clusters must be at least 1, got 0");
+        let [batch, heads, len] = codes.shape().dims();
+        let dtype = codes.dtype;
+        let scalars = vec![uint(clusters), uint(iterations), ScalarIr::UInt(seed)];
+        let outputs = vec![
+            (Shape::new([batch, heads, len]), dtype),
+            (Shape::new([batch, heads, clusters]), dtype),
+        ];
+        let inputs = [Some(codes), query_lengths.into_option()];
+        let [assignments, counts] = defer(
+            HAMMING_KMEANS,
+            inputs,
+            outputs,
+            scalars,
+            move |[codes, lengths]| {
+                let (assignments, counts) =
+                    kmeans::hamming_kmeans(codes?, lengths, clusters, iterations, seed);
+                Some(vec![assignments, counts])
+            },
+        )
+        .outputs();
+        (assignments, counts)
+    }
+
+    fn centroid_attention(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Lengths<Self>,
+        topk: usize,
+    ) -> (
+        FloatTensor<Self>,
+        Option<(IntTensor<Self>, FloatTensor<Self>)>,
+    ) {
+        let attention =
+            Self::centroid_attention_forward(centroids, keys, values, key_lengths, topk);
+        (attention.values, attention.top)
+    }
+
+    fn top_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: ClusterTop<Self>,
+        key_lengths: Lengths<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
+        let [batch, heads, len, dim] = queries.shape().dims();
+        let dim_v = values.shape()[3];
+        let [_, _, num_clusters, k] = clusters.topk.shape().dims();
+        if !top::supported(dim, dim_v, k, num_clusters) {
+            return reference::top_attention::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                scale,
+            );
+        }
+        let output = (Shape::new([batch, heads, len, dim_v]), queries.dtype);
+        let inputs = [
+            Some(queries),
+            Some(keys),
+            Some(values),
+            Some(clusters.assignments),
+            Some(clusters.topk),
+            Some(clusters.mass),
+            Some(clusters.rest),
+            key_lengths.into_option(),
+        ];
+        let scalars = vec![ScalarIr::Float(scale)];
+        defer(
+            TOP_ATTENTION,
+            inputs,
+            vec![output],
+            scalars,
+            move |inputs| {
+                let [
+                    queries,
+                    keys,
+                    values,
+                    assignments,
+                    topk,
+                    mass,
+                    rest,
+                    lengths,
+                ] = inputs;
+                let sorted = top::Sorted::new(assignments?, num_clusters);
+                let output = top::top_attention(
+                    queries?, keys?, values?, topk?, mass?, rest?, lengths, scale, &sorted,
+                );
+                Some(vec![output])
+            },
+        )
+        .output()
+    }
+
+    fn improved_attention(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Lengths<Self>,
+        topk: usize,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let lengths = key_lengths;
+        Self::improved_attention_forward(queries, keys, values, clusters, lengths, topk, scale).0
+    }
+
+    fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
+        let [batch, heads, rows, len] = scores.shape().dims();
+        check_topk(k, len);
+        if k > topk::TOPK_SHARED {
+            // One sorted list of k would not fit in the merge's shared memory: the default
+            // body, which sorts on the host.
+            return reference::topk_indices::<Self>(scores, k);
+        }
+        let int = int_dtype_of(&scores);
+        let indices = (Shape::new([batch, heads, rows, k]), int);
+        defer(
+            TOPK_INDICES,
+            [Some(scores)],
+            vec![indices],
+            vec![uint(k)],
+            move |[scores]| Some(vec![topk::topk_indices(scores?, k, int)]),
+        )
+        .output()
+    }
+
+    fn sparse_dot(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [batch, heads, len, _] = queries.shape().dims();
+        let k = topk.shape()[3];
+        let output = (Shape::new([batch, heads, len, k]), queries.dtype);
+        let inputs = [queries, keys, topk, assignments].map(Some);
+        defer(
+            SPARSE_DOT,
+            inputs,
+            vec![output],
+            vec![],
+            |[q, k, topk, a]| Some(vec![sparse::sparse_dot(q?, k?, topk?, a?)]),
+        )
+        .output()
+    }
+
+    fn sparse_weighted_sum(
+        weights: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [batch, heads, len, _] = weights.shape().dims();
+        let dim = values.shape()[3];
+        let output = (Shape::new([batch, heads, len, dim]), weights.dtype);
+        let inputs = [weights, values, topk, assignments].map(Some);
+        defer(
+            SPARSE_WEIGHTED_SUM,
+            inputs,
+            vec![output],
+            vec![],
+            |[w, v, topk, a]| Some(vec![sparse::sparse_weighted_sum(w?, v?, topk?, a?)]),
+        )
+        .output()
+    }
+
+    fn sparse_scatter(
+        weights: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        topk: IntTensor<Self>,
+        assignments: IntTensor<Self>,
+        keys_len: usize,
+    ) -> FloatTensor<Self> {
+        if topk.shape()[2] > sparse::SORT_CLUSTERS {
+            // Too many clusters for the counting sort's shared memory: the default body.
+            return reference::sparse_scatter::<Self>(weights, x, topk, assignments, keys_len);
+        }
+        let [batch, heads, _, features] = x.shape().dims();
+        let output = (
+            Shape::new([batch, heads, keys_len, features]),
+            weights.dtype,
+        );
+        let inputs = [weights, x, topk, assignments].map(Some);
+        let scalars = vec![uint(keys_len)];
+        defer(
+            SPARSE_SCATTER,
+            inputs,
+            vec![output],
+            scalars,
+            move |[w, x, topk, a]| Some(vec![sparse::sparse_scatter(w?, x?, topk?, a?, keys_len)]),
+        )
+        .output()
+    }
 }
 
-/// [`ClusteredAttentionBackend::centroid_attention`](crate::ClusteredAttentionBackend::centroid_attention)
-/// by its kernels: the values and, with `topk > 0`, the top-k indices (of dtype `int_dtype`,
-/// which `key_lengths` is cast to) and weights. Call only when [`centroid::supported`]
-/// (otherwise the caller runs the default body).
-pub(crate) fn centroid_attention(
-    centroids: CubeTensor,
-    keys: CubeTensor,
-    values: CubeTensor,
-    key_lengths: Option<CubeTensor>,
-    topk: usize,
-    int_dtype: DType,
-) -> (CubeTensor, Option<(CubeTensor, CubeTensor)>) {
-    let attention =
-        centroid::centroid_attention(centroids, keys, values, key_lengths, topk, int_dtype);
-    (attention.values, attention.top)
+/// The backward passes on `Cube`: the centroid attention's forward (with its top-k) and
+/// backward and the improved attention's forward by the kernels; the top-k attention's and the
+/// whole improved attention's backward keep their default bodies on `Fusion<CubeBackend>`.
+impl ClusteredAttentionBackward for Fusion<CubeBackend> {
+    fn centroid_attention_forward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Lengths<Self>,
+        topk: usize,
+    ) -> CentroidAttention<Self> {
+        let [batch, heads, clusters, dim] = centroids.shape().dims();
+        let [_, _, keys_len, dim_v] = values.shape().dims();
+        check_centroid_attention(
+            [batch, heads, clusters, dim],
+            keys.shape().dims(),
+            [batch, heads, keys_len, dim_v],
+            topk,
+        );
+        if !centroid::supported(dim, dim_v, topk) {
+            // Rows too wide for registers, or a top-k list too long: the default body.
+            let (values, top) =
+                reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk);
+            return CentroidAttention {
+                values,
+                top,
+                log_sum_exp: None,
+            };
+        }
+        let (float, int) = (centroids.dtype, int_dtype_of(&centroids));
+        let shape = |last: usize| Shape::new([batch, heads, clusters, last]);
+        let mut outputs = vec![(shape(dim_v), float)];
+        if topk > 0 {
+            outputs.extend([(shape(topk), int), (shape(topk), float)]);
+        }
+        let inputs = [
+            Some(centroids),
+            Some(keys),
+            Some(values),
+            key_lengths.into_option(),
+        ];
+        let mut outputs = defer(
+            CENTROID_ATTENTION,
+            inputs,
+            outputs,
+            vec![uint(topk)],
+            move |[centroids, keys, values, lengths]| {
+                let attention =
+                    centroid::centroid_attention(centroids?, keys?, values?, lengths, topk, int);
+                let top = attention.top.into_iter().flat_map(|(i, w)| [i, w]);
+                Some([attention.values].into_iter().chain(top).collect())
+            },
+        )
+        .into_iter();
+        let values = outputs.next().expect("the values");
+        let top = outputs.next().zip(outputs.next());
+        CentroidAttention {
+            values,
+            top,
+            log_sum_exp: None,
+        }
+    }
+
+    fn centroid_attention_backward(
+        centroids: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        key_lengths: Lengths<Self>,
+        forward: CentroidAttention<Self>,
+        grad_values: FloatTensor<Self>,
+        grad_top_weights: Option<FloatTensor<Self>>,
+    ) -> CentroidAttentionGrads<Self> {
+        check_centroid_attention(
+            centroids.shape().dims(),
+            keys.shape().dims(),
+            values.shape().dims(),
+            0,
+        );
+        assert!(
+            forward.top.is_some() == grad_top_weights.is_some(),
+            "forward.top and grad_top_weights must both be given or both be None"
+        );
+        let dim = centroids.shape()[3];
+        let dim_v = values.shape()[3];
+        let topk = forward.top.as_ref().map_or(0, |(top, _)| top.shape()[3]);
+        let empty = [&centroids, &keys]
+            .iter()
+            .any(|x| x.shape().num_elements() == 0);
+        if empty || !centroid::supported(dim, dim_v, topk) {
+            return reference::centroid_attention_backward::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                forward,
+                grad_values,
+                grad_top_weights,
+            );
+        }
+        let like = |x: &Tensor| (x.shape(), x.dtype);
+        let outputs = vec![like(&centroids), like(&keys), like(&values)];
+        // The log-sum-exp is not an input: the kernels recompute the softmax statistics (and
+        // neither the kernels nor the default body produce it on this backend).
+        let (top_indices, top_weights) = forward.top.unzip();
+        let inputs = [
+            Some(centroids),
+            Some(keys),
+            Some(values),
+            key_lengths.into_option(),
+            Some(forward.values),
+            top_indices,
+            top_weights,
+            Some(grad_values),
+            grad_top_weights,
+        ];
+        let [centroids, keys, values] = defer(
+            CENTROID_ATTENTION_BACKWARD,
+            inputs,
+            outputs,
+            vec![],
+            |inputs| {
+                let [c, k, v, lengths, forward, top, weights, grad, grad_top] = inputs;
+                let forward = CentroidAttention {
+                    values: forward?,
+                    top: top.zip(weights),
+                    log_sum_exp: None,
+                };
+                let grads = centroid::centroid_attention_backward(
+                    c?, k?, v?, lengths, forward, grad?, grad_top,
+                );
+                Some(vec![grads.centroids, grads.keys, grads.values])
+            },
+        )
+        .outputs();
+        CentroidAttentionGrads {
+            centroids,
+            keys,
+            values,
+        }
+    }
+
+    fn improved_attention_forward(
+        queries: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        clusters: QueryClusters<Self>,
+        key_lengths: Lengths<Self>,
+        topk: usize,
+        scale: f64,
+    ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+        assert!(topk > 0, "topk must be at least 1, got 0");
+        let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
+        let [batch, heads, len, dim] = queries.shape().dims();
+        let [_, _, keys_len, dim_v] = values.shape().dims();
+        check_centroid_attention(
+            [batch, heads, num_clusters, dim],
+            keys.shape().dims(),
+            [batch, heads, keys_len, dim_v],
+            topk,
+        );
+        if !top::supported(dim, dim_v, topk, num_clusters) || !centroid::supported(dim, dim_v, topk)
+        {
+            return reference::improved_attention_forward::<Self>(
+                queries,
+                keys,
+                values,
+                clusters,
+                key_lengths,
+                topk,
+                scale,
+            );
+        }
+        let (float, int) = (queries.dtype, int_dtype_of(&queries));
+        let shape = |rows: usize, last: usize| Shape::new([batch, heads, rows, last]);
+        let outputs = vec![
+            (shape(len, dim_v), float),
+            (shape(num_clusters, dim), float),
+            (shape(num_clusters, dim_v), float),
+            (shape(num_clusters, topk), int),
+            (shape(num_clusters, topk), float),
+            (shape(num_clusters, 1), float),
+        ];
+        let scalars = vec![uint(topk), ScalarIr::Float(scale)];
+        let QueryClusters {
+            assignments,
+            inverse_counts,
+        } = clusters;
+        let inputs = [
+            Some(queries),
+            Some(keys),
+            Some(values),
+            Some(assignments),
+            Some(inverse_counts),
+            key_lengths.into_option(),
+        ];
+        let [output, centroids, rest, indices, weights, mass] = defer(
+            IMPROVED_ATTENTION_FORWARD,
+            inputs,
+            outputs,
+            scalars,
+            move |inputs| {
+                let [queries, keys, values, assignments, inverse_counts, lengths] = inputs;
+                let clusters = QueryClusters {
+                    assignments: assignments?,
+                    inverse_counts: inverse_counts?,
+                };
+                let (output, forward) = improved_forward(
+                    queries?, keys?, values?, clusters, lengths, topk, scale, int,
+                );
+                let (indices, weights) = forward.centroid_attention.top?;
+                Some(vec![
+                    output,
+                    forward.centroids,
+                    forward.centroid_attention.values,
+                    indices,
+                    weights,
+                    forward.mass,
+                ])
+            },
+        )
+        .outputs();
+        let forward = ImprovedForward {
+            centroids,
+            centroid_attention: CentroidAttention {
+                values: rest,
+                top: Some((indices, weights)),
+                log_sum_exp: None,
+            },
+            mass,
+        };
+        (output, forward)
+    }
 }
 
-/// [`ClusteredAttentionBackward::centroid_attention_backward`](crate::ops::ClusteredAttentionBackward::centroid_attention_backward)
-/// by its kernels. Call only when [`centroid::supported`] (with `forward`'s `topk`) and the
-/// centroids and keys are not empty (otherwise the caller runs the default body).
+/// The names of the custom operations ([`fusion::defer`]).
+const LSH_HASH: &str = "clustered_attention::lsh_hash";
+const HAMMING_KMEANS: &str = "clustered_attention::hamming_kmeans";
+const TOPK_INDICES: &str = "clustered_attention::topk_indices";
+const SPARSE_DOT: &str = "clustered_attention::sparse_dot";
+const SPARSE_WEIGHTED_SUM: &str = "clustered_attention::sparse_weighted_sum";
+const SPARSE_SCATTER: &str = "clustered_attention::sparse_scatter";
+const CENTROID_ATTENTION: &str = "clustered_attention::centroid_attention";
+const CENTROID_ATTENTION_BACKWARD: &str = "clustered_attention::centroid_attention_backward";
+const TOP_ATTENTION: &str = "clustered_attention::top_attention";
+const IMPROVED_ATTENTION_FORWARD: &str = "clustered_attention::improved_attention_forward";
+
+/// The improved attention's forward by the kernels: the cluster means, the centroid attention
+/// with the top-k (indices of dtype `int_dtype`) and the top-k attention, over one sort of the
+/// queries by cluster. The shapes are checked by the caller; call only with `topk ≥ 1` and
+/// when both [`top::supported`] and [`centroid::supported`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn centroid_attention_backward(
-    centroids: CubeTensor,
-    keys: CubeTensor,
-    values: CubeTensor,
-    key_lengths: Option<CubeTensor>,
-    forward: CentroidAttention<CubeBackend>,
-    grad_values: CubeTensor,
-    grad_top_weights: Option<CubeTensor>,
-) -> CentroidAttentionGrads<CubeBackend> {
-    centroid::centroid_attention_backward(
-        centroids,
-        keys,
-        values,
-        key_lengths,
-        forward,
-        grad_values,
-        grad_top_weights,
-    )
-}
-
-/// [`ClusteredAttentionBackend::top_attention`](crate::ClusteredAttentionBackend::top_attention)
-/// by its kernels, after a sort of the queries by cluster. The shapes are checked by the
-/// caller; call only when [`top::supported`] (otherwise the caller runs the default body).
-pub(crate) fn top_attention(
-    queries: CubeTensor,
-    keys: CubeTensor,
-    values: CubeTensor,
-    clusters: ClusterTop<CubeBackend>,
-    key_lengths: Option<CubeTensor>,
-    scale: f64,
-) -> CubeTensor {
-    let num_clusters = clusters.topk.meta.shape()[2];
-    let sorted = top::Sorted::new(clusters.assignments, num_clusters);
-    top::top_attention(
-        queries,
-        keys,
-        values,
-        clusters.topk,
-        clusters.mass,
-        clusters.rest,
-        key_lengths,
-        scale,
-        &sorted,
-    )
-}
-
-/// [`ClusteredAttentionBackward::improved_attention_forward`](crate::ops::ClusteredAttentionBackward::improved_attention_forward)
-/// by the kernels: the cluster means, [`centroid_attention`] with the top-k (indices of dtype
-/// `int_dtype`) and [`top_attention`]. The shapes are checked by the caller; call only with
-/// `topk ≥ 1` and when both [`top::supported`] and [`centroid::supported`] (otherwise the
-/// caller runs the default body).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn improved_attention_forward(
+fn improved_forward(
     queries: CubeTensor,
     keys: CubeTensor,
     values: CubeTensor,
@@ -211,7 +613,7 @@ pub(crate) fn improved_attention_forward(
         int_dtype,
     ));
     let centroids = top::cluster_means(queries.clone(), clusters.inverse_counts, &sorted, scale);
-    let (rest, top) = centroid_attention(
+    let attention = centroid::centroid_attention(
         centroids.clone(),
         keys.clone(),
         values.clone(),
@@ -219,7 +621,8 @@ pub(crate) fn improved_attention_forward(
         topk,
         int_dtype,
     );
-    let (top, top_weights) = top.expect("topk ≥ 1 gives the top-k");
+    let rest = attention.values;
+    let (top, top_weights) = attention.top.expect("topk ≥ 1 gives the top-k");
     let mass = CubeBackend::float_sum_dim(top_weights.clone(), 3);
     let output = top::top_attention(
         queries,
@@ -242,48 +645,6 @@ pub(crate) fn improved_attention_forward(
         mass,
     };
     (output, forward)
-}
-
-/// [`ClusteredAttentionBackend::topk_indices`](crate::ClusteredAttentionBackend::topk_indices)
-/// by its kernel: indices of dtype `int_dtype`. Call only with `k ≤` [`topk::TOPK_SHARED`]
-/// (otherwise the caller runs the default body, which sorts on the host).
-pub(crate) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> CubeTensor {
-    topk::topk_indices(scores, k, int_dtype)
-}
-
-/// [`ClusteredAttentionBackend::sparse_dot`](crate::ClusteredAttentionBackend::sparse_dot) by
-/// its kernel.
-pub(crate) fn sparse_dot(
-    queries: CubeTensor,
-    keys: CubeTensor,
-    topk: CubeTensor,
-    assignments: CubeTensor,
-) -> CubeTensor {
-    sparse::sparse_dot(queries, keys, topk, assignments)
-}
-
-/// [`ClusteredAttentionBackend::sparse_weighted_sum`](crate::ClusteredAttentionBackend::sparse_weighted_sum)
-/// by its kernel.
-pub(crate) fn sparse_weighted_sum(
-    weights: CubeTensor,
-    values: CubeTensor,
-    topk: CubeTensor,
-    assignments: CubeTensor,
-) -> CubeTensor {
-    sparse::sparse_weighted_sum(weights, values, topk, assignments)
-}
-
-/// [`ClusteredAttentionBackend::sparse_scatter`](crate::ClusteredAttentionBackend::sparse_scatter)
-/// by its kernels. Call only with at most [`sparse::SORT_CLUSTERS`] clusters (otherwise the
-/// caller runs the default body).
-pub(crate) fn sparse_scatter(
-    weights: CubeTensor,
-    x: CubeTensor,
-    topk: CubeTensor,
-    assignments: CubeTensor,
-    keys_len: usize,
-) -> CubeTensor {
-    sparse::sparse_scatter(weights, x, topk, assignments, keys_len)
 }
 
 /// `tensor` as the argument of a kernel, which indexes it linearly.

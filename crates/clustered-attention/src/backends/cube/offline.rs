@@ -322,14 +322,14 @@ fn run_ops(dtype: DType, dim: usize, device: &CubeDevice) {
     let clusters = 100;
     let queries = || floats([BATCH, HEADS, LEN, dim], dtype, device);
     let planes = CubeBackend::float_zeros(Shape::new([32, dim + 1]), device, dtype.into());
-    let codes = super::lsh_hash(queries(), planes, int);
+    let codes = super::hash::lsh_hash(queries(), planes, int);
     // The whole Lloyd loop in one launch (100 clusters) and in steps, the votes in global
     // memory (200).
     for clusters in [clusters, 200] {
-        let _ = super::hamming_kmeans(codes.clone(), None, clusters, 10, 7);
+        let _ = super::kmeans::hamming_kmeans(codes.clone(), None, clusters, 10, 7);
     }
     let scores = floats([BATCH, HEADS, clusters, LEN], dtype, device);
-    let _ = super::topk_indices(scores, TOPK, int);
+    let _ = super::topk::topk_indices(scores, TOPK, int);
 
     let centroids = floats([BATCH, HEADS, clusters, dim], dtype, device);
     for topk in [0, TOPK] {
@@ -346,7 +346,7 @@ fn run_ops(dtype: DType, dim: usize, device: &CubeDevice) {
             .top
             .as_ref()
             .map(|_| floats([BATCH, HEADS, clusters, topk], dtype, device));
-        let _ = super::centroid_attention_backward(
+        let _ = super::centroid::centroid_attention_backward(
             centroids.clone(),
             queries(),
             queries(),
@@ -369,7 +369,7 @@ fn run_ops(dtype: DType, dim: usize, device: &CubeDevice) {
                 dtype.into(),
             ),
         };
-        let _ = super::improved_attention_forward(
+        let _ = super::improved_forward(
             queries(),
             queries(),
             queries(),
@@ -384,9 +384,10 @@ fn run_ops(dtype: DType, dim: usize, device: &CubeDevice) {
     let topk = ints([BATCH, HEADS, clusters, TOPK], device);
     let assignments = ints([BATCH, HEADS, LEN], device);
     let weights = || floats([BATCH, HEADS, LEN, TOPK], dtype, device);
-    let _ = super::sparse_dot(queries(), queries(), topk.clone(), assignments.clone());
-    let _ = super::sparse_weighted_sum(weights(), queries(), topk.clone(), assignments.clone());
-    let _ = super::sparse_scatter(weights(), queries(), topk, assignments, LEN);
+    let _ = super::sparse::sparse_dot(queries(), queries(), topk.clone(), assignments.clone());
+    let _ =
+        super::sparse::sparse_weighted_sum(weights(), queries(), topk.clone(), assignments.clone());
+    let _ = super::sparse::sparse_scatter(weights(), queries(), topk, assignments, LEN);
 }
 
 /// The kernels of the crate: every `#[cube(launch, ..)]` function of the cube backend's files.

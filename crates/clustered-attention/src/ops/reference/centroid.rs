@@ -99,7 +99,7 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     forward: CentroidAttention<B>,
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
@@ -119,7 +119,7 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
         grad_values.dims(),
         [batch, heads, clusters, dim_v]
     );
-    let key_lengths = key_lengths.map(B::int_tensor::<1>);
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
     let scores = centroid_scores(centroids.clone(), keys.clone(), key_lengths);
     let weights = attention_softmax(scores);
     let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));

@@ -2,7 +2,7 @@
 //! intermediate results and its backward: compositions of the backend's ops.
 
 use burn::backend::TensorMetadata;
-use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::tensor::FloatTensor;
 
 use super::device_ints;
 use crate::ops::checks::check_query_clusters;
@@ -79,7 +79,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     clusters: QueryClusters<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     topk: usize,
     scale: f64,
 ) -> (FloatTensor<B>, ImprovedForward<B>) {
@@ -116,7 +116,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
             mass: mass.clone(),
             rest: attention.values.clone(),
         },
-        Lengths::<B>::from(key_lengths),
+        key_lengths,
         scale,
     );
     let forward = ImprovedForward {
@@ -141,7 +141,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     clusters: QueryClusters<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     scale: f64,
     forward: ImprovedForward<B>,
     grad: FloatTensor<B>,

@@ -1,6 +1,6 @@
 //! Default bodies of [`ClusteredAttentionBackend::top_attention`] and its backward.
 
-use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Int, Tensor};
 
 use super::{device_ints, padded_keys};
@@ -68,7 +68,7 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     keys: FloatTensor<B>,
     values: FloatTensor<B>,
     clusters: ClusterTop<B>,
-    key_lengths: Option<IntTensor<B>>,
+    key_lengths: Lengths<B>,
     scale: f64,
     grad: FloatTensor<B>,
 ) -> TopAttentionGrads<B> {
@@ -84,7 +84,7 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
         B::float_tensor::<4>(clusters.rest),
         B::float_tensor::<4>(grad),
     );
-    let key_lengths = key_lengths.map(B::int_tensor::<1>);
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
     let [batch, heads, len, _] = queries.dims();
     let [_, _, keys_len, dim_v] = values.dims();
     let num_clusters = topk.dims()[2];
