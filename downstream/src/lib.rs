@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    AttentionKind, MultiHeadClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
 };
 
 /// The block's sizes and its attention.
@@ -27,7 +27,7 @@ impl EncoderBlockConfig {
     pub fn init(&self, device: &Device) -> EncoderBlock {
         EncoderBlock {
             attention_norm: LayerNormConfig::new(self.d_model).init(device),
-            attention: ClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
+            attention: MultiHeadClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
                 .with_dropout(0.0)
                 .init(device),
             ff_norm: LayerNormConfig::new(self.d_model).init(device),

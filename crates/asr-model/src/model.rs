@@ -17,8 +17,8 @@ use burn::tensor::module::linear;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clustered_attention::dropout::dropout;
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, Clusters,
-    MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionInput, Clusters, MultiHeadClusteredAttention,
+    MultiHeadClusteredAttentionConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -284,7 +284,7 @@ impl AsrModelConfig {
     /// `n_outputs < 2`, `n_mels`, `d_model` or `d_ff` is 0, the front end has 0 channels,
     /// `conv_kernel` is even, `inter_ctc_weight` is outside `[0, 1)` or positive with fewer
     /// than 2 layers, or the attention's settings are invalid
-    /// ([`ClusteredAttentionConfig::validate`]: `d_model` not divisible by `n_heads`, a
+    /// ([`MultiHeadClusteredAttentionConfig::validate`]: `d_model` not divisible by `n_heads`, a
     /// count of the attention 0, `dropout` outside `[0, 1)`).
     pub fn validate(&self) -> Result<(), String> {
         if !matches!(self.subsampling, 1 | 2 | 4) {
@@ -323,8 +323,8 @@ impl AsrModelConfig {
     }
 
     /// The attention of layer `layer`: its hashing planes seeded by `seed + layer`.
-    fn attention_config(&self, layer: usize) -> ClusteredAttentionConfig {
-        ClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
+    fn attention_config(&self, layer: usize) -> MultiHeadClusteredAttentionConfig {
+        MultiHeadClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
             .with_dropout(self.dropout)
             .with_seed(self.seed.wrapping_add(layer as u64))
     }

@@ -8,7 +8,8 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{Device, Distribution, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    MultiHeadClusteredAttentionConfig,
 };
 
 /// A one-layer model: self-attention, then a linear read-out.
@@ -21,7 +22,7 @@ struct Model {
 impl Model {
     fn new(attention: AttentionKind, device: &Device) -> Self {
         Self {
-            attention: ClusteredAttentionConfig::new(32, 4, attention)
+            attention: MultiHeadClusteredAttentionConfig::new(32, 4, attention)
                 .with_dropout(0.0)
                 .init(device),
             readout: LinearConfig::new(32, 1).init(device),

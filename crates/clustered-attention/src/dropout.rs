@@ -3,9 +3,9 @@
 //! [`dropout`] is `burn::nn::Dropout`'s: active only on an autodiff device
 //! ([`Device::is_autodiff`](burn::tensor::Device::is_autodiff)), each element zeroed with
 //! probability `p` and the others scaled by `1 / (1 − p)` (Srivastava et al., *Dropout*, JMLR
-//! 2014). Unlike burn-nn 0.22's `Dropout`, it has no training flag of its own: a module frozen
-//! with `Module::freeze` but left on an autodiff device still applies it (`Module::valid`,
-//! which leaves the autodiff device, turns it off). By default its masks come from the
+//! 2014). The function has no training flag of its own; the layer
+//! ([`crate::MultiHeadClusteredAttention::training`]) carries one as burn-nn 0.22's `Dropout`
+//! does, so a layer frozen with `Module::freeze` applies none. By default its masks come from the
 //! backend's random generator, as burn-nn's do. Inside [`with_dropout_seed`] they come instead
 //! from a generator of the calling thread, seeded by the caller (xoshiro256++, drawn on the
 //! host and uploaded as one tensor). Data-parallel training wants this: the backend's

@@ -1,7 +1,7 @@
 //! The multi-head layer: projections around full, clustered or improved clustered attention.
 
 use burn::config::Config;
-use burn::module::{Initializer, Module};
+use burn::module::{Flag, Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
@@ -15,7 +15,7 @@ use crate::ops::checks::validate_bits;
 
 /// Configuration of a [`MultiHeadClusteredAttention`] layer.
 #[derive(Config, Debug)]
-pub struct ClusteredAttentionConfig {
+pub struct MultiHeadClusteredAttentionConfig {
     /// Size of the input and output features.
     pub d_model: usize,
     /// Number of heads; must divide `d_model`.
@@ -65,10 +65,10 @@ pub struct ClusteredAttentionConfig {
 /// # Example
 /// ```
 /// use burn::tensor::{Device, Distribution, Tensor};
-/// use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
+/// use clustered_attention::{AttentionKind, MultiHeadClusteredAttentionConfig, ClusteredAttentionInput};
 ///
 /// let device = Device::default();
-/// let layer = ClusteredAttentionConfig::new(32, 4, AttentionKind::Improved { clusters: 10, topk: 8 })
+/// let layer = MultiHeadClusteredAttentionConfig::new(32, 4, AttentionKind::Improved { clusters: 10, topk: 8 })
 ///     .init(&device);
 /// let x = Tensor::<3>::random([2, 50, 32], Distribution::Default, &device);
 /// let y = layer.forward(ClusteredAttentionInput::self_attn(x));
@@ -109,11 +109,16 @@ pub struct MultiHeadClusteredAttention {
     pub scale: Option<f64>,
     /// Dropout on the attention weights.
     pub dropout: f64,
+    /// Whether the dropout applies (on an autodiff device), as burn-nn's `Dropout::training`:
+    /// enabled by [`MultiHeadClusteredAttentionConfig::init`], disabled by `Module::freeze` and
+    /// `Module::valid`, enabled again by `Module::unfreeze`. A flag is runtime configuration:
+    /// no record holds its value.
+    pub training: Param<Flag>,
     /// Seed of the hash planes and initial centroids.
     pub seed: u64,
 }
 
-impl ClusteredAttentionConfig {
+impl MultiHeadClusteredAttentionConfig {
     /// Checks the configuration without building anything: what [`Self::init`] would panic
     /// on, as an error (for a configuration read from a file).
     ///
@@ -166,6 +171,7 @@ impl ClusteredAttentionConfig {
             hash_bias: self.hash_bias,
             scale: self.scale,
             dropout: self.dropout,
+            training: Param::from_bool(true),
             seed: self.seed,
         }
     }
@@ -325,9 +331,13 @@ impl MultiHeadClusteredAttention {
             self.heads(input.key, &self.key)
         };
         let values = self.heads(input.value, &self.value);
+        let dropout = match self.training.is_enabled() {
+            true => self.dropout,
+            false => 0.0,
+        };
         let options = AttentionOptions::new()
             .with_scale(self.scale)
-            .with_dropout(self.dropout);
+            .with_dropout(dropout);
         let clustering = |clusters| {
             ClusteringOptions::new(clusters)
                 .with_bits(self.bits)

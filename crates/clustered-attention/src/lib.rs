@@ -7,7 +7,7 @@
 //!   taking an [`AttentionInput`]: [`FullAttention`], [`ClusteredAttention`],
 //!   [`ImprovedClusteredAttention`], and the paper's baselines [`LshAttention`] (Reformer's
 //!   lsh-X), [`SharedFullAttention`] and [`OracleTopAttention`].
-//! - A multi-head layer with burn-nn's parameter layout: [`ClusteredAttentionConfig`] →
+//! - A multi-head layer with burn-nn's parameter layout: [`MultiHeadClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`]; the attention named by [`AttentionKind`].
 //! - The clustering: [`ClusteringOptions`], [`cluster_queries`].
 //! - The ops behind a backend extension trait, [`ClusteredAttentionBackend`] ([`ops`]):
@@ -60,7 +60,9 @@ pub use clustering::{
 };
 pub use dropout::with_dropout_seed;
 pub use kind::{AttentionKind, ParseAttentionKindError};
-pub use layer::{ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention};
+pub use layer::{
+    ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
+};
 pub use ops::ClusteredAttentionBackend;
 
 /// The README's examples run as doctests.

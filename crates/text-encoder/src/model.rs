@@ -8,7 +8,8 @@ use burn::tensor::Device;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    AttentionKind, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    MultiHeadClusteredAttentionConfig,
 };
 
 /// Configuration of a [`TextEncoder`]: the hyper-parameters of a BERT checkpoint
@@ -98,7 +99,7 @@ impl TextEncoderConfig {
     /// # Panics
     /// If `num_attention_heads` does not divide `hidden_size`, `bits` is outside `1..=32`, or
     /// the attention kind is invalid (a cluster count or `topk` of 0; see
-    /// [`ClusteredAttentionConfig::init`]).
+    /// [`MultiHeadClusteredAttentionConfig::init`]).
     pub fn init(&self, device: &Device) -> TextEncoder {
         let d = self.hidden_size;
         let norm = || {
@@ -114,7 +115,7 @@ impl TextEncoderConfig {
         };
         let layers = (0..self.num_hidden_layers)
             .map(|i| EncoderLayer {
-                attention: ClusteredAttentionConfig::new(
+                attention: MultiHeadClusteredAttentionConfig::new(
                     d,
                     self.num_attention_heads,
                     self.attention,

@@ -13,9 +13,9 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{DType, Device, Distribution, FloatDType, Int, Tensor};
 use clustered_attention::{
-    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionConfig,
-    ClusteredAttentionInput, ClusteringOptions, FullAttention, ImprovedClusteredAttention,
-    MultiHeadClusteredAttention, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
+    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionInput,
+    ClusteringOptions, FullAttention, ImprovedClusteredAttention, MultiHeadClusteredAttention,
+    MultiHeadClusteredAttentionConfig, cluster_queries, hamming_kmeans, lsh_hash, lsh_planes,
 };
 
 use crate::common::*;
@@ -364,7 +364,7 @@ impl ModuleMapper for CastParams {
 pub fn layer_trains_one_batch(device: &Device, dtype: FloatDType) {
     device.seed(3);
     let (batch, len, d_model) = (2, 40, 16);
-    let layer = ClusteredAttentionConfig::new(
+    let layer = MultiHeadClusteredAttentionConfig::new(
         d_model,
         2,
         AttentionKind::Improved {

@@ -2,8 +2,9 @@
 
 use burn::tensor::{Distribution, Tensor};
 use clustered_attention::{
-    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, ClusteredAttentionConfig,
-    FullAttention, ImprovedClusteredAttention, LshAttention, LshOptions, lsh_planes,
+    AttentionInput, AttentionKind, AttentionOptions, ClusteredAttention, FullAttention,
+    ImprovedClusteredAttention, LshAttention, LshOptions, MultiHeadClusteredAttentionConfig,
+    lsh_planes,
 };
 
 use crate::common::{lengths, ndarray};
@@ -33,7 +34,7 @@ fn bits_33() {
 #[test]
 #[should_panic(expected = "bits must be in 1..=32 (codes are u32 words), got 33")]
 fn layer_bits_33() {
-    ClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 2 })
+    MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 2 })
         .with_bits(33)
         .init(&ndarray());
 }
@@ -127,14 +128,14 @@ fn lengths_wrong_shape() {
 #[test]
 #[should_panic(expected = "d_model (30) must be divisible by n_heads (4)")]
 fn d_model_not_divisible() {
-    ClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init(&ndarray());
+    MultiHeadClusteredAttentionConfig::new(30, 4, AttentionKind::Full).init(&ndarray());
 }
 
-/// `ClusteredAttentionConfig::validate` accepts what `init` builds, and for each setting that
+/// `MultiHeadClusteredAttentionConfig::validate` accepts what `init` builds, and for each setting that
 /// `init` panics on returns that panic's message.
 #[test]
 fn validate_reports_what_init_panics_on() {
-    let good = ClusteredAttentionConfig::new(
+    let good = MultiHeadClusteredAttentionConfig::new(
         8,
         2,
         AttentionKind::Improved {
@@ -146,19 +147,19 @@ fn validate_reports_what_init_panics_on() {
     good.init(&ndarray());
     let bad = [
         (
-            ClusteredAttentionConfig::new(30, 4, AttentionKind::Full),
+            MultiHeadClusteredAttentionConfig::new(30, 4, AttentionKind::Full),
             "d_model (30) must be divisible by n_heads (4)",
         ),
         (
-            ClusteredAttentionConfig::new(8, 0, AttentionKind::Full),
+            MultiHeadClusteredAttentionConfig::new(8, 0, AttentionKind::Full),
             "d_model (8) must be divisible by n_heads (0)",
         ),
         (
-            ClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 0 }),
+            MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 0 }),
             "clusters must be at least 1, got 0",
         ),
         (
-            ClusteredAttentionConfig::new(
+            MultiHeadClusteredAttentionConfig::new(
                 8,
                 2,
                 AttentionKind::Improved {
@@ -169,7 +170,7 @@ fn validate_reports_what_init_panics_on() {
             "topk must be at least 1, got 0",
         ),
         (
-            ClusteredAttentionConfig::new(
+            MultiHeadClusteredAttentionConfig::new(
                 8,
                 2,
                 AttentionKind::Lsh {
@@ -180,11 +181,11 @@ fn validate_reports_what_init_panics_on() {
             "chunk_size must be at least 1, got 0",
         ),
         (
-            ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_bits(33),
+            MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_bits(33),
             "bits must be in 1..=32 (codes are u32 words), got 33",
         ),
         (
-            ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_dropout(1.0),
+            MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_dropout(1.0),
             "dropout must be in [0, 1), got 1",
         ),
     ];
@@ -206,7 +207,7 @@ fn validate_reports_what_init_panics_on() {
 fn layer_input_width() {
     use clustered_attention::ClusteredAttentionInput;
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let layer = MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let x = Tensor::<3>::zeros([1, 5, 6], &device);
     layer.forward(ClusteredAttentionInput::self_attn(x));
 }

@@ -1,12 +1,16 @@
 //! The multi-head layer: burn-nn record compatibility and swapping the attention kind.
 
 use burn::module::Module;
+use burn::nn::DropoutConfig;
 use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig};
 use burn::store::ModuleRecord;
 use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
-use clustered_attention::{AttentionKind, ClusteredAttentionConfig, ClusteredAttentionInput};
+use clustered_attention::{
+    AttentionKind, ClusteredAttentionInput, MultiHeadClusteredAttention,
+    MultiHeadClusteredAttentionConfig,
+};
 
-use crate::common::{Host4, dot, host_ints, ndarray, softmax};
+use crate::common::{Host4, autodiff, dot, flex, host_ints, ndarray, softmax};
 
 fn max_abs(a: Tensor<3>, b: Tensor<3>) -> f32 {
     (a - b).abs().max().into_scalar::<f32>()
@@ -51,7 +55,7 @@ fn burn_nn_record_round_trip() {
     // Burn initializes parameters lazily, and the clones of an uninitialized parameter each
     // draw their own values: materialize them before cloning.
     materialize(&[&mha.query, &mha.key, &mha.value, &mha.output]);
-    let layer = ClusteredAttentionConfig::new(d_model, n_heads, AttentionKind::Full)
+    let layer = MultiHeadClusteredAttentionConfig::new(d_model, n_heads, AttentionKind::Full)
         .with_seed(1)
         .init(&device)
         .load_record(through_bytes(mha.clone()));
@@ -96,8 +100,9 @@ fn burn_nn_record_round_trip() {
 fn swap_attention_kind_keeps_weights() {
     let device = ndarray();
     let len = 20;
-    let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::Clustered { clusters: 3 })
-        .init(&device);
+    let layer =
+        MultiHeadClusteredAttentionConfig::new(16, 2, AttentionKind::Clustered { clusters: 3 })
+            .init(&device);
     materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
     let x = Tensor::<3>::random([2, len, 16], Distribution::Default, &device);
     let lengths = Tensor::from_data(TensorData::new(vec![20i64, 13], [2]), &device);
@@ -194,7 +199,7 @@ fn attention_kind_parses_and_prints() {
 )]
 fn mask_pad_must_be_padding() {
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let layer = MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let x = Tensor::<3>::zeros([1, 4, 8], &device);
     let mask = Tensor::<2, Bool>::from_data(
         TensorData::new(vec![false, true, false, true], [1, 4]),
@@ -207,7 +212,7 @@ fn mask_pad_must_be_padding() {
 #[should_panic(expected = "give either mask_pad [1, 4] or key_lengths [1], not both")]
 fn mask_pad_and_key_lengths_conflict() {
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let layer = MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let x = Tensor::<3>::zeros([1, 4, 8], &device);
     let mask = Tensor::<2, Bool>::from_data(
         TensorData::new(vec![false, false, true, true], [1, 4]),
@@ -223,11 +228,71 @@ fn mask_pad_and_key_lengths_conflict() {
 
 /// Self-attention given key lengths alone takes them as its query lengths too; a key length
 /// past the sequence is named as the argument it was given as.
+/// A layer frozen with `Module::freeze` on an autodiff device applies no dropout, as burn-nn's
+/// `Dropout` frozen there applies none: its output is the same weights' without dropout, to
+/// 1e-6, for full and improved attention on Flex; unfrozen (before, and after
+/// `Module::unfreeze`) the dropout of 0.5 moves it by more than 1e-2, and burn-nn's moves its
+/// input.
+#[test]
+fn frozen_layer_applies_no_dropout() {
+    let device = autodiff(&flex());
+    let (d_model, n_heads, len) = (32, 4, 40);
+    let x = Tensor::<3>::random([2, len, d_model], Distribution::Default, &device);
+    let input = || ClusteredAttentionInput::self_attn(x.clone());
+    let kinds = [
+        AttentionKind::Full,
+        AttentionKind::Improved {
+            clusters: 8,
+            topk: 4,
+        },
+    ];
+    for kind in kinds {
+        let layer = MultiHeadClusteredAttentionConfig::new(d_model, n_heads, kind)
+            .with_dropout(0.5)
+            .with_seed(1)
+            .init(&device);
+        materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
+        let without = MultiHeadClusteredAttention {
+            dropout: 0.0,
+            ..layer.clone()
+        }
+        .forward(input());
+        let dropped = max_abs(layer.clone().forward(input()), without.clone());
+        assert!(
+            dropped > 1e-2,
+            "{kind}: dropout 0.5 moved the output by {dropped}"
+        );
+        let frozen = layer.freeze();
+        assert!(
+            !frozen.training.is_enabled(),
+            "{kind}: freeze keeps training"
+        );
+        let diff = max_abs(frozen.clone().forward(input()), without.clone());
+        assert!(
+            diff <= 1e-6,
+            "{kind}: the frozen layer is {diff} off no dropout"
+        );
+        let dropped = max_abs(frozen.unfreeze().forward(input()), without);
+        assert!(
+            dropped > 1e-2,
+            "{kind}: unfrozen, dropout moved it by {dropped}"
+        );
+    }
+    let dropout = DropoutConfig::new(0.5).init();
+    let moved = max_abs(dropout.clone().forward(x.clone()), x.clone());
+    assert!(moved > 1e-2, "burn-nn's dropout moved its input by {moved}");
+    let kept = max_abs(dropout.freeze().forward(x.clone()), x);
+    assert_eq!(
+        kept, 0.0,
+        "burn-nn's frozen dropout moved its input by {kept}"
+    );
+}
+
 #[test]
 #[should_panic(expected = "key_lengths[0] = 5 is outside 0..=4 (the sequence length)")]
 fn self_attention_names_a_bad_key_length() {
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let layer = MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let x = Tensor::<3>::zeros([1, 4, 8], &device);
     let lengths = Tensor::from_data(TensorData::new(vec![5i64], [1]), &device);
     layer.forward(ClusteredAttentionInput::self_attn(x).key_lengths(lengths));
@@ -239,7 +304,7 @@ fn self_attention_names_a_bad_key_length() {
 )]
 fn shared_qk_kind_needs_shared_layer() {
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
+    let layer = MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).init(&device);
     let _ = layer.with_attention("lsh:4".parse().unwrap());
 }
 
@@ -278,7 +343,7 @@ fn attention_f64(q: &Host4, k: &Host4, v: &Host4, shared: bool, device: &Device)
 #[test]
 fn shared_qk_layer_uses_query_projection() {
     let device = ndarray();
-    let layer = ClusteredAttentionConfig::new(16, 2, AttentionKind::SharedFull)
+    let layer = MultiHeadClusteredAttentionConfig::new(16, 2, AttentionKind::SharedFull)
         .with_dropout(0.0)
         .init(&device);
     materialize(&[&layer.query, &layer.key, &layer.value, &layer.output]);
@@ -347,7 +412,7 @@ fn query_clusters_are_those_of_the_layers_queries() {
             QueryGrouping::PositionBlocks,
         ),
     ] {
-        let layer = ClusteredAttentionConfig::new(d_model, heads, kind)
+        let layer = MultiHeadClusteredAttentionConfig::new(d_model, heads, kind)
             .with_seed(9)
             .init(&device);
         // Queries on the host: [batch, heads, len, d_k].
@@ -393,6 +458,7 @@ fn query_clusters_are_those_of_the_layers_queries() {
             .assignments;
         assert_eq!(host_ints(ours), host_ints(expected), "{kind}");
     }
-    let full = ClusteredAttentionConfig::new(d_model, heads, AttentionKind::Full).init(&device);
+    let full =
+        MultiHeadClusteredAttentionConfig::new(d_model, heads, AttentionKind::Full).init(&device);
     assert!(full.query_clusters(x, lengths()).is_none());
 }
