@@ -246,8 +246,8 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         topk: usize,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let lengths = key_lengths;
-        Self::improved_attention_forward(queries, keys, values, clusters, lengths, topk, scale).0
+        Self::improved_attention_forward(queries, keys, values, clusters, key_lengths, topk, scale)
+            .0
     }
 
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
