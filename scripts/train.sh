@@ -61,7 +61,8 @@ elif ASR_BIN="$bin" bash scripts/get-real-speech.sh; then
     # warm-up and a linear decay to 0 at the last step, only speed perturbation (the recordings
     # are degraded already; SpecAugment slowed learning more than 14 epochs can make up), and
     # no dropout (within 20 minutes the model is far from overfitting, and steps without it
-    # are faster).
+    # are faster). Both CTC losses are `asr train`'s default, the alpha-beta recursions on the
+    # host: epochs about a tenth shorter than with burn-nn's `CTCLoss` (docs/asr-real-speech.md).
     corpora=(data/corpus data/games/sky data/games/queen)
     args=("${corpora[@]/#/--corpus=}")
     option --front-end conv:128
@@ -85,9 +86,6 @@ if [ "$games" = 0 ]; then
     args=(--corpus data/corpus)
     option --epochs "${EPOCHS:-40}"
 fi
-# burn-nn's CTC loss, with which the main job's results were measured (on its clips of 40 to 90
-# encoder steps it costs little; `asr train`'s default is the alpha-beta loss).
-option --ctc-loss burn
 option --devices "cpu:$cores"
 option --out runs/improved
 out=${out:-runs/improved}
