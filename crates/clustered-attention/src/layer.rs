@@ -338,14 +338,8 @@ impl MultiHeadClusteredAttention {
         let options = AttentionOptions::new()
             .with_scale(self.scale)
             .with_dropout(dropout);
-        let clustering = |clusters| {
-            ClusteringOptions::new(clusters)
-                .with_bits(self.bits)
-                .with_iterations(self.iterations)
-                .with_hash_bias(self.hash_bias)
-                .with_seed(self.seed)
-        };
-        let blocks = |clusters| clustering(clusters).with_grouping(QueryGrouping::PositionBlocks);
+        let clustering =
+            || (self.clustering_options()).expect("the clustered kinds have clustering options");
         let input = AttentionInput {
             queries,
             keys,
@@ -355,23 +349,16 @@ impl MultiHeadClusteredAttention {
         };
         let context = match self.attention {
             AttentionKind::Full => FullAttention::new().with_options(options).forward(input),
-            AttentionKind::Clustered { clusters } => ClusteredAttention::new(clusters)
-                .with_clustering(clustering(clusters))
-                .with_options(options)
-                .forward(input),
-            AttentionKind::Improved { clusters, topk } => {
-                ImprovedClusteredAttention::new(clusters, topk)
-                    .with_clustering(clustering(clusters))
+            AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
+                ClusteredAttention::new(clusters)
+                    .with_clustering(clustering())
                     .with_options(options)
                     .forward(input)
             }
-            AttentionKind::Blocks { clusters } => ClusteredAttention::new(clusters)
-                .with_clustering(blocks(clusters))
-                .with_options(options)
-                .forward(input),
-            AttentionKind::ImprovedBlocks { clusters, topk } => {
+            AttentionKind::Improved { clusters, topk }
+            | AttentionKind::ImprovedBlocks { clusters, topk } => {
                 ImprovedClusteredAttention::new(clusters, topk)
-                    .with_clustering(blocks(clusters))
+                    .with_clustering(clustering())
                     .with_options(options)
                     .forward(input)
             }
@@ -412,6 +399,24 @@ impl MultiHeadClusteredAttention {
         x: Tensor<3>,
         query_lengths: Option<Tensor<1, Int>>,
     ) -> Option<crate::Clusters> {
+        let options = self.clustering_options()?;
+        assert!(
+            x.dims()[2] == self.d_model,
+            "x must have shape [batch, seq, d_model = {}], got {:?}",
+            self.d_model,
+            x.dims()
+        );
+        Some(crate::cluster_queries(
+            self.heads(x, &self.query),
+            query_lengths,
+            &options,
+        ))
+    }
+
+    /// The clustering of the layer's attention: its clusters, grouped by Hamming K-means or
+    /// (the `blocks` kinds) by position blocks, with the layer's bits, iterations, hash bias
+    /// and seed. `None` for the kinds that do not cluster the queries.
+    fn clustering_options(&self) -> Option<ClusteringOptions> {
         let (clusters, grouping) = match self.attention {
             AttentionKind::Clustered { clusters } | AttentionKind::Improved { clusters, .. } => {
                 (clusters, QueryGrouping::HammingKmeans)
@@ -421,23 +426,13 @@ impl MultiHeadClusteredAttention {
             }
             _ => return None,
         };
-        assert!(
-            x.dims()[2] == self.d_model,
-            "x must have shape [batch, seq, d_model = {}], got {:?}",
-            self.d_model,
-            x.dims()
-        );
         let options = ClusteringOptions::new(clusters)
             .with_bits(self.bits)
             .with_iterations(self.iterations)
             .with_hash_bias(self.hash_bias)
             .with_seed(self.seed)
             .with_grouping(grouping);
-        Some(crate::cluster_queries(
-            self.heads(x, &self.query),
-            query_lengths,
-            &options,
-        ))
+        Some(options)
     }
 
     /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]` through `linear`.

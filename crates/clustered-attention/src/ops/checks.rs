@@ -46,7 +46,8 @@ pub(crate) fn check_planes(queries: [usize; 4], planes: [usize; 2]) {
     );
 }
 
-/// Checks the shapes of a [`ClusteredAttentionBackend::centroid_attention`] call.
+/// Checks the shapes of a [`ClusteredAttentionBackend::centroid_attention`] call and returns
+/// those of the centroids and the values.
 ///
 /// # Panics
 /// If `centroids [batch, heads, C, E]`, `keys [batch, heads, S, E]` and
@@ -56,7 +57,7 @@ pub(crate) fn check_centroid_attention(
     keys: [usize; 4],
     values: [usize; 4],
     topk: usize,
-) {
+) -> ([usize; 4], [usize; 4]) {
     assert!(
         centroids[..2] == keys[..2]
             && keys[..3] == values[..3]
@@ -70,6 +71,7 @@ pub(crate) fn check_centroid_attention(
         "topk must be in 0..={} (the number of keys), got {topk}",
         keys[2]
     );
+    (centroids, values)
 }
 
 /// Checks the shapes of a [`ClusteredAttentionBackend::improved_attention`] call's clustering and
@@ -155,6 +157,42 @@ pub(crate) fn check_topk(k: usize, len: usize) {
     );
 }
 
+/// The lengths tensor `name` (`[batch]`) read to the host by `read`, once `dims` has given its
+/// shape, and checked against its sequence's length `seq_len`: one length per batch item (all
+/// `seq_len` when `None`). The backends' readers of optional lengths are this with their own
+/// tensor type.
+///
+/// # Panics
+/// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
+pub(crate) fn checked_lengths<T>(
+    name: &str,
+    lengths: Option<T>,
+    batch: usize,
+    seq_len: usize,
+    dims: impl FnOnce(&T) -> Vec<usize>,
+    read: impl FnOnce(T) -> Vec<i64>,
+) -> Vec<usize> {
+    let Some(lengths) = lengths else {
+        return vec![seq_len; batch];
+    };
+    let dims = dims(&lengths);
+    assert!(
+        dims == [batch],
+        "{name} must have shape [batch] = [{batch}], got {dims:?}"
+    );
+    read(lengths)
+        .into_iter()
+        .enumerate()
+        .map(|(b, len)| {
+            assert!(
+                (0..=seq_len as i64).contains(&len),
+                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
+            );
+            len as usize
+        })
+        .collect()
+}
+
 /// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
 /// sequence's length `seq_len`.
 ///
@@ -168,25 +206,9 @@ pub(crate) fn host_lengths(
     batch: usize,
     seq_len: usize,
 ) -> Vec<usize> {
-    let Some(lengths) = lengths else {
-        return vec![seq_len; batch];
-    };
-    let dims = lengths.dims();
-    assert!(
-        dims == [batch],
-        "{name} must have shape [batch] = [{batch}], got {dims:?}"
-    );
-    let data = lengths.into_data();
-    data.iter::<i64>()
-        .enumerate()
-        .map(|(b, len)| {
-            assert!(
-                (0..=seq_len as i64).contains(&len),
-                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
-            );
-            len as usize
-        })
-        .collect()
+    let dims = |lengths: &Tensor<1, Int>| lengths.dims().to_vec();
+    let read = |lengths: Tensor<1, Int>| lengths.into_data().iter::<i64>().collect();
+    checked_lengths(name, lengths, batch, seq_len, dims, read)
 }
 
 /// Reads `key_lengths` (`[batch]`) to the host, as [`host_lengths`] does, and checks that every

@@ -74,6 +74,28 @@ pub struct CentroidAttention<B: Backend> {
     pub log_sum_exp: Option<FloatTensor<B>>,
 }
 
+impl<B: Backend> CentroidAttention<B> {
+    /// The clusters' share of improved attention that this centroid attention gives: its top-k
+    /// keys and its rest, with the queries' `assignments` and the clusters' `mass` (paper
+    /// eqs. 9–10).
+    ///
+    /// # Panics
+    /// If it has no top-k (`topk = 0`).
+    pub(crate) fn cluster_top(
+        &self,
+        assignments: IntTensor<B>,
+        mass: FloatTensor<B>,
+    ) -> ClusterTop<B> {
+        let (topk, _) = self.top.clone().expect("improved attention has the top-k");
+        ClusterTop {
+            assignments,
+            topk,
+            mass,
+            rest: self.values.clone(),
+        }
+    }
+}
+
 /// The gradients of [`ClusteredAttentionBackend::centroid_attention`] with respect to its inputs,
 /// each of its input's shape ([`ClusteredAttentionBackward::centroid_attention_backward`]).
 pub struct CentroidAttentionGrads<B: Backend> {

@@ -5,6 +5,8 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, TensorMetadata, get_or_init_device_settings};
 use burn::tensor::{DType, TensorData, read_sync};
 
+use crate::ops::checks::checked_lengths;
+
 /// Host-memory access to a CPU backend's tensors.
 ///
 /// The default methods go through the backend's `float_into_data` / `int_into_data` (a copy
@@ -95,26 +97,8 @@ pub(super) fn lengths_on_host<B: HostAccess>(
     batch: usize,
     seq_len: usize,
 ) -> Vec<usize> {
-    let Some(lengths) = lengths else {
-        return vec![seq_len; batch];
-    };
-    let shape = lengths.shape();
-    let dims: &[usize] = &shape;
-    assert!(
-        dims == [batch],
-        "{name} must have shape [batch] = [{batch}], got {dims:?}"
-    );
-    B::ints_to_vec(lengths)
-        .into_iter()
-        .enumerate()
-        .map(|(b, len)| {
-            assert!(
-                (0..=seq_len as i64).contains(&len),
-                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
-            );
-            len as usize
-        })
-        .collect()
+    let dims = |lengths: &IntTensor<B>| lengths.shape().to_vec();
+    checked_lengths(name, lengths, batch, seq_len, dims, B::ints_to_vec)
 }
 
 /// Reads `key_lengths` (`[batch]`) to the host, as [`lengths_on_host`] does, and checks that

@@ -73,11 +73,8 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
         };
     }
     let (device, dtype) = (centroids.device(), centroids.dtype());
-    let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
-    let [_, _, keys_len, _] = dims::<B, 4>(&keys);
-    let [_, _, _, dim_v] = dims::<B, 4>(&values);
-    check_centroid_attention(
-        [batch, heads, clusters, dim],
+    let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
+        dims::<B, 4>(&centroids),
         dims::<B, 4>(&keys),
         dims::<B, 4>(&values),
         topk,
@@ -376,12 +373,10 @@ pub(super) fn centroid_backward_into<B: HostAccess + ClusteredAttentionBackend>(
     grad_top_weights: Option<FloatTensor<B>>,
     (grad_keys, grad_vals): (&mut [f32], &mut [f32]),
 ) -> Vec<f32> {
-    let [batch, heads, clusters, dim] = dims::<B, 4>(&centroids);
-    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
-    check_centroid_attention(
-        [batch, heads, clusters, dim],
+    let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
+        dims::<B, 4>(&centroids),
         dims::<B, 4>(&keys),
-        [batch, heads, keys_len, dim_v],
+        dims::<B, 4>(&values),
         0,
     );
     for (name, x) in [

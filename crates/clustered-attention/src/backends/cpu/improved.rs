@@ -8,12 +8,12 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use super::access::{HostAccess, dims, on_host, write_float};
 use super::centroid::{centroid_attention, centroid_backward_into};
 use super::parallel::for_each_row;
-use super::top::{top_attention, top_backward_buffers};
+use super::top::top_backward_buffers;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::{
-    AttentionGrads, ClusterTop, ClusteredAttentionBackward, ImprovedForward, Lengths, NO_CLUSTER,
+    AttentionGrads, ClusteredAttentionBackward, ImprovedForward, Lengths, NO_CLUSTER,
     QueryClusters, reference,
 };
 
@@ -24,7 +24,8 @@ use crate::ops::{
 /// queries' order per `(batch, head)` on rayon's pool, then the host
 /// [`centroid_attention`](super::centroid_attention) of the centroids with the top-k keys (with
 /// its log-sum-exps, which [`improved_attention_backward`] uses), the mass (the sum of each
-/// row's top-k weights) and the host [`top_attention`](super::top_attention) of every query.
+/// row's top-k weights) and the backend's [`ClusteredAttentionBackend::top_attention`] of every
+/// query (on NdArray and Flex the host [`top_attention`](super::top_attention)).
 /// Falls back to the default body when an input is not `f32`, `f16` or `bf16`.
 ///
 /// # Panics
@@ -95,33 +96,23 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
         key_lengths.clone(),
         topk,
     );
-    let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
-    let mass = B::with_f32(&top_weights, |weights| {
+    let (_, top_weights) = attention.top.as_ref().expect("topk ≥ 1 gives the top-k");
+    let mass = B::with_f32(top_weights, |weights| {
         weights
             .chunks_exact(topk)
             .map(|row| row.iter().sum::<f32>())
             .collect::<Vec<f32>>()
     });
     let mass = write_float::<B, 4>(mass, [batch, heads, num_clusters, 1], &device, dtype);
-    let output = top_attention::<B>(
+    let queries = reference::ImprovedQueries {
         queries,
         keys,
         values,
-        ClusterTop {
-            assignments: clusters.assignments,
-            topk: top,
-            mass: mass.clone(),
-            rest: attention.values.clone(),
-        },
-        key_lengths,
+        assignments: clusters.assignments,
+        key_lengths: Lengths::from(key_lengths),
         scale,
-    );
-    let forward = ImprovedForward {
-        centroids,
-        centroid_attention: attention,
-        mass,
     };
-    (output, forward)
+    queries.top_attention(centroids, attention, mass)
 }
 
 /// Host
@@ -186,18 +177,13 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
         centroid_attention,
         mass,
     } = forward;
-    let (top, top_weights) = centroid_attention.top.clone().expect("checked above");
+    let (_, top_weights) = centroid_attention.top.clone().expect("checked above");
     let top_shape = dims::<B, 4>(&top_weights);
     let mut g = top_backward_buffers::<B>(
         queries,
         keys.clone(),
         values.clone(),
-        ClusterTop {
-            assignments: clusters.assignments.clone(),
-            topk: top,
-            mass,
-            rest: centroid_attention.values.clone(),
-        },
+        centroid_attention.cluster_top(clusters.assignments.clone(), mass),
         key_lengths.clone(),
         scale,
         grad,

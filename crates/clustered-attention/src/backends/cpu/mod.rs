@@ -282,11 +282,11 @@ macro_rules! host_ops {
     };
 }
 
-// `burn-ndarray` is deprecated in Burn 0.22 (for Flex); its backend is still supported here.
-#[cfg(feature = "ndarray")]
+// Both traits on each CPU backend of the build, by the host ops above. `burn-ndarray` is
+// deprecated in Burn 0.22 (for Flex); its backend is still supported here.
+#[cfg(any(feature = "ndarray", feature = "flex"))]
 #[allow(deprecated)]
-mod ndarray {
-    use burn::backend::NdArray;
+mod impls {
     use burn::backend::tensor::{FloatTensor, IntTensor};
 
     use crate::ops::{
@@ -295,31 +295,23 @@ mod ndarray {
         QueryClusters, TopAttentionGrads,
     };
 
-    impl ClusteredAttentionBackend for NdArray {
+    #[cfg(feature = "ndarray")]
+    impl ClusteredAttentionBackend for burn::backend::NdArray {
         host_ops!(backend);
     }
 
-    impl ClusteredAttentionBackward for NdArray {
+    #[cfg(feature = "ndarray")]
+    impl ClusteredAttentionBackward for burn::backend::NdArray {
         host_ops!(backward);
     }
-}
 
-#[cfg(feature = "flex")]
-mod flex {
-    use burn::backend::Flex;
-    use burn::backend::tensor::{FloatTensor, IntTensor};
-
-    use crate::ops::{
-        AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop,
-        ClusteredAttentionBackend, ClusteredAttentionBackward, ImprovedForward, Lengths,
-        QueryClusters, TopAttentionGrads,
-    };
-
-    impl ClusteredAttentionBackend for Flex {
+    #[cfg(feature = "flex")]
+    impl ClusteredAttentionBackend for burn::backend::Flex {
         host_ops!(backend);
     }
 
-    impl ClusteredAttentionBackward for Flex {
+    #[cfg(feature = "flex")]
+    impl ClusteredAttentionBackward for burn::backend::Flex {
         host_ops!(backward);
     }
 }

@@ -141,31 +141,38 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // Sparse products
 
-/// Dot products of `G` query rows with the columns `c..c + LANES` of `key_t` (`[dim, kp]`).
+/// Products `Σ_e rows[g][e] · block[e, c..c + LANES]` of `G` rows with the columns
+/// `c..c + LANES` of a `[inner, width]` block, `inner = block.len() / width`: dot products of
+/// query rows with transposed keys, or weighted sums of value rows.
 ///
 /// # Panics
-/// If `c + LANES > kp` or a row is shorter than `dim`.
+/// If `c + LANES > width` or a row is shorter than `inner`.
 #[inline(always)]
-fn dot_group<const FMA: bool, const G: usize>(
+fn rows_times_block<const FMA: bool, const G: usize>(
     rows: [&[f32]; G],
-    key_t: &[f32],
-    kp: usize,
+    block: &[f32],
+    width: usize,
     c: usize,
 ) -> [[f32; LANES]; G] {
     let mut acc = [[0f32; LANES]; G];
-    let dim = key_t.len() / kp;
-    assert!(c + LANES <= kp, "columns {c}..{} past {kp}", c + LANES);
-    let rows = rows.map(|row| &row[..dim]);
+    let inner = block.len() / width;
+    assert!(
+        c + LANES <= width,
+        "columns {c}..{} past {width}",
+        c + LANES
+    );
+    let rows = rows.map(|row| &row[..inner]);
     // Indices checked above, so that nothing in the loop can panic: a panic edge would keep
     // the accumulators in memory instead of registers.
-    for e in 0..dim {
-        // SAFETY: e < dim and c + LANES ≤ kp, so the block lies in key_t ([dim × kp]).
-        let keys = unsafe { &*key_t.as_ptr().add(e * kp + c).cast::<[f32; LANES]>() };
+    for e in 0..inner {
+        // SAFETY: e < inner and c + LANES ≤ width, so the block's row part lies in block
+        // ([inner × width]).
+        let columns = unsafe { &*block.as_ptr().add(e * width + c).cast::<[f32; LANES]>() };
         for g in 0..G {
-            // SAFETY: e < dim, the length of every row.
-            let q = unsafe { *rows[g].get_unchecked(e) };
+            // SAFETY: e < inner, the length of every row.
+            let x = unsafe { *rows[g].get_unchecked(e) };
             for l in 0..LANES {
-                acc[g][l] = madd::<FMA>(q, keys[l], acc[g][l]);
+                acc[g][l] = madd::<FMA>(x, columns[l], acc[g][l]);
             }
         }
     }
@@ -173,108 +180,41 @@ fn dot_group<const FMA: bool, const G: usize>(
 }
 
 multiversion! {
-    /// `out[i·k + r] = x[i] · key_t[.., r]` for every row `i` of `members` (`r < k`).
+    /// `out[i·n + j] = Σ_e x[i·inner + e] · block[e, j]` for every row `i` of `members`
+    /// (`j < n`): the members' dot products with the `n` top keys (`x` the queries, `inner`
+    /// their dimension, `block` the keys transposed) or their weighted sums of the `n`-wide top
+    /// values (`x` the weights, `inner` the top-k).
     ///
-    /// `x`: rows of `dim`; `key_t`: the `k` keys transposed, `[dim, padded(k)]`, columns `≥ k`
-    /// zero; `out`: rows of `k`.
-    pub(crate) fn dot_members<FMA>(
+    /// `x`: rows of `inner`; `block`: `[inner, padded(n)]`, columns `≥ n` zero; `out`: rows
+    /// of `n`.
+    pub(crate) fn members_times_block<FMA>(
         x: &[f32],
-        dim: usize,
+        inner: usize,
         members: &[u32],
-        key_t: &[f32],
-        k: usize,
+        block: &[f32],
+        n: usize,
         out: &mut [f32],
     ) {
-        let kp = key_t.len() / dim;
-        let row = |i: u32| &x[i as usize * dim..(i as usize + 1) * dim];
+        let width = block.len() / inner;
+        let row = |i: u32| &x[i as usize * inner..(i as usize + 1) * inner];
         let mut groups = members.chunks_exact(GROUP);
         for group in &mut groups {
             let rows: [&[f32]; GROUP] = std::array::from_fn(|g| row(group[g]));
-            for c in (0..kp).step_by(LANES) {
-                let acc = dot_group::<FMA, GROUP>(rows, key_t, kp, c);
-                let n = LANES.min(k - c);
+            for c in (0..width).step_by(LANES) {
+                let acc = rows_times_block::<FMA, GROUP>(rows, block, width, c);
+                let m = LANES.min(n - c);
                 for (g, &i) in group.iter().enumerate() {
                     let i = i as usize;
-                    out[i * k + c..i * k + c + n].copy_from_slice(&acc[g][..n]);
+                    out[i * n + c..i * n + c + m].copy_from_slice(&acc[g][..m]);
                 }
             }
         }
         for &i in groups.remainder() {
-            for c in (0..kp).step_by(LANES) {
-                let [acc] = dot_group::<FMA, 1>([row(i)], key_t, kp, c);
-                let n = LANES.min(k - c);
+            for c in (0..width).step_by(LANES) {
+                let [acc] = rows_times_block::<FMA, 1>([row(i)], block, width, c);
+                let m = LANES.min(n - c);
                 let i = i as usize;
-                out[i * k + c..i * k + c + n].copy_from_slice(&acc[..n]);
-            }
-        }
-    }
-}
-
-/// Weighted sums `Σ_r w[g][r] · block[r, c..c + LANES]` of `G` weight rows over a
-/// `[k, dp]` block.
-///
-/// # Panics
-/// If `c + LANES > dp` or a weight row is shorter than `k`.
-#[inline(always)]
-fn weighted_group<const FMA: bool, const G: usize>(
-    w: [&[f32]; G],
-    block: &[f32],
-    dp: usize,
-    c: usize,
-) -> [[f32; LANES]; G] {
-    let mut acc = [[0f32; LANES]; G];
-    let k = block.len() / dp;
-    assert!(c + LANES <= dp, "columns {c}..{} past {dp}", c + LANES);
-    let w = w.map(|w| &w[..k]);
-    // Indices checked above, so that nothing in the loop can panic (see `dot_group`).
-    for r in 0..k {
-        // SAFETY: r < k and c + LANES ≤ dp, so the block's row part lies in block ([k × dp]).
-        let values = unsafe { &*block.as_ptr().add(r * dp + c).cast::<[f32; LANES]>() };
-        for g in 0..G {
-            // SAFETY: r < k, the length of every weight row.
-            let weight = unsafe { *w[g].get_unchecked(r) };
-            for l in 0..LANES {
-                acc[g][l] = madd::<FMA>(weight, values[l], acc[g][l]);
-            }
-        }
-    }
-    acc
-}
-
-multiversion! {
-    /// `out[i·dim + d] = Σ_r weights[i·k + r] · block[r, d]` for every row `i` of `members`
-    /// (`d < dim`).
-    ///
-    /// `weights`: rows of `k`; `block`: the `k` gathered value rows, `[k, padded(dim)]`,
-    /// columns `≥ dim` zero; `out`: rows of `dim`.
-    pub(crate) fn weighted_members<FMA>(
-        weights: &[f32],
-        k: usize,
-        members: &[u32],
-        block: &[f32],
-        dim: usize,
-        out: &mut [f32],
-    ) {
-        let dp = block.len() / k;
-        let row = |i: u32| &weights[i as usize * k..(i as usize + 1) * k];
-        let mut groups = members.chunks_exact(GROUP);
-        for group in &mut groups {
-            let w: [&[f32]; GROUP] = std::array::from_fn(|g| row(group[g]));
-            for c in (0..dp).step_by(LANES) {
-                let acc = weighted_group::<FMA, GROUP>(w, block, dp, c);
-                let n = LANES.min(dim - c);
-                for (g, &i) in group.iter().enumerate() {
-                    let i = i as usize;
-                    out[i * dim + c..i * dim + c + n].copy_from_slice(&acc[g][..n]);
-                }
-            }
-        }
-        for &i in groups.remainder() {
-            for c in (0..dp).step_by(LANES) {
-                let [acc] = weighted_group::<FMA, 1>([row(i)], block, dp, c);
-                let n = LANES.min(dim - c);
-                let i = i as usize;
-                out[i * dim + c..i * dim + c + n].copy_from_slice(&acc[..n]);
+                out[i * n + c..i * n + c + m].copy_from_slice(&acc[..m]);
             }
         }
     }
@@ -312,7 +252,7 @@ fn attend_group<const FMA: bool, const G: usize>(
     let (dv, dp) = (cluster.dv, cluster.rest.len());
     let k = cluster.values.len() / dp;
     for c in (0..kp).step_by(LANES) {
-        let acc = dot_group::<FMA, G>(rows, cluster.key_t, kp, c);
+        let acc = rows_times_block::<FMA, G>(rows, cluster.key_t, kp, c);
         for g in 0..G {
             for l in 0..LANES {
                 scratch[g * kp + c + l] =
@@ -325,9 +265,9 @@ fn attend_group<const FMA: bool, const G: usize>(
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
     for c in (0..dp).step_by(LANES) {
-        let acc = weighted_group::<FMA, G>(weights, cluster.values, dp, c);
+        let acc = rows_times_block::<FMA, G>(weights, cluster.values, dp, c);
         let rest: &[f32; LANES] = cluster.rest[c..c + LANES].try_into().unwrap();
-        // All lanes summed, then the first `n` stored (as `dot_members` does): a partial
+        // All lanes summed, then the first `n` stored (as `members_times_block` does): a partial
         // loop over the lanes here makes the compiler split the accumulators into 128-bit
         // registers that spill.
         let n = LANES.min(dv - c);
@@ -454,7 +394,7 @@ fn scatter_group<const FMA: bool, const G: usize>(
 
 multiversion! {
     /// `block[r, ..] += Σ_t weights[members[t]·k + r] · rows[t, ..]` for `r < k`: the
-    /// transpose of [`weighted_members`] for one cluster.
+    /// transpose of [`members_times_block`]'s weighted sums for one cluster.
     ///
     /// `weights`: rows of `k`; `rows`: the members' rows gathered in the order of `members`,
     /// `[members.len(), fp]` with `fp` a multiple of [`LANES`]; `block`: `[k, fp]`.
@@ -901,15 +841,15 @@ multiversion! {
         let mut groups = codes.chunks_exact_mut(GROUP);
         for (n, group) in (&mut groups).enumerate() {
             let rows: [&[f32]; GROUP] = std::array::from_fn(|g| row(n * GROUP + g));
-            let low = dot_group::<FMA, GROUP>(rows, planes_t, 32, 0);
-            let high = dot_group::<FMA, GROUP>(rows, planes_t, 32, LANES);
+            let low = rows_times_block::<FMA, GROUP>(rows, planes_t, 32, 0);
+            let high = rows_times_block::<FMA, GROUP>(rows, planes_t, 32, LANES);
             for (g, code) in group.iter_mut().enumerate() {
                 *code = pack([&low[g], &high[g]]);
             }
         }
         for (i, code) in codes.iter_mut().enumerate().skip(done) {
-            let [low] = dot_group::<FMA, 1>([row(i)], planes_t, 32, 0);
-            let [high] = dot_group::<FMA, 1>([row(i)], planes_t, 32, LANES);
+            let [low] = rows_times_block::<FMA, 1>([row(i)], planes_t, 32, 0);
+            let [high] = rows_times_block::<FMA, 1>([row(i)], planes_t, 32, LANES);
             *code = pack([&low, &high]);
         }
     }

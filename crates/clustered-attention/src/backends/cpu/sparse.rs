@@ -220,7 +220,7 @@ pub fn sparse_dot<B: HostAccess + ClusteredAttentionBackend>(
                     }
                     sparse.gather_transposed(row, j, keys, dim, &mut block);
                     sparse.prefetch_top(row, j + 1, keys, dim);
-                    simd::dot_members(queries, dim, members, &block, k, out);
+                    simd::members_times_block(queries, dim, members, &block, k, out);
                 }
             })
         })
@@ -264,7 +264,7 @@ pub fn sparse_weighted_sum<B: HostAccess + ClusteredAttentionBackend>(
                     }
                     sparse.gather(row, j, values, dim, &mut block);
                     sparse.prefetch_top(row, j + 1, values, dim);
-                    simd::weighted_members(weights, k, members, &block, dim, out);
+                    simd::members_times_block(weights, k, members, &block, dim, out);
                 }
             })
         })

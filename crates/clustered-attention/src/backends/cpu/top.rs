@@ -16,6 +16,30 @@ use crate::ops::{
     reference,
 };
 
+/// The queries' dimensions `[batch, heads, L, E]` and the values' `[batch, heads, S, D]`,
+/// once [`check_top_attention`] has checked the shapes of the top-k attention's inputs.
+///
+/// # Panics
+/// If the shapes disagree.
+fn checked_dims<B: HostAccess + ClusteredAttentionBackend>(
+    queries: &FloatTensor<B>,
+    keys: &FloatTensor<B>,
+    values: &FloatTensor<B>,
+    clusters: &ClusterTop<B>,
+) -> ([usize; 4], [usize; 4]) {
+    let (queries, values) = (dims::<B, 4>(queries), dims::<B, 4>(values));
+    check_top_attention(
+        queries,
+        dims::<B, 4>(keys),
+        values,
+        clusters.assignments.shape().dims(),
+        clusters.topk.shape().dims(),
+        dims::<B, 4>(&clusters.mass),
+        dims::<B, 4>(&clusters.rest),
+    );
+    (queries, values)
+}
+
 /// Host [`ClusteredAttentionBackend::top_attention`](ClusteredAttentionBackend::top_attention) in
 /// `f32` (`f16` and `bf16` widened): per `(batch, head)` (per run of its queries when there
 /// are fewer `(batch, head)`s than threads) on rayon's pool and per cluster, the cluster's
@@ -42,17 +66,8 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());
-    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
-    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
-    check_top_attention(
-        [batch, heads, len, dim],
-        dims::<B, 4>(&keys),
-        [batch, heads, keys_len, dim_v],
-        clusters.assignments.shape().dims(),
-        clusters.topk.shape().dims(),
-        dims::<B, 4>(&clusters.mass),
-        dims::<B, 4>(&clusters.rest),
-    );
+    let ([batch, heads, len, dim], [_, _, keys_len, dim_v]) =
+        checked_dims::<B>(&queries, &keys, &values, &clusters);
     let lengths = key_lengths_on_host::<B>(key_lengths, batch, keys_len);
     let sparse = Sparse::read::<B>(clusters.topk, clusters.assignments);
     sparse.check(keys_len);
@@ -397,17 +412,8 @@ pub(super) fn top_backward_buffers<B: HostAccess + ClusteredAttentionBackend>(
     scale: f64,
     grad: FloatTensor<B>,
 ) -> TopGradBuffers {
-    let [batch, heads, len, dim] = dims::<B, 4>(&queries);
-    let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
-    check_top_attention(
-        [batch, heads, len, dim],
-        dims::<B, 4>(&keys),
-        [batch, heads, keys_len, dim_v],
-        clusters.assignments.shape().dims(),
-        clusters.topk.shape().dims(),
-        dims::<B, 4>(&clusters.mass),
-        dims::<B, 4>(&clusters.rest),
-    );
+    let ([batch, heads, len, dim], [_, _, keys_len, dim_v]) =
+        checked_dims::<B>(&queries, &keys, &values, &clusters);
     assert!(
         dims::<B, 4>(&grad) == [batch, heads, len, dim_v],
         "grad {:?} must be [batch, heads, L, D] = {:?}",

@@ -734,12 +734,10 @@ pub(super) fn centroid_attention(
     topk: usize,
     int_dtype: DType,
 ) -> CentroidAttention<CubeBackend> {
-    let [batch, heads, clusters, dim] = centroids.shape().dims();
-    let [_, _, keys_len, dim_v] = values.shape().dims();
-    check_centroid_attention(
-        [batch, heads, clusters, dim],
+    let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
+        centroids.shape().dims(),
         keys.shape().dims(),
-        [batch, heads, keys_len, dim_v],
+        values.shape().dims(),
         topk,
     );
     debug_assert!(supported(dim, dim_v, topk));

@@ -23,6 +23,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{cube_count, ints, linear};
+use crate::ops::checks::checked_lengths;
 use crate::ops::initial_centroid_positions;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
@@ -361,27 +362,13 @@ fn host_lengths(
     batch: usize,
     seq_len: usize,
 ) -> Vec<usize> {
-    let Some(lengths) = lengths else {
-        return vec![seq_len; batch];
+    let dims = |lengths: &CubeTensor| lengths.shape().to_vec();
+    let read = |lengths| {
+        let data = read_sync(CubeBackend::int_into_data(lengths))
+            .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
+        data.iter::<i64>().collect()
     };
-    let shape = lengths.shape();
-    let dims: &[usize] = &shape;
-    assert!(
-        dims == [batch],
-        "{name} must have shape [batch] = [{batch}], got {dims:?}"
-    );
-    let data = read_sync(CubeBackend::int_into_data(lengths))
-        .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
-    data.iter::<i64>()
-        .enumerate()
-        .map(|(b, len)| {
-            assert!(
-                (0..=seq_len as i64).contains(&len),
-                "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
-            );
-            len as usize
-        })
-        .collect()
+    checked_lengths(name, lengths, batch, seq_len, dims, read)
 }
 
 /// Threads per cube of the K-means kernels.

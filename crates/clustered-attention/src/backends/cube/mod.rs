@@ -276,18 +276,9 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         topk: IntTensor<Self>,
         assignments: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let [batch, heads, len, _] = queries.shape().dims();
         let k = topk.shape()[3];
-        let output = (Shape::new([batch, heads, len, k]), queries.dtype);
-        let inputs = [queries, keys, topk, assignments].map(Some);
-        defer(
-            SPARSE_DOT,
-            inputs,
-            vec![output],
-            vec![],
-            |[q, k, topk, a]| Some(vec![sparse::sparse_dot(q?, k?, topk?, a?)]),
-        )
-        .output()
+        let inputs = [queries, keys, topk, assignments];
+        defer_sparse_product(SPARSE_DOT, inputs, k, sparse::sparse_dot)
     }
 
     fn sparse_weighted_sum(
@@ -296,18 +287,14 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         topk: IntTensor<Self>,
         assignments: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let [batch, heads, len, _] = weights.shape().dims();
         let dim = values.shape()[3];
-        let output = (Shape::new([batch, heads, len, dim]), weights.dtype);
-        let inputs = [weights, values, topk, assignments].map(Some);
-        defer(
+        let inputs = [weights, values, topk, assignments];
+        defer_sparse_product(
             SPARSE_WEIGHTED_SUM,
             inputs,
-            vec![output],
-            vec![],
-            |[w, v, topk, a]| Some(vec![sparse::sparse_weighted_sum(w?, v?, topk?, a?)]),
+            dim,
+            sparse::sparse_weighted_sum,
         )
-        .output()
     }
 
     fn sparse_scatter(
@@ -350,12 +337,10 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         key_lengths: Lengths<Self>,
         topk: usize,
     ) -> CentroidAttention<Self> {
-        let [batch, heads, clusters, dim] = centroids.shape().dims();
-        let [_, _, keys_len, dim_v] = values.shape().dims();
-        check_centroid_attention(
-            [batch, heads, clusters, dim],
+        let ([batch, heads, clusters, dim], [_, _, _, dim_v]) = check_centroid_attention(
+            centroids.shape().dims(),
             keys.shape().dims(),
-            [batch, heads, keys_len, dim_v],
+            values.shape().dims(),
             topk,
         );
         if !centroid::supported(dim, dim_v, topk) {
@@ -571,6 +556,27 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         };
         (output, forward)
     }
+}
+
+/// Defers a sparse product of the Cube ops, [`sparse::sparse_dot`] or
+/// [`sparse::sparse_weighted_sum`], of `[rows, operand, topk, assignments]`: its output is
+/// `[batch, heads, len, width]` (`rows`' first three dimensions) in `rows`' dtype.
+fn defer_sparse_product(
+    id: &'static str,
+    inputs: [Tensor; 4],
+    width: usize,
+    product: fn(CubeTensor, CubeTensor, CubeTensor, CubeTensor) -> CubeTensor,
+) -> Tensor {
+    let [batch, heads, len, _] = inputs[0].shape().dims();
+    let output = (Shape::new([batch, heads, len, width]), inputs[0].dtype);
+    defer(
+        id,
+        inputs.map(Some),
+        vec![output],
+        vec![],
+        move |[x, y, topk, a]| Some(vec![product(x?, y?, topk?, a?)]),
+    )
+    .output()
 }
 
 /// The names of the custom operations ([`fusion::defer`]).

@@ -2,13 +2,13 @@
 //! intermediate results and its backward: compositions of the backend's ops.
 
 use burn::backend::TensorMetadata;
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use super::device_ints;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::grouping::QueryGroups;
 use crate::ops::{
-    AttentionGrads, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward,
+    AttentionGrads, CentroidAttention, ClusteredAttentionBackend, ClusteredAttentionBackward,
     ImprovedForward, Lengths, QueryClusters, centroid_attention, top_attention,
 };
 
@@ -104,27 +104,59 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
         key_lengths.clone(),
         topk,
     );
-    let (top, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
+    let (_, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
     let mass = B::float_primitive(B::float_tensor::<4>(top_weights).sum_dim(3));
-    let output = B::top_attention(
+    let queries = ImprovedQueries {
         queries,
         keys,
         values,
-        ClusterTop {
-            assignments: clusters.assignments,
-            topk: top,
-            mass: mass.clone(),
-            rest: attention.values.clone(),
-        },
+        assignments: clusters.assignments,
         key_lengths,
         scale,
-    );
-    let forward = ImprovedForward {
-        centroids,
-        centroid_attention: attention,
-        mass,
     };
-    (output, forward)
+    queries.top_attention(centroids, attention, mass)
+}
+
+/// The queries of improved attention with what their top-k attention takes besides their
+/// clusters' share.
+pub(crate) struct ImprovedQueries<B: ClusteredAttentionBackend> {
+    pub queries: FloatTensor<B>,
+    pub keys: FloatTensor<B>,
+    pub values: FloatTensor<B>,
+    /// `[batch, heads, L]`: each query's cluster.
+    pub assignments: IntTensor<B>,
+    pub key_lengths: Lengths<B>,
+    pub scale: f64,
+}
+
+impl<B: ClusteredAttentionBackward> ImprovedQueries<B> {
+    /// Improved attention's last step once the centroid attention of the clusters has given
+    /// their top-k keys and `mass`, their sum of the top-k weights: the queries'
+    /// [`ClusteredAttentionBackend::top_attention`], and what the backward pass keeps.
+    ///
+    /// # Panics
+    /// If `attention` has no top-k.
+    pub(crate) fn top_attention(
+        self,
+        centroids: FloatTensor<B>,
+        attention: CentroidAttention<B>,
+        mass: FloatTensor<B>,
+    ) -> (FloatTensor<B>, ImprovedForward<B>) {
+        let output = B::top_attention(
+            self.queries,
+            self.keys,
+            self.values,
+            attention.cluster_top(self.assignments, mass.clone()),
+            self.key_lengths,
+            self.scale,
+        );
+        let forward = ImprovedForward {
+            centroids,
+            centroid_attention: attention,
+            mass,
+        };
+        (output, forward)
+    }
 }
 
 /// Default body of [`ClusteredAttentionBackward::improved_attention_backward`]:
@@ -153,7 +185,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
         centroid_attention,
         mass,
     } = forward;
-    let (top, top_weights) = centroid_attention
+    let (_, top_weights) = centroid_attention
         .top
         .clone()
         .expect("the forward pass of improved attention has the top-k");
@@ -161,12 +193,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
         queries,
         keys.clone(),
         values.clone(),
-        ClusterTop {
-            assignments: clusters.assignments.clone(),
-            topk: top,
-            mass,
-            rest: centroid_attention.values.clone(),
-        },
+        centroid_attention.cluster_top(clusters.assignments.clone(), mass),
         key_lengths.clone(),
         scale,
         grad,

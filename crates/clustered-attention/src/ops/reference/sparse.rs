@@ -79,25 +79,14 @@ pub fn sparse_dot<B: TensorConversion>(
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    let (queries, keys) = (B::float_tensor::<4>(queries), B::float_tensor::<4>(keys));
-    let [batch, heads, len, dim] = queries.dims();
     let (index, padded) = query_topk(B::int_tensor(topk), B::int_tensor(assignments));
-    let [_, _, _, k] = index.dims();
-    let parts = query_chunks(len, batch * heads, k, dim)
-        .into_iter()
-        .map(|r| {
-            let queries = queries
-                .clone()
-                .slice([0..batch, 0..heads, r.clone(), 0..dim]);
-            let index = index.clone().slice([0..batch, 0..heads, r, 0..k]);
-            (queries.unsqueeze_dim::<5>(3) * gather_rows(keys.clone(), index))
-                .sum_dim(4)
-                .squeeze_dim::<4>(4)
-        })
-        .collect();
-    let dots = Tensor::cat(parts, 2);
-    let shape = dots.dims();
-    B::float_primitive(dots.mask_fill(padded.expand(shape), 0.0))
+    B::float_primitive(gathered_products(
+        B::float_tensor(queries),
+        B::float_tensor(keys),
+        index,
+        padded,
+        Product::Dot,
+    ))
 }
 
 /// Default body of
@@ -109,23 +98,59 @@ pub fn sparse_weighted_sum<B: TensorConversion>(
     topk: IntTensor<B>,
     assignments: IntTensor<B>,
 ) -> FloatTensor<B> {
-    let (weights, values) = (B::float_tensor::<4>(weights), B::float_tensor::<4>(values));
-    let [batch, heads, len, k] = weights.dims();
-    let [_, _, _, dim] = values.dims();
     let (index, padded) = query_topk(B::int_tensor(topk), B::int_tensor(assignments));
-    let parts = query_chunks(len, batch * heads, k, dim)
+    B::float_primitive(gathered_products(
+        B::float_tensor(weights),
+        B::float_tensor(values),
+        index,
+        padded,
+        Product::WeightedSum,
+    ))
+}
+
+/// What [`gathered_products`] sums.
+#[derive(Clone, Copy)]
+enum Product {
+    /// Each row times each of its `k` gathered rows, summed over the features: `[.., k]`.
+    Dot,
+    /// The gathered rows weighted by the row's `k` entries, summed over `k`: `[.., F]`.
+    WeightedSum,
+}
+
+/// The products of each row `rows[b, h, i]` with the `k` rows `table[b, h, index[b, h, i, r]]`
+/// (`table`: `[batch, heads, S, F]`), gathered for a chunk of queries at a time
+/// ([`query_chunks`]); zero for the padded queries (`padded`: `[batch, heads, L, 1]`).
+fn gathered_products(
+    rows: Tensor<4>,
+    table: Tensor<4>,
+    index: Tensor<4, Int>,
+    padded: Tensor<4, Bool>,
+    product: Product,
+) -> Tensor<4> {
+    let [batch, heads, len, width] = rows.dims();
+    let [_, _, _, k] = index.dims();
+    let features = table.dims()[3];
+    // The gathered rows are `[batch, heads, chunk, k, F]`: a row of features broadcast over
+    // the `k` slots, or a row of `k` weights over the features.
+    let (broadcast, summed) = match product {
+        Product::Dot => (3, 4),
+        Product::WeightedSum => (4, 3),
+    };
+    let parts = query_chunks(len, batch * heads, k, features)
         .into_iter()
         .map(|r| {
-            let weights = weights.clone().slice([0..batch, 0..heads, r.clone(), 0..k]);
+            let rows = rows
+                .clone()
+                .slice([0..batch, 0..heads, r.clone(), 0..width]);
             let index = index.clone().slice([0..batch, 0..heads, r, 0..k]);
-            (weights.unsqueeze_dim::<5>(4) * gather_rows(values.clone(), index))
-                .sum_dim(3)
-                .squeeze_dim::<4>(3)
+            (rows.unsqueeze_dim::<5>(broadcast) * gather_rows(table.clone(), index))
+                .sum_dim(summed)
+                .squeeze_dim::<4>(summed)
         })
         .collect();
-    let sums = Tensor::cat(parts, 2);
-    let shape = sums.dims();
-    B::float_primitive(sums.mask_fill(padded.expand(shape), 0.0))
+    let products = Tensor::cat(parts, 2);
+    let shape = products.dims();
+    products.mask_fill(padded.expand(shape), 0.0)
 }
 
 /// Default body of [`ClusteredAttentionBackend::sparse_scatter`]:

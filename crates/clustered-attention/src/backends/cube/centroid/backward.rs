@@ -385,12 +385,10 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
     grad_values: CubeTensor,
     grad_top_weights: Option<CubeTensor>,
 ) -> CentroidAttentionGrads<CubeBackend> {
-    let [batch, heads, clusters, dim] = centroids.shape().dims();
-    let [_, _, keys_len, dim_v] = values.shape().dims();
-    check_centroid_attention(
-        [batch, heads, clusters, dim],
+    let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
+        centroids.shape().dims(),
         keys.shape().dims(),
-        [batch, heads, keys_len, dim_v],
+        values.shape().dims(),
         0,
     );
     for (name, x) in [
