@@ -181,6 +181,52 @@ pub fn kernels_match_reference(device: &Device) {
     }
 }
 
+/// K-means of long rows (two of L = 16384, one half padded, 100 clusters, 10 iterations: past
+/// what one thread of the one-launch loop may iterate on lavapipe) reproduces the plain-loop
+/// reference bit for bit on `device`.
+pub fn long_rows_match_reference(device: &Device) {
+    const LEN: usize = 16384;
+    const CLUSTERS: usize = 100;
+    let mut rng = rng(SEED);
+    let codes: Vec<i64> = (0..2 * LEN)
+        .map(|_| rng.random::<u32>() as i32 as i64)
+        .collect();
+    let words: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
+    for valid in [[LEN, LEN], [LEN, LEN / 2]] {
+        let initial = initial_positions(&valid, 1, CLUSTERS, SEED);
+        let (mut assignments, mut counts) = (Vec::new(), Vec::new());
+        for row in 0..2 {
+            let (a, c, _) = kmeans_reference(
+                &words[row * LEN..(row + 1) * LEN],
+                valid[row],
+                CLUSTERS,
+                ITERATIONS,
+                &initial[row * CLUSTERS..(row + 1) * CLUSTERS],
+            );
+            assignments.extend(a);
+            counts.extend(c);
+        }
+        let result = hamming_kmeans(
+            int3(&codes, [2, 1, LEN], device),
+            Some(lengths(&valid, device)),
+            CLUSTERS,
+            ITERATIONS,
+            SEED,
+        );
+        let context = format!("L {LEN}, C {CLUSTERS}, lengths {valid:?}");
+        assert_same(
+            &host_ints(result.assignments),
+            &assignments,
+            &format!("assignments: {context}"),
+        );
+        assert_same(
+            &host_ints(result.counts),
+            &counts,
+            &format!("counts: {context}"),
+        );
+    }
+}
+
 /// The half-precision checks of `half.rs` in `dtype` on `device` (the fused backend).
 fn half_precision_matches_reference(device: &Device, dtype: DType) {
     crate::half::attention_matches_reference(device, dtype);
@@ -390,6 +436,11 @@ mod wgpu {
         super::kernels_match_reference(&wgpu());
     }
 
+    #[test]
+    fn long_rows_match_reference() {
+        super::long_rows_match_reference(&wgpu());
+    }
+
     /// The half-precision checks of `half.rs` in `f16` on a WGPU device, when the adapter has
     /// `shader-f16` (lavapipe does); `bf16` has no WGSL type, so it is skipped with a message.
     #[test]
@@ -435,6 +486,12 @@ mod cuda {
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]
     fn autodiff_kernels_match_reference() {
         super::kernels_match_reference(&autodiff(&cuda()));
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn long_rows_match_reference() {
+        super::long_rows_match_reference(&cuda());
     }
 
     /// The half-precision checks of `half.rs` in `f16` (one test per dtype, so that each

@@ -4,9 +4,10 @@
 //! [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend); all arithmetic
 //! is on integers, so every backend agrees bit for bit. Two forms:
 //!
-//! - up to [`LOOP_CLUSTERS`] (120) clusters, the whole loop in one launch ([`kmeans_loop_kernel`]):
-//!   one cube per `(batch, head)` row keeps the row's centroids and votes in shared memory and
-//!   runs every round, its threads striding over the queries;
+//! - up to [`LOOP_CLUSTERS`] (120) clusters, while a thread's loops stay within
+//!   [`LOOP_ITERATIONS`], the whole loop in one launch ([`kmeans_loop_kernel`]): one cube per
+//!   `(batch, head)` row keeps the row's centroids and votes in shared memory and runs every
+//!   round, its threads striding over the queries;
 //! - beyond, one launch per step: the assignment step gives each query its own thread; the
 //!   update step tallies the members' bits with integer atomics, one thread per query, then
 //!   gives each `(row, cluster)` a thread to take the majority.
@@ -374,10 +375,30 @@ fn host_lengths(
 /// Threads per cube of the K-means kernels.
 const CUBE_THREADS: usize = 256;
 
+/// The most loop iterations one thread of [`kmeans_loop_kernel`] may run, over all its loops.
+/// Mesa's llvmpipe, which runs the Vulkan device of a machine without a GPU (lavapipe), ends
+/// every loop of an invocation once 65,535 iterations have run in all its loops together
+/// (`LP_MAX_TGSI_LOOP_ITERATIONS` in `lp_bld_limits.h`), silently: at L = 16384, 100 clusters
+/// and 10 iterations the last round assigned each thread's first query alone and left the
+/// other 64,512 assignments of a `[4, 16384]` batch unwritten. Longer rows take the step
+/// kernels, whose threads loop over the clusters or the bits only.
+const LOOP_ITERATIONS: usize = 65_535;
+
+/// An upper bound of the loop iterations one thread of [`kmeans_loop_kernel`] runs (with
+/// [`CUBE_THREADS`] threads a cube): its initial centroids, then in each of the
+/// `iterations + 1` rounds its share of the votes to zero, of the queries (each a loop over the
+/// clusters and one over the 32 bits) and of the clusters (each a loop over the bits).
+fn loop_kernel_iterations(len: usize, clusters: usize, iterations: usize) -> usize {
+    let share = |n: usize| n.div_ceil(CUBE_THREADS);
+    let round = share(clusters * VOTES) + share(len) * (1 + clusters + 32) + share(clusters) * 33;
+    share(clusters).saturating_add(iterations.saturating_add(1).saturating_mul(round))
+}
+
 /// The whole Lloyd loop on the device: the host only draws the initial centroid positions
 /// (and reads the query lengths, to do so), then enqueues one launch of the whole loop (up to
-/// [`LOOP_CLUSTERS`] clusters), or a gather of the initial centroids, `iterations` assignment
-/// and update launches and a final assignment and count.
+/// [`LOOP_CLUSTERS`] clusters and [`LOOP_ITERATIONS`] loop iterations a thread), or a gather of
+/// the initial centroids, `iterations` assignment and update launches and a final assignment
+/// and count.
 pub(super) fn hamming_kmeans(
     codes: CubeTensor,
     query_lengths: Option<CubeTensor>,
@@ -394,7 +415,8 @@ pub(super) fn hamming_kmeans(
     let row_lengths: Vec<i64> = (0..rows).map(|r| lengths[r / heads] as i64).collect();
 
     let codes = reshape(into_contiguous(codes), Shape::new([rows, len]));
-    let one_launch = clusters <= LOOP_CLUSTERS;
+    let one_launch = clusters <= LOOP_CLUSTERS
+        && loop_kernel_iterations(len, clusters, iterations) <= LOOP_ITERATIONS;
     // The initial centroids: the loop kernel reads the codes at these positions itself
     // (uploaded flat, so never pitched); the step kernels start from the gathered codes.
     let start = if one_launch {
