@@ -13,50 +13,62 @@ use crate::ops::{
     sparse_dot, sparse_scatter, sparse_weighted_sum,
 };
 
-/// The top-k attention's inputs as tensors (the int ones in the device's int dtype), their
-/// shapes checked against each other.
-struct TopInputs {
-    queries: Tensor<4>,
-    keys: Tensor<4>,
-    values: Tensor<4>,
-    assignments: Tensor<3, Int>,
-    topk: Tensor<4, Int>,
-    mass: Tensor<4>,
-    rest: Tensor<4>,
-    key_lengths: Option<Tensor<1, Int>>,
-}
+/// The top-k attention's inputs as tensors, the int ones in the device's int dtype: queries,
+/// keys, values, assignments, top-k, mass, rest and key lengths.
+type TopTensors = (
+    Tensor<4>,
+    Tensor<4>,
+    Tensor<4>,
+    Tensor<3, Int>,
+    Tensor<4, Int>,
+    Tensor<4>,
+    Tensor<4>,
+    Option<Tensor<1, Int>>,
+);
 
-impl TopInputs {
-    /// # Panics
-    /// If the shapes disagree.
-    fn new<B: ClusteredAttentionBackend>(
-        queries: FloatTensor<B>,
-        keys: FloatTensor<B>,
-        values: FloatTensor<B>,
-        clusters: ClusterTop<B>,
-        key_lengths: Lengths<B>,
-    ) -> Self {
-        let inputs = Self {
-            queries: B::float_tensor::<4>(queries),
-            keys: B::float_tensor::<4>(keys),
-            values: B::float_tensor::<4>(values),
-            assignments: device_ints(B::int_tensor::<3>(clusters.assignments)),
-            topk: device_ints(B::int_tensor::<4>(clusters.topk)),
-            mass: B::float_tensor::<4>(clusters.mass),
-            rest: B::float_tensor::<4>(clusters.rest),
-            key_lengths: key_lengths.into_option().map(B::int_tensor::<1>),
-        };
-        check_top_attention(
-            inputs.queries.dims(),
-            inputs.keys.dims(),
-            inputs.values.dims(),
-            inputs.assignments.dims(),
-            inputs.topk.dims(),
-            inputs.mass.dims(),
-            inputs.rest.dims(),
-        );
-        inputs
-    }
+/// The top-k attention's inputs as tensors ([`TopTensors`]), their shapes checked against each
+/// other.
+///
+/// # Panics
+/// If the shapes disagree.
+fn top_tensors<B: ClusteredAttentionBackend>(
+    queries: FloatTensor<B>,
+    keys: FloatTensor<B>,
+    values: FloatTensor<B>,
+    clusters: ClusterTop<B>,
+    key_lengths: Lengths<B>,
+) -> TopTensors {
+    let (queries, keys, values) = (
+        B::float_tensor::<4>(queries),
+        B::float_tensor::<4>(keys),
+        B::float_tensor::<4>(values),
+    );
+    let assignments = device_ints(B::int_tensor::<3>(clusters.assignments));
+    let topk = device_ints(B::int_tensor::<4>(clusters.topk));
+    let (mass, rest) = (
+        B::float_tensor::<4>(clusters.mass),
+        B::float_tensor::<4>(clusters.rest),
+    );
+    check_top_attention(
+        queries.dims(),
+        keys.dims(),
+        values.dims(),
+        assignments.dims(),
+        topk.dims(),
+        mass.dims(),
+        rest.dims(),
+    );
+    let key_lengths = key_lengths.into_option().map(B::int_tensor::<1>);
+    (
+        queries,
+        keys,
+        values,
+        assignments,
+        topk,
+        mass,
+        rest,
+        key_lengths,
+    )
 }
 
 /// Default body of [`ClusteredAttentionBackend::top_attention`]: the top-k scores by
@@ -75,12 +87,13 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     key_lengths: Lengths<B>,
     scale: f64,
 ) -> FloatTensor<B> {
-    let x = TopInputs::new::<B>(queries, keys, values, clusters, key_lengths);
-    let groups = QueryGroups::new(x.assignments.clone(), x.topk.dims()[2], x.queries.dtype());
-    let weights = top_softmax(x.queries, x.keys, &x.topk, &groups, x.key_lengths, scale)
-        * groups.broadcast(x.mass);
-    let top = sparse_weighted_sum(weights, x.values, x.topk, x.assignments);
-    B::float_primitive(top + groups.broadcast(x.rest))
+    let (queries, keys, values, assignments, topk, mass, rest, key_lengths) =
+        top_tensors::<B>(queries, keys, values, clusters, key_lengths);
+    let groups = QueryGroups::new(assignments.clone(), topk.dims()[2], queries.dtype());
+    let weights =
+        top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
+    let top = sparse_weighted_sum(weights, values, topk, assignments);
+    B::float_primitive(top + groups.broadcast(rest))
 }
 
 /// Default body of [`ClusteredAttentionBackward::top_attention_backward`]: the softmax
@@ -98,54 +111,47 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     scale: f64,
     grad: FloatTensor<B>,
 ) -> TopAttentionGrads<B> {
-    let x = TopInputs::new::<B>(queries, keys, values, clusters, key_lengths);
+    // The rest is an input of the forward only: its gradient is the members' sum of `grad`.
+    let (queries, keys, values, assignments, topk, mass, _, key_lengths) =
+        top_tensors::<B>(queries, keys, values, clusters, key_lengths);
     let grad = B::float_tensor::<4>(grad);
-    let [batch, heads, len, _] = x.queries.dims();
-    let [_, _, keys_len, dim_v] = x.values.dims();
-    let num_clusters = x.topk.dims()[2];
+    let [batch, heads, len, _] = queries.dims();
+    let [_, _, keys_len, dim_v] = values.dims();
+    let num_clusters = topk.dims()[2];
     assert!(
         grad.dims() == [batch, heads, len, dim_v],
         "grad {:?} must be [batch, heads, L, D] = {:?}",
         grad.dims(),
         [batch, heads, len, dim_v]
     );
-    let padded = x.assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
+    let padded = assignments.clone().lower_elem(0).unsqueeze_dim::<4>(3);
     let grad = grad.mask_fill(padded.expand([batch, heads, len, dim_v]), 0.0);
-    let groups = QueryGroups::new(x.assignments.clone(), num_clusters, x.queries.dtype());
+    let groups = QueryGroups::new(assignments.clone(), num_clusters, queries.dtype());
     let probs = top_softmax(
-        x.queries.clone(),
-        x.keys.clone(),
-        &x.topk,
+        queries.clone(),
+        keys.clone(),
+        &topk,
         &groups,
-        x.key_lengths,
+        key_lengths,
         scale,
     );
-    let query_mass = groups.broadcast(x.mass);
+    let query_mass = groups.broadcast(mass);
     // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
-    let grad_weights = sparse_dot(
-        grad.clone(),
-        x.values,
-        x.topk.clone(),
-        x.assignments.clone(),
-    );
+    let grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
     let delta = (grad_weights.clone() * probs.clone()).sum_dim(3);
     let grad_scores =
         (probs.clone() * (grad_weights - delta.clone()) * query_mass.clone()).mul_scalar(scale);
     let weights = probs * query_mass;
-    let grad_queries = sparse_weighted_sum(
-        grad_scores.clone(),
-        x.keys,
-        x.topk.clone(),
-        x.assignments.clone(),
-    );
+    let grad_queries =
+        sparse_weighted_sum(grad_scores.clone(), keys, topk.clone(), assignments.clone());
     let grad_keys = sparse_scatter(
         grad_scores,
-        x.queries,
-        x.topk.clone(),
-        x.assignments.clone(),
+        queries,
+        topk.clone(),
+        assignments.clone(),
         keys_len,
     );
-    let grad_values = sparse_scatter(weights, grad.clone(), x.topk, x.assignments, keys_len);
+    let grad_values = sparse_scatter(weights, grad.clone(), topk, assignments, keys_len);
     TopAttentionGrads {
         queries: B::float_primitive(grad_queries),
         keys: B::float_primitive(grad_keys),
