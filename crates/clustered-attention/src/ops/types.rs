@@ -86,10 +86,10 @@ impl<B: Backend> CentroidAttention<B> {
         assignments: IntTensor<B>,
         mass: FloatTensor<B>,
     ) -> ClusterTop<B> {
-        let (topk, _) = self.top.clone().expect("improved attention has the top-k");
+        let (topk, _) = self.top.as_ref().expect("improved attention has the top-k");
         ClusterTop {
             assignments,
-            topk,
+            topk: topk.clone(),
             mass,
             rest: self.values.clone(),
         }

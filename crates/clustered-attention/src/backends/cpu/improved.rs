@@ -104,15 +104,20 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
             .collect::<Vec<f32>>()
     });
     let mass = write_float::<B, 4>(mass, [batch, heads, num_clusters, 1], &device, dtype);
-    let queries = reference::ImprovedQueries {
+    let output = B::top_attention(
         queries,
         keys,
         values,
-        assignments: clusters.assignments,
-        key_lengths: Lengths::from(key_lengths),
+        attention.cluster_top(clusters.assignments, mass.clone()),
+        Lengths::from(key_lengths),
         scale,
+    );
+    let forward = ImprovedForward {
+        centroids,
+        centroid_attention: attention,
+        mass,
     };
-    queries.top_attention(centroids, attention, mass)
+    (output, forward)
 }
 
 /// Host

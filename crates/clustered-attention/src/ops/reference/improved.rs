@@ -2,14 +2,14 @@
 //! intermediate results and its backward: compositions of the backend's ops.
 
 use burn::backend::TensorMetadata;
-use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::tensor::FloatTensor;
 
 use super::device_ints;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::grouping::QueryGroups;
 use crate::ops::{
-    AttentionGrads, CentroidAttention, ClusteredAttentionBackend, ClusteredAttentionBackward,
-    ImprovedForward, Lengths, QueryClusters, centroid_attention, top_attention,
+    AttentionGrads, ClusteredAttentionBackend, ClusteredAttentionBackward, ImprovedForward,
+    Lengths, QueryClusters, centroid_attention, top_attention,
 };
 
 /// Default body of [`ClusteredAttentionBackend::improved_attention`]: the centroids (the members'
@@ -106,57 +106,20 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
     );
     let (_, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
     let mass = B::float_primitive(B::float_tensor::<4>(top_weights).sum_dim(3));
-    let queries = ImprovedQueries {
+    let output = B::top_attention(
         queries,
         keys,
         values,
-        assignments: clusters.assignments,
+        attention.cluster_top(clusters.assignments, mass.clone()),
         key_lengths,
         scale,
+    );
+    let forward = ImprovedForward {
+        centroids,
+        centroid_attention: attention,
+        mass,
     };
-    queries.top_attention(centroids, attention, mass)
-}
-
-/// The queries of improved attention with what their top-k attention takes besides their
-/// clusters' share.
-pub(crate) struct ImprovedQueries<B: ClusteredAttentionBackend> {
-    pub queries: FloatTensor<B>,
-    pub keys: FloatTensor<B>,
-    pub values: FloatTensor<B>,
-    /// `[batch, heads, L]`: each query's cluster.
-    pub assignments: IntTensor<B>,
-    pub key_lengths: Lengths<B>,
-    pub scale: f64,
-}
-
-impl<B: ClusteredAttentionBackward> ImprovedQueries<B> {
-    /// Improved attention's last step once the centroid attention of the clusters has given
-    /// their top-k keys and `mass`, their sum of the top-k weights: the queries'
-    /// [`ClusteredAttentionBackend::top_attention`], and what the backward pass keeps.
-    ///
-    /// # Panics
-    /// If `attention` has no top-k.
-    pub(crate) fn top_attention(
-        self,
-        centroids: FloatTensor<B>,
-        attention: CentroidAttention<B>,
-        mass: FloatTensor<B>,
-    ) -> (FloatTensor<B>, ImprovedForward<B>) {
-        let output = B::top_attention(
-            self.queries,
-            self.keys,
-            self.values,
-            attention.cluster_top(self.assignments, mass.clone()),
-            self.key_lengths,
-            self.scale,
-        );
-        let forward = ImprovedForward {
-            centroids,
-            centroid_attention: attention,
-            mass,
-        };
-        (output, forward)
-    }
+    (output, forward)
 }
 
 /// Default body of [`ClusteredAttentionBackward::improved_attention_backward`]:

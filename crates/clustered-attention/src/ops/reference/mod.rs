@@ -35,7 +35,6 @@ mod topk;
 
 pub use centroid::{centroid_attention, centroid_attention_backward};
 pub use hash::lsh_hash;
-pub(crate) use improved::ImprovedQueries;
 pub use improved::{improved_attention, improved_attention_backward, improved_attention_forward};
 pub use kmeans::hamming_kmeans;
 pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
