@@ -3,8 +3,9 @@
 //! forward time per utterance and against training time).
 //!
 //! Rows of Table 2 ([`ModelSummary`]) and columns of Table 1 ([`Table1Column`]) serialize to
-//! JSON ([`save_json`], [`load_json`]), so a grid trained over several sittings, on machines
-//! that keep no models between them, is tabulated from what each sitting measured.
+//! JSON ([`json::save_json`](crate::json::save_json),
+//! [`json::load_json`](crate::json::load_json)), so a grid trained over several sittings, on
+//! machines that keep no models between them, is tabulated from what each sitting measured.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,10 +14,10 @@ use anyhow::{Context, bail};
 use burn::tensor::Device;
 use clustered_attention::AttentionKind;
 use plotters::prelude::*;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{CtcBatch, CtcBatcher, Example, bucket};
+use crate::json::save_json;
 use crate::model::AsrModel;
 use crate::train::TrainingLog;
 
@@ -171,17 +172,6 @@ pub fn this_machine() -> String {
     format!("{cpu}, {cpus} CPUs")
 }
 
-/// Writes `value` as pretty JSON to `path`, through a temporary file in the same directory
-/// renamed into place, so the file is whole or absent.
-///
-/// # Errors
-/// When the directory cannot be written.
-pub fn save_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)? + "\n";
-    asr_data::files::write_atomic(path, text.as_bytes())
-        .with_context(|| format!("{}: cannot write", path.display()))
-}
-
 /// Saves one model's result in `dir` (created if missing) as `<model directory
 /// name><suffix>`, with [`save_json`], and returns the file's path.
 ///
@@ -200,16 +190,6 @@ pub fn save_model_result<T: Serialize>(
     let path = dir.join(format!("{}{suffix}", name.to_string_lossy()));
     save_json(&path, value)?;
     Ok(path)
-}
-
-/// Reads a value written by [`save_json`].
-///
-/// # Errors
-/// When the file cannot be read or does not hold a `T`.
-pub fn load_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: not a saved result", path.display()))
 }
 
 /// One trained model's row of Table 2 and point of Figure 1.

@@ -20,6 +20,8 @@
 //! - [`decode`]: greedy CTC decoding and the phone error rate;
 //! - [`train`]: training with burn-train, evaluation, saving and loading;
 //! - [`compare`]: the paper's Table 2 and Figure 1 for trained models;
+//! - [`json`]: the training log and the tables' results as JSON files, written whole or not at
+//!   all;
 //! - [`clusters`]: which encoder steps share a cluster, per layer and head (`asr clusters`).
 #![warn(missing_docs)]
 
@@ -27,6 +29,7 @@ pub mod clusters;
 pub mod compare;
 pub mod ctc;
 pub mod decode;
+pub mod json;
 pub mod model;
 pub mod render;
 pub mod train;

@@ -27,6 +27,7 @@ use crate::augment::AugmentSet;
 use crate::data::{AugmentingBatcher, BucketDataset, CtcBatch, CtcBatcher, Example, bucket};
 use crate::decode::{BeamSearch, PhoneErrorRate, beam_search, greedy_ctc_decode};
 use crate::features::LogMel;
+use crate::json::save_json;
 use crate::model::AsrModel;
 
 mod clock;
@@ -584,7 +585,7 @@ pub fn train_on_devices(
                 Some(evaluate(&model, valid, None, options.batch_frames, &valid_device).percent());
         }
     }
-    crate::compare::save_json(&options.dir.join(TRAINING_LOG), &log)?;
+    save_json(&options.dir.join(TRAINING_LOG), &log)?;
     Ok(model)
 }
 

@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use asr_model::audio::{load_audio, write_flac};
 use asr_model::augment::{self, AugmentSet, Augmentation};
 use asr_model::compare::{
-    ModelSummary, Table1Column, Table1Setting, common_dev_per, load_json, markdown_table, plot,
-    save_json, table1_markdown,
+    ModelSummary, Table1Column, Table1Setting, common_dev_per, markdown_table, plot,
+    table1_markdown,
 };
 use asr_model::corpus::phonemize;
 use asr_model::corpus::{CorpusOptions, generate, phrases};
 use asr_model::data::{AugmentingBatcher, CtcBatcher, Example, ctc_feasible, load_split};
 use asr_model::decode::{PhoneErrorRate, edit_distance, greedy_ctc_decode};
 use asr_model::features::{Features, LogMel, LogMelConfig};
+use asr_model::json::{load_json, save_json};
 use asr_model::manifest::import::{ImportOptions, Source, import, normalize_text};
 use asr_model::manifest::{ManifestEntry, read_manifest, write_manifest};
 use asr_model::model::{AsrModelConfig, FrontEnd};
@@ -456,7 +457,8 @@ fn model_directory_killed_while_saving_holds_one_model() {
 /// An utterance gets the same log-probabilities alone as in a batch where it is padded to a
 /// longer utterance's length, for every front end and with the convolution module, at
 /// subsampling 1, 2 and 4: padding reaches no valid step. Full attention (clustered attention
-/// draws its K-means starting centroids per batch position); to 1e-5.
+/// draws its K-means starting centroids from (seed, head, the sequence's valid length), the
+/// same alone and padded in a batch); to 1e-5.
 #[test]
 fn an_utterance_is_recognized_alike_alone_and_padded_in_a_batch() {
     let _rng = process_rng();
@@ -547,8 +549,8 @@ fn one_batch_overfits_to_near_zero_loss() {
 /// utterances: the gradients of the two halves, each loss weighted 1/2, sum to the whole
 /// batch's. Two steps, no dropout, no augmentation, batches in a fixed order; to 1e-5.
 ///
-/// Full attention: clustered attention draws its K-means starting centroids per (seed, batch
-/// position, head), so a sequence is clustered differently at another position of a batch.
+/// Full attention. (Clustered attention draws its K-means starting centroids from (seed, head,
+/// the sequence's valid length), the same for a sequence at any position of a batch.)
 #[test]
 fn two_devices_train_as_one_device_on_twice_the_batch() {
     let _rng = process_rng();

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use asr_model::compare::{
-    ModelSummary, forward_ms_per_utterance, load_json, markdown_table, plot, save_model_result,
+    ModelSummary, forward_ms_per_utterance, markdown_table, plot, save_model_result,
 };
 use asr_model::data::load_split_of;
 use asr_model::features::LogMel;
+use asr_model::json::load_json;
 use asr_model::train::{TrainingLog, evaluate, load_model};
 use backend_select::BackendName;
 use burn::tensor::Device;

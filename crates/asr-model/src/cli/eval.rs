@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use asr_model::compare::{
-    Table1Column, Table1Setting, load_json, save_model_result, table1_attentions, table1_markdown,
+    Table1Column, Table1Setting, save_model_result, table1_attentions, table1_markdown,
     this_machine,
 };
 use asr_model::data::load_split_of;
 use asr_model::decode::{BeamSearch, PhoneLm};
 use asr_model::features::LogMel;
+use asr_model::json::load_json;
 use asr_model::manifest::read_manifest;
 use asr_model::phones::PhoneInventory;
 use asr_model::train::{evaluate_with, load_model};

@@ -226,8 +226,6 @@ fn mask_pad_and_key_lengths_conflict() {
     );
 }
 
-/// Self-attention given key lengths alone takes them as its query lengths too; a key length
-/// past the sequence is named as the argument it was given as.
 /// A layer frozen with `Module::freeze` on an autodiff device applies no dropout, as burn-nn's
 /// `Dropout` frozen there applies none: its output is the same weights' without dropout, to
 /// 1e-6, for full and improved attention on Flex; unfrozen (before, and after
@@ -288,6 +286,8 @@ fn frozen_layer_applies_no_dropout() {
     );
 }
 
+/// Self-attention given key lengths alone takes them as its query lengths too; a key length
+/// past the sequence is named as the argument it was given as.
 #[test]
 #[should_panic(expected = "key_lengths[0] = 5 is outside 0..=4 (the sequence length)")]
 fn self_attention_names_a_bad_key_length() {
