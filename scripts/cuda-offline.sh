@@ -9,11 +9,12 @@
 #    nvidia/cu13/ is a CUDA_PATH as cubecl-cuda expects it (include/, include/cccl/, lib/).
 # 2. Runs the test `cuda_sources_compile_for_sm_80_and_sm_90` (src/backends/cube/offline.rs)
 #    with CUDA_KERNELS_DIR set: every launcher's kernels, built for an A100 and an H100 in
-#    f32, f16 and bf16, scores on cooperative matrices on and off, compiled to CUDA C++ by
-#    cubecl-cpp and written out, one file per distinct source.
+#    f32, f16 and bf16, scores on cooperative matrices on and off, at the cases where the
+#    launchers plan differently (widths, long rows, top-k, clusters, every K-means plan),
+#    compiled to CUDA C++ by cubecl-cpp and written out, one file per distinct source.
 # 3. Compiles each source with NVRTC, cubecl-cuda's flags (sm_80, sm_90a) and ptxas's verbose
-#    report (scripts/cuda_offline.py); fails when a source does not compile or a kernel spills
-#    registers to local memory.
+#    report (scripts/cuda_offline.py); fails when a source does not compile, a kernel spills
+#    registers to local memory or has a stack frame over 1 KiB.
 #
 # The test is built with scripts/test.sh's features (and its pitched-WGPU `--config`, given in
 # PITCHED_WGPU_CONFIG, so that its build serves here); it runs on WGPU (Mesa's lavapipe where

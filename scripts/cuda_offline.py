@@ -13,8 +13,8 @@ KERNELS_DIR holds what the test `cuda_sources_compile_for_sm_80_and_sm_90` wrote
 scripts/cuda-offline.sh). The flags are cubecl-cuda's (`compute/context.rs`, `compile_to_ptx`:
 `--gpu-architecture=sm_{arch}` with an `a` from 90 on, the include paths, `-lineinfo`) plus
 `--ptxas-options=-v`, which makes NVRTC compile to a cubin and report the resources of the
-entry function. Exits 1 when a source does not compile or a kernel spills registers to local
-memory.
+entry function. Exits 1 when a source does not compile, a kernel spills registers to local
+memory or has a stack frame over MAX_STACK bytes.
 With --table, writes the markdown table of every kernel (one per source and GPU).
 """
 
@@ -33,6 +33,12 @@ GPUS = {
     "sm_80": dict(gpu="A100", regs=65536, threads=2048, blocks=32, smem=167936, reserved=1024),
     "sm_90": dict(gpu="H100", regs=65536, threads=2048, blocks=32, smem=233472, reserved=1024),
 }
+# The most bytes of stack frame (local memory a thread keeps for arrays it indexes at run time)
+# a kernel may have: CUDA's default per-thread stack size (`cudaLimitStackSize`, 1 KiB). A
+# larger frame makes the driver grow every SM's local memory at the kernel's first launch
+# (frame × resident threads: 528 MiB on an H100 at 2 KiB), and a frame that large means a
+# sorted list or a tile left in local memory that belongs in registers or shared memory.
+MAX_STACK = 1024
 # Registers are allocated per warp in units of 256; warps per SM are 64 on both.
 REG_UNIT = 256
 WARP = 32
@@ -181,6 +187,11 @@ def main():
                     f"{row['file']} ({row['configs']}): spills {found['spills']} B "
                     f"({found['registers']} registers)\n{log}"
                 )
+            elif found["stack"] > MAX_STACK:
+                failures.append(
+                    f"{row['file']} ({row['configs']}): a stack frame of {found['stack']} B, "
+                    f"over {MAX_STACK} B\n{log}"
+                )
             if found:
                 results.append((row, found))
     by_arch = {}
@@ -222,7 +233,11 @@ def main():
     if low:
         print("under 25 % occupancy:\n  " + "\n  ".join(low))
     spilling = sum(1 for _, found in results if found["spills"] > 0)
-    print(f"cuda-offline: {spilling} sources spill")
+    framed = [found["stack"] for _, found in results if found["stack"] > 0]
+    print(
+        f"cuda-offline: {spilling} sources spill; {len(framed)} have a stack frame"
+        + (f" ({min(framed)} to {max(framed)} B, the limit {MAX_STACK} B)" if framed else "")
+    )
     if args.table:
         with open(args.table, "w") as f:
             f.write("\n".join(lines))

@@ -584,10 +584,22 @@ fn tiles_per_chunk(keys_len: usize, tile: usize, other_cubes: usize) -> usize {
     tiles.div_ceil(chunks_wanted).clamp(1, 64)
 }
 
-/// Whether the kernels take these sizes: `E, D ≤ 128` and `topk ≤ 64`; otherwise the caller
-/// uses the default body.
+/// Floats of registers a unit of the `scan` pass holds for its row: the centroid (`E`) and its
+/// sorted top-k list (`topk` scores and `topk` keys). Past about 224, ptxas spills: at E = 128
+/// and top-k 64 the kernel took 255 registers and spilled 204 to 244 B on sm_80 and sm_90
+/// (`scripts/cuda-offline.sh`).
+const SCAN_REGISTERS: usize = 224;
+
+/// The most `topk` the kernels take with `dim` features a head: [`MAX_TOPK`], less where the
+/// `scan` pass's row and list would pass [`SCAN_REGISTERS`] (48 at `E = 128`).
+pub(super) fn max_topk(dim: usize) -> usize {
+    MAX_TOPK.min(SCAN_REGISTERS.saturating_sub(dim) / 2)
+}
+
+/// Whether the kernels take these sizes: `E, D ≤ 128` and `topk ≤` [`max_topk`]`(E)` (64, 48
+/// at `E = 128`); otherwise the caller uses the default body.
 pub(super) fn supported(dim: usize, dim_v: usize, topk: usize) -> bool {
-    dim > 0 && dim_v > 0 && dim <= MAX_DIM && dim_v <= MAX_DIM && topk <= MAX_TOPK
+    dim > 0 && dim_v > 0 && dim <= MAX_DIM && dim_v <= MAX_DIM && topk <= max_topk(dim)
 }
 
 /// Cluster rows per cube of the kernels with one unit per row: 32 or 64.

@@ -4,8 +4,9 @@
 //! [`ClusteredAttentionBackend::hamming_kmeans`](crate::ClusteredAttentionBackend); all arithmetic
 //! is on integers, so every backend agrees bit for bit. Two forms:
 //!
-//! - up to [`LOOP_CLUSTERS`] (120) clusters, while a thread's loops stay within
-//!   [`LOOP_ITERATIONS`], the whole loop in one launch ([`kmeans_loop_kernel`]): one cube per
+//! - up to [`LOOP_CLUSTERS`] (120) clusters, the whole loop in one launch
+//!   ([`kmeans_loop_kernel`]; on lavapipe only while a thread's loop passes stay within
+//!   llvmpipe's limit, [`loop_pass_limit`]): one cube per
 //!   `(batch, head)` row keeps the row's centroids and votes in shared memory and runs every
 //!   round, its threads striding over the queries;
 //! - beyond, one launch per step: the assignment step gives each query its own thread; the
@@ -29,18 +30,18 @@ use crate::ops::initial_centroid_positions;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
 /// (16 KiB, the smallest limit among the runtimes); beyond, it reads them from global memory.
-const SHARED_CENTROIDS: usize = 4096;
+pub(super) const SHARED_CENTROIDS: usize = 4096;
 
 /// Votes per cluster: one per bit, then the member count.
 const VOTES: usize = 33;
 
 /// Largest number of clusters whose votes one cube tallies in shared memory (16 KiB of
 /// `u32`, the smallest limit among the runtimes); beyond, the votes go to global memory.
-const SHARED_VOTES: usize = 4096 / VOTES;
+pub(super) const SHARED_VOTES: usize = 4096 / VOTES;
 
 /// Largest number of clusters whose Lloyd loop runs in one launch ([`kmeans_loop_kernel`]):
 /// the row's votes and centroids (`34` words per cluster) within 16 KiB of shared memory.
-const LOOP_CLUSTERS: usize = 4096 / (VOTES + 1);
+pub(super) const LOOP_CLUSTERS: usize = 4096 / (VOTES + 1);
 
 /// Assignment step: `assignments[row, i]` = the nearest centroid of query `i` in Hamming
 /// distance, ties to the lowest index; `-1` for padded queries (`i ≥ lengths[row]`); `i`
@@ -314,6 +315,8 @@ fn kmeans_loop_kernel<I: Int>(
                 tally[first + 32].fetch_add(1u32);
                 if !last {
                     let code = u32::cast_from(codes[row * len + i]);
+                    // Unrolled, so that it counts no loop pass (see `loop_kernel_passes`).
+                    #[unroll]
                     for b in 0..32usize {
                         if (code >> u32::cast_from(b)) & 1u32 == 1u32 {
                             tally[first + b].fetch_add(1u32);
@@ -333,6 +336,7 @@ fn kmeans_loop_kernel<I: Int>(
                 counts[base + c] = I::cast_from(count);
             } else if !identity {
                 let mut centroid = cache[c];
+                #[unroll]
                 for b in 0..32usize {
                     let twice = 2u32 * tally[first + b].load();
                     let bit = 1u32 << u32::cast_from(b);
@@ -375,36 +379,131 @@ fn host_lengths(
 /// Threads per cube of the K-means kernels.
 const CUBE_THREADS: usize = 256;
 
-/// The most loop iterations one thread of [`kmeans_loop_kernel`] may run, over all its loops.
-/// Mesa's llvmpipe, which runs the Vulkan device of a machine without a GPU (lavapipe), ends
-/// every loop of an invocation once 65,535 iterations have run in all its loops together
-/// (`LP_MAX_TGSI_LOOP_ITERATIONS` in `lp_bld_limits.h`), silently: at L = 16384, 100 clusters
-/// and 10 iterations the last round assigned each thread's first query alone and left the
-/// other 64,512 assignments of a `[4, 16384]` batch unwritten. Longer rows take the step
-/// kernels, whose threads loop over the clusters or the bits only.
-const LOOP_ITERATIONS: usize = 65_535;
+/// The loop passes Mesa's llvmpipe lets one invocation run, over all its loops together
+/// (`LP_MAX_TGSI_LOOP_ITERATIONS` in `lp_bld_limits.h`): once they are spent, every loop of the
+/// invocation ends at its next pass, silently. llvmpipe runs the Vulkan device of a machine
+/// without a GPU (lavapipe): at L = 16384, 100 clusters and 10 iterations, the one-launch loop
+/// assigned each thread's first query alone in its last round and left the other 64,512
+/// assignments of a `[4, 16384]` batch unwritten.
+pub(super) const LLVMPIPE_LOOP_PASSES: usize = 65_535;
 
-/// An upper bound of the loop iterations one thread of [`kmeans_loop_kernel`] runs (with
-/// [`CUBE_THREADS`] threads a cube): its initial centroids, then in each of the
-/// `iterations + 1` rounds its share of the votes to zero, of the queries (each a loop over the
-/// clusters and one over the 32 bits) and of the clusters (each a loop over the bits).
-fn loop_kernel_iterations(len: usize, clusters: usize, iterations: usize) -> usize {
+/// The loop passes one invocation of a kernel may run on the device `properties` describe:
+/// [`LLVMPIPE_LOOP_PASSES`] on a WGPU adapter that is a CPU (no card behind it: lavapipe, the
+/// only such Vulkan driver the crate runs on), no limit elsewhere (CUDA, WGPU on a GPU).
+fn loop_pass_limit(properties: &DeviceProperties) -> Option<usize> {
+    let identity = &properties.identity;
+    (identity.physical.is_none() && identity.fingerprint.starts_with("spirv_"))
+        .then_some(LLVMPIPE_LOOP_PASSES)
+}
+
+/// The loop passes of the thread of [`kmeans_loop_kernel`] that runs the most (the first, with
+/// [`CUBE_THREADS`] threads a cube), counted as llvmpipe counts them: a loop of `n` iterations
+/// takes `n + 1` passes, its exit included. Its loops: the initial centroids (its share of the
+/// clusters), then the round loop (`iterations + 1` rounds) and in each round its share of the
+/// votes to zero, of the queries (each one loop over the clusters) and of the clusters; the
+/// loops over the 32 bits are unrolled and take none. Exact for a row with more valid queries
+/// than clusters, and an upper bound for the others (an identity row or a padded query skips
+/// the loop over the clusters); llvmpipe's SIMD lanes run as many passes as their busiest
+/// lane, the first thread's, whose count this is.
+pub(super) fn loop_kernel_passes(len: usize, clusters: usize, iterations: usize) -> usize {
     let share = |n: usize| n.div_ceil(CUBE_THREADS);
-    let round = share(clusters * VOTES) + share(len) * (1 + clusters + 32) + share(clusters) * 33;
-    share(clusters).saturating_add(iterations.saturating_add(1).saturating_mul(round))
+    // A loop of `n` iterations and the pass that exits it.
+    let passes = |n: usize| n.saturating_add(1);
+    let queries = passes(share(len)).saturating_add(share(len).saturating_mul(passes(clusters)));
+    let round = passes(share(clusters * VOTES))
+        .saturating_add(queries)
+        .saturating_add(passes(share(clusters)));
+    let rounds = iterations.saturating_add(1);
+    passes(share(clusters))
+        .saturating_add(passes(rounds))
+        .saturating_add(rounds.saturating_mul(round))
+}
+
+/// How [`hamming_kmeans`] runs the Lloyd loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum KmeansPlan {
+    /// The whole loop in one launch of [`kmeans_loop_kernel`], one cube a row.
+    OneLaunch,
+    /// A launch per step: [`kmeans_assign_kernel`] (the centroids in shared memory, or read
+    /// from global memory), [`kmeans_votes_kernel`] (the votes tallied in shared memory, or in
+    /// global memory) and [`kmeans_update_kernel`].
+    Steps {
+        shared_centroids: bool,
+        shared_votes: bool,
+    },
+}
+
+impl KmeansPlan {
+    /// Every plan [`kmeans_plan`] can choose.
+    #[cfg(test)]
+    pub(super) const ALL: [KmeansPlan; 4] = [
+        KmeansPlan::OneLaunch,
+        KmeansPlan::Steps {
+            shared_centroids: true,
+            shared_votes: true,
+        },
+        KmeansPlan::Steps {
+            shared_centroids: true,
+            shared_votes: false,
+        },
+        KmeansPlan::Steps {
+            shared_centroids: false,
+            shared_votes: false,
+        },
+    ];
+}
+
+// The votes' shared memory holds fewer clusters than the centroids', so that a plan with shared
+// votes and centroids in global memory does not exist and [`KmeansPlan::ALL`] is whole.
+const _: () = assert!(SHARED_VOTES < SHARED_CENTROIDS);
+
+/// The plan for rows of `len` queries, `clusters` clusters and `iterations` Lloyd iterations
+/// on a device whose invocations may run at most `loop_limit` loop passes
+/// ([`loop_pass_limit`]): one launch up to [`LOOP_CLUSTERS`] clusters, while
+/// [`loop_kernel_passes`] stays within the limit; the step kernels otherwise.
+pub(super) fn kmeans_plan(
+    len: usize,
+    clusters: usize,
+    iterations: usize,
+    loop_limit: Option<usize>,
+) -> KmeansPlan {
+    let within_limit =
+        loop_limit.is_none_or(|limit| loop_kernel_passes(len, clusters, iterations) <= limit);
+    if clusters <= LOOP_CLUSTERS && within_limit {
+        KmeansPlan::OneLaunch
+    } else {
+        KmeansPlan::Steps {
+            shared_centroids: clusters <= SHARED_CENTROIDS,
+            shared_votes: clusters <= SHARED_VOTES,
+        }
+    }
 }
 
 /// The whole Lloyd loop on the device: the host only draws the initial centroid positions
-/// (and reads the query lengths, to do so), then enqueues one launch of the whole loop (up to
-/// [`LOOP_CLUSTERS`] clusters and [`LOOP_ITERATIONS`] loop iterations a thread), or a gather of
-/// the initial centroids, `iterations` assignment and update launches and a final assignment
-/// and count.
+/// (and reads the query lengths, to do so), then enqueues one launch of the whole loop, or a
+/// gather of the initial centroids, `iterations` assignment and update launches and a final
+/// assignment and count, as [`kmeans_plan`] chooses for the device.
 pub(super) fn hamming_kmeans(
     codes: CubeTensor,
     query_lengths: Option<CubeTensor>,
     clusters: usize,
     iterations: usize,
     seed: u64,
+) -> (CubeTensor, CubeTensor) {
+    let [_, _, len] = codes.shape().dims();
+    let limit = loop_pass_limit(&super::device_properties(&codes.client));
+    let plan = kmeans_plan(len, clusters, iterations, limit);
+    hamming_kmeans_planned(codes, query_lengths, clusters, iterations, seed, plan)
+}
+
+/// [`hamming_kmeans`] by `plan`, whatever the device's limits.
+pub(super) fn hamming_kmeans_planned(
+    codes: CubeTensor,
+    query_lengths: Option<CubeTensor>,
+    clusters: usize,
+    iterations: usize,
+    seed: u64,
+    plan: KmeansPlan,
 ) -> (CubeTensor, CubeTensor) {
     assert!(clusters > 0, "clusters must be at least 1, got 0");
     let [batch, heads, len] = codes.shape().dims();
@@ -415,8 +514,7 @@ pub(super) fn hamming_kmeans(
     let row_lengths: Vec<i64> = (0..rows).map(|r| lengths[r / heads] as i64).collect();
 
     let codes = reshape(into_contiguous(codes), Shape::new([rows, len]));
-    let one_launch = clusters <= LOOP_CLUSTERS
-        && loop_kernel_iterations(len, clusters, iterations) <= LOOP_ITERATIONS;
+    let one_launch = plan == KmeansPlan::OneLaunch;
     // The initial centroids: the loop kernel reads the codes at these positions itself
     // (uploaded flat, so never pitched); the step kernels start from the gathered codes.
     let start = if one_launch {
@@ -470,7 +568,13 @@ pub(super) fn hamming_kmeans(
         DType::U32,
     ));
 
-    let shared = clusters <= SHARED_CENTROIDS;
+    let KmeansPlan::Steps {
+        shared_centroids,
+        shared_votes,
+    } = plan
+    else {
+        unreachable!("the one-launch plan returned above")
+    };
     let assign = || {
         launch!(kmeans_assign_kernel(
             &client,
@@ -481,7 +585,7 @@ pub(super) fn hamming_kmeans(
             linear(row_lengths.clone()),
             linear(assignments.clone()),
             clusters,
-            shared,
+            shared_centroids,
             dtype_to_storage_type(dtype),
         ))
     };
@@ -494,7 +598,7 @@ pub(super) fn hamming_kmeans(
             linear(assignments.clone()),
             linear(votes.clone()),
             clusters,
-            clusters <= SHARED_VOTES,
+            shared_votes,
             update,
             dtype_to_storage_type(dtype),
         ));
@@ -518,4 +622,119 @@ pub(super) fn hamming_kmeans(
     update(false);
 
     (reshape(assignments, len), reshape(counts, clusters))
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use burn::backend::ops::IntTensorOps;
+    use burn::tensor::{Device, Int, Tensor, TensorData, read_sync};
+    use burn_cubecl::{CubeBackend, CubeDevice};
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::{RngExt, SeedableRng};
+
+    use super::*;
+
+    /// `[1, 1, len]` codes, assignments and counts of K-means run by `plan` on `device`, and the
+    /// same from Flex's host loop (the reference).
+    fn run(
+        device: &CubeDevice,
+        len: usize,
+        clusters: usize,
+        iterations: usize,
+        plan: KmeansPlan,
+    ) -> [(Vec<i64>, Vec<i64>); 2] {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(len as u64);
+        let codes: Vec<i32> = (0..len).map(|_| rng.random::<u32>() as i32).collect();
+        let read = |tensor| -> Vec<i64> {
+            read_sync(CubeBackend::int_into_data(tensor))
+                .expect("the kernel's output reads back")
+                .iter::<i64>()
+                .collect()
+        };
+        let data = || TensorData::new(codes.clone(), [1, 1, len]);
+        let (assignments, counts) = hamming_kmeans_planned(
+            CubeBackend::int_from_data(data(), device),
+            None,
+            clusters,
+            iterations,
+            7,
+            plan,
+        );
+        let kernel = (read(assignments), read(counts));
+        let flex = Device::flex();
+        let reference = crate::ops::hamming_kmeans(
+            Tensor::<3, Int>::from_data(data(), &flex),
+            None,
+            clusters,
+            iterations,
+            7,
+        );
+        let host = |tensor: Tensor<3, Int>| tensor.into_data().iter::<i64>().collect();
+        [
+            kernel,
+            (host(reference.assignments), host(reference.counts)),
+        ]
+    }
+
+    /// [`loop_kernel_passes`] is what llvmpipe counts: for two (clusters, iterations) pairs, the
+    /// one-launch kernel reproduces Flex's K-means at the longest row the count admits within
+    /// [`LLVMPIPE_LOOP_PASSES`], and on lavapipe fails one query past it (its first thread has
+    /// one more query, and llvmpipe ends its loops early); `hamming_kmeans` takes the step
+    /// kernels there and reproduces it. The pairs are those where one pass left out of the
+    /// count for every query (as the loop over the clusters' exit pass) would admit the longer
+    /// row; on a device without the limit, both rows must match.
+    #[test]
+    fn loop_pass_count_bounds_lavapipe() {
+        let device = CubeDevice::Wgpu(Default::default());
+        let limit = loop_pass_limit(&device.client().properties_shared());
+        for (clusters, iterations) in [(100, 13), (80, 16)] {
+            let longest = (1..)
+                .map(|s| s * CUBE_THREADS)
+                .take_while(|&len| {
+                    loop_kernel_passes(len, clusters, iterations) <= LLVMPIPE_LOOP_PASSES
+                })
+                .last()
+                .expect("a row within the limit");
+            let past = longest + 1;
+            let context = format!("C {clusters}, {iterations} iterations");
+            let [kernel, reference] = run(
+                &device,
+                longest,
+                clusters,
+                iterations,
+                KmeansPlan::OneLaunch,
+            );
+            assert!(
+                kernel == reference,
+                "one launch at L = {longest} ({} passes), {context}: differs from the reference",
+                loop_kernel_passes(longest, clusters, iterations)
+            );
+            let [kernel, reference] =
+                run(&device, past, clusters, iterations, KmeansPlan::OneLaunch);
+            let passes = loop_kernel_passes(past, clusters, iterations);
+            assert_eq!(
+                kernel != reference,
+                limit.is_some(),
+                "one launch at L = {past} ({passes} passes), {context}, loop limit {limit:?}: \
+                 the output should differ from the reference exactly where llvmpipe's limit \
+                 applies"
+            );
+            if limit.is_some() {
+                assert_ne!(
+                    kmeans_plan(past, clusters, iterations, limit),
+                    KmeansPlan::OneLaunch
+                );
+            }
+            assert_eq!(
+                kmeans_plan(longest, clusters, iterations, limit),
+                KmeansPlan::OneLaunch
+            );
+            let plan = kmeans_plan(past, clusters, iterations, limit);
+            let [kernel, reference] = run(&device, past, clusters, iterations, plan);
+            assert!(
+                kernel == reference,
+                "{plan:?} at L = {past}, {context}: differs from the reference"
+            );
+        }
+    }
 }

@@ -253,8 +253,8 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
         let [batch, heads, rows, len] = scores.shape().dims();
         check_topk(k, len);
-        if k > topk::TOPK_SHARED {
-            // One sorted list of k would not fit in the merge's shared memory: the default
+        if k > topk::MAX_K {
+            // Each unit's list of k would pass CUDA's default stack a thread: the default
             // body, which sorts on the host.
             return reference::topk_indices::<Self>(scores, k);
         }

@@ -5,7 +5,9 @@
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::tensor::{DType, Shape};
+use burn::backend::ops::IntTensorOps;
+use burn::tensor::{DType, Shape, Slice};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::reshape;
@@ -158,13 +160,32 @@ fn topk_kernel<F: Float, I: Int>(
 const TOPK_UNITS: usize = 64;
 
 /// Scores and indices the top-k kernel's merge may keep in shared memory (8 KiB).
-pub(super) const TOPK_SHARED: usize = 1024;
+const TOPK_SHARED: usize = 1024;
+
+/// The most `k` the top-k kernel takes: each unit keeps its list of `k` scores and indices in
+/// local memory (indexed at run time), 1 KiB at 128 in `f32`, CUDA's default stack a thread
+/// (`scripts/cuda_offline.py`'s limit). Beyond, the caller uses the default body.
+pub(super) const MAX_K: usize = 128;
+
+/// The lists' length the kernel runs with for `k`: the next power of two, so that the kernel
+/// is built for eight lengths only (1 to [`MAX_K`]), each of them checked for CUDA (at k = 48
+/// the lists half in registers spilled 266 to 296 B in `f16` and `bf16`; at 64, in local
+/// memory, they did not). The first `k` of the longer list are the top `k`.
+pub(super) fn list_len(k: usize) -> usize {
+    k.next_power_of_two()
+}
 
 /// Launches [`topk_kernel`]: `scores [batch, heads, C, S]` → indices `[batch, heads, C, k]`
-/// of dtype `int_dtype`, descending by score, ties to the lower index.
+/// of dtype `int_dtype`, descending by score, ties to the lower index. Takes `k` up to
+/// [`MAX_K`].
 pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> CubeTensor {
     let [batch, heads, rows, len] = scores.shape().dims();
     check_topk(k, len);
+    assert!(
+        k <= MAX_K,
+        "the top-k kernel takes k up to {MAX_K}, got {k}"
+    );
+    let listed = list_len(k);
     let scores = into_contiguous(scores);
     let client = scores.client.clone();
     let all_rows = batch * heads * rows;
@@ -173,11 +194,11 @@ pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> Cu
     let indices = empty_device_contiguous_dtype(
         client.clone(),
         scores.device.clone(),
-        Shape::new([all_rows, k]),
+        Shape::new([all_rows, listed]),
         int_dtype,
     );
-    // A power of two: one list of k per unit in shared memory, and no more units than scores.
-    let units = (TOPK_SHARED / k)
+    // A power of two: one list per unit in shared memory, and no more units than scores.
+    let units = (TOPK_SHARED / listed)
         .min(TOPK_UNITS)
         .min(len.next_power_of_two());
     let units = 1usize << units.max(1).ilog2();
@@ -188,12 +209,20 @@ pub(super) fn topk_indices(scores: CubeTensor, k: usize, int_dtype: DType) -> Cu
         CubeDim::new_1d(units as u32),
         linear(reshape(scores, Shape::new([all_rows, len]))),
         linear(indices.clone()),
-        k,
+        listed,
         units,
         [
             dtype_to_storage_type(float_dtype),
             dtype_to_storage_type(int_dtype),
         ],
     ));
+    let indices = if listed > k {
+        into_contiguous(CubeBackend::int_slice(
+            indices,
+            &[Slice::from(0..all_rows), Slice::from(0..k)],
+        ))
+    } else {
+        indices
+    };
     reshape(indices, Shape::new([batch, heads, rows, k]))
 }

@@ -359,7 +359,7 @@ const GRAD_UNITS: usize = 128;
 
 /// Most floats of registers a unit of the gradient kernels holds of its row (its features of
 /// the row and of the sums): see [`row_group`].
-const GRAD_REGISTERS: usize = 64;
+const GRAD_REGISTERS: usize = 96;
 
 /// The centroid attention's backward by kernels that recompute `Aᶜ` tile by tile, as flash
 /// attention's backward does: `scan` and `merge` again for each row's softmax statistics
