@@ -144,7 +144,7 @@ phase "each package alone" bash scripts/check-packages.sh
 # it: the package is checked for publishing (no upload), then a crate outside the workspace
 # (downstream/: its own workspace and lock file, the dependency by path with the default
 # features off) is built once against the packaged sources with its three backend features
-# and run: an encoder block on the multi-head layer, Adam steps, the record saved and loaded,
+# and run: the crate's transformer encoder, Adam steps, the record saved and loaded,
 # on each backend in turn (a Burn 0.22 program picks its backend by device). This is the
 # packaged crate's build on its own, so `cargo publish` skips its own. It shares the
 # workspace's target directory.

@@ -1,10 +1,15 @@
-//! Trains the encoder block a few Adam steps on one backend (the one the crate's feature
-//! selects), saves its record to a file (Burn's `Module::save_file`, burnpack), loads it into a
-//! fresh block and checks that the loaded block computes what the trained one does. Exits non-zero when a check
-//! fails.
+//! Trains a transformer encoder on clustered attention a few Adam steps on one backend (the one
+//! the crate's feature selects), saves its record to a file (Burn's `Module::save_file`,
+//! burnpack), loads it into a fresh model and checks that the loaded model computes what the
+//! trained one does. Exits non-zero when a check fails.
+//!
+//! The encoder is clustered-attention's `ClusteredTransformerEncoder`, burn-nn's
+//! `TransformerEncoder` with the attention chosen: a Burn user's model swaps
+//! `TransformerEncoderConfig::new(d_model, d_ff, n_heads, n_layers)` for
+//! `ClusteredTransformerEncoderConfig::new(d_model, d_ff, n_heads, n_layers, attention)`.
 //!
 //! The task: every position predicts the mean of the first feature over its sequence's valid
-//! positions, a quantity only attention can gather, in a padded batch (key lengths). Twelve
+//! positions, a quantity only attention can gather, in a padded batch (a padding mask). Twelve
 //! steps do not learn it; what is checked is that Adam lowers the loss (by 10 % at least)
 //! through the attention's gradients, and that the record round-trips exactly.
 
@@ -13,47 +18,55 @@ use std::process::ExitCode;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
-use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
-use clustered_attention::AttentionKind;
-use downstream_encoder::{EncoderBlock, EncoderBlockConfig};
+use burn::tensor::{Bool, Device, Distribution, Tensor, TensorData};
+use clustered_attention::{
+    AttentionKind, ClusteredTransformerEncoder, ClusteredTransformerEncoderConfig,
+    ClusteredTransformerEncoderInput,
+};
 
 const BATCH: usize = 4;
 const LEN: usize = 192;
 const D_MODEL: usize = 32;
 const STEPS: usize = 12;
 
-/// The block and a linear read-out to one value per position.
+/// One pre-norm encoder layer and a linear read-out to one value per position.
 #[derive(Module, Debug)]
 struct Model {
-    block: EncoderBlock,
+    encoder: ClusteredTransformerEncoder,
     readout: Linear,
 }
 
 impl Model {
-    /// A freshly initialised model with improved clustered attention (16 clusters, top 8).
+    /// A freshly initialised model with improved clustered attention (16 clusters, top 8), no
+    /// dropout.
     fn init(device: &Device) -> Self {
         let attention = AttentionKind::Improved {
             clusters: 16,
             topk: 8,
         };
         Self {
-            block: EncoderBlockConfig::new(D_MODEL, 4, 64, attention).init(device),
+            encoder: ClusteredTransformerEncoderConfig::new(D_MODEL, 64, 4, 1, attention)
+                .with_norm_first(true)
+                .with_dropout(0.0)
+                .init(device),
             readout: LinearConfig::new(D_MODEL, 1).init(device),
         }
     }
 
-    fn forward(&self, x: Tensor<3>, lengths: Tensor<1, Int>) -> Tensor<3> {
-        self.readout.forward(self.block.forward(x, Some(lengths)))
+    fn forward(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> Tensor<3> {
+        let input = ClusteredTransformerEncoderInput::new(x).mask_pad(mask_pad);
+        self.readout.forward(self.encoder.forward(input))
     }
 }
 
-/// A batch: inputs `[BATCH, LEN, D_MODEL]`, the valid lengths `[BATCH]`, and the target
-/// `[BATCH, LEN, 1]` (each sequence's mean of feature 0 over its valid positions, at every
-/// position; 0 past the end), with a mask of the valid positions.
+/// A batch: inputs `[BATCH, LEN, D_MODEL]`, the padding mask `[BATCH, LEN]` (`true` past each
+/// sequence's length), and the target `[BATCH, LEN, 1]` (each sequence's mean of feature 0
+/// over its valid positions, at every position; 0 past the end), with a mask of the valid
+/// positions.
 fn batch(
     seed: u64,
     device: &Device,
-) -> (Tensor<3>, Tensor<1, Int>, Tensor<3>, Tensor<3>) {
+) -> (Tensor<3>, Tensor<2, Bool>, Tensor<3>, Tensor<3>) {
     device.seed(seed);
     let x = Tensor::<3>::random(
         [BATCH, LEN, D_MODEL],
@@ -68,10 +81,13 @@ fn batch(
         target[b * LEN..b * LEN + len].fill(mean);
         mask[b * LEN..b * LEN + len].fill(1.0);
     }
-    let lengths = lengths.iter().map(|&n| n as i64).collect::<Vec<_>>();
+    let padding: Vec<bool> = lengths
+        .iter()
+        .flat_map(|&n| (0..LEN).map(move |i| i >= n))
+        .collect();
     (
         x,
-        Tensor::from_data(TensorData::new(lengths, [BATCH]), device),
+        Tensor::from_data(TensorData::new(padding, [BATCH, LEN]), device),
         Tensor::from_data(TensorData::new(target, [BATCH, LEN, 1]), device),
         Tensor::from_data(TensorData::new(mask, [BATCH, LEN, 1]), device),
     )
@@ -93,11 +109,11 @@ fn run(name: &str, device: &Device) -> Result<(), String> {
     train_device.seed(7);
     let mut model = Model::init(&train_device);
     let mut optimizer = AdamConfig::new().init();
-    let (x, lengths, target, mask) = batch(0, &train_device);
+    let (x, mask_pad, target, mask) = batch(0, &train_device);
     let mut losses = Vec::new();
     for _ in 0..STEPS {
         let loss = loss(
-            model.forward(x.clone(), lengths.clone()),
+            model.forward(x.clone(), mask_pad.clone()),
             target.clone(),
             mask.clone(),
         );
@@ -127,9 +143,9 @@ fn run(name: &str, device: &Device) -> Result<(), String> {
     let loaded = fresh
         .try_load_file(&path)
         .map_err(|e| format!("{name}: loading the record: {e}"))?;
-    let (x, lengths, target, mask) = batch(1, device);
-    let expected = trained.forward(x.clone(), lengths.clone());
-    let got = loaded.forward(x, lengths);
+    let (x, mask_pad, target, mask) = batch(1, device);
+    let expected = trained.forward(x.clone(), mask_pad.clone());
+    let got = loaded.forward(x, mask_pad);
     // The loaded record's tensors are read from the file when first used.
     let _ = std::fs::remove_file(path.with_extension("bpk"));
     let diff = (expected.clone() - got)

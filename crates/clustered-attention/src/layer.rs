@@ -185,6 +185,7 @@ pub struct ClusteredAttentionInput {
     value: Tensor<3>,
     self_attention: bool,
     mask_pad: Option<Tensor<2, Bool>>,
+    mask_attn: Option<Tensor<3, Bool>>,
     key_lengths: Option<Tensor<1, Int>>,
     query_lengths: Option<Tensor<1, Int>>,
 }
@@ -199,6 +200,7 @@ impl ClusteredAttentionInput {
             value: x,
             self_attention: true,
             mask_pad: None,
+            mask_attn: None,
             key_lengths: None,
             query_lengths: None,
         }
@@ -212,6 +214,7 @@ impl ClusteredAttentionInput {
             value,
             self_attention: false,
             mask_pad: None,
+            mask_attn: None,
             key_lengths: None,
             query_lengths: None,
         }
@@ -221,6 +224,14 @@ impl ClusteredAttentionInput {
     /// each sequence (padding); `forward` panics otherwise, and when key lengths are given too.
     pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
         self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// Attention mask `[batch, L, S]`, `true` where a query may not attend to a key, as
+    /// burn-nn's `mask_attn` (a causal mask, say). Only full attention honours an arbitrary
+    /// mask: `forward` panics with any other kind.
+    pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
+        self.mask_attn = Some(mask_attn);
         self
     }
 
@@ -286,14 +297,16 @@ impl MultiHeadClusteredAttention {
     /// # Shapes
     /// - query: `[batch, L, d_model]`
     /// - key, value: `[batch, S, d_model]`
-    /// - mask_pad: `[batch, S]`; key_lengths, query_lengths: `[batch]`
+    /// - mask_pad: `[batch, S]`; mask_attn: `[batch, L, S]`; key_lengths, query_lengths:
+    ///   `[batch]`
     /// - output: `[batch, L, d_model]`
     ///
     /// # Panics
     /// If the last dimension of an input is not `d_model`, the inputs disagree on batch or on
     /// `S`, `mask_pad` is not a padding mask, both `mask_pad` and key lengths are given, a
-    /// length is out of range (see [`FullAttention::forward`]), or the attention is shared-QK and
-    /// `S ≠ L`.
+    /// length is out of range (see [`FullAttention::forward`]), the attention is shared-QK and
+    /// `S ≠ L`, or `mask_attn` is given with an attention other than [`AttentionKind::Full`] or
+    /// is not `[batch, L, S]`.
     pub fn forward(&self, input: ClusteredAttentionInput) -> Tensor<3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
@@ -306,6 +319,15 @@ impl MultiHeadClusteredAttention {
                 "{name} must have shape [batch, seq, d_model = {}], got {:?}",
                 self.d_model,
                 x.dims()
+            );
+        }
+        if let Some(mask) = &input.mask_attn {
+            assert!(
+                self.attention == AttentionKind::Full,
+                "mask_attn {:?} needs full attention: {} honours padding only (mask_pad or \
+                 key_lengths)",
+                mask.dims(),
+                self.attention
             );
         }
         let key_lengths = match (input.key_lengths, input.mask_pad) {
@@ -324,6 +346,7 @@ impl MultiHeadClusteredAttention {
             None => None,
         };
 
+        let input_mask_attn = input.mask_attn;
         let queries = self.heads(input.query, &self.query);
         let keys = if self.shared_qk {
             crate::attention::unit_keys(self.heads(input.key, &self.query))
@@ -348,7 +371,9 @@ impl MultiHeadClusteredAttention {
             key_lengths,
         };
         let context = match self.attention {
-            AttentionKind::Full => FullAttention::new().with_options(options).forward(input),
+            AttentionKind::Full => FullAttention::new()
+                .with_options(options)
+                .forward_masked(input, input_mask_attn),
             AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
                 ClusteredAttention::new(clusters)
                     .with_clustering(clustering())

@@ -9,6 +9,8 @@
 //!   lsh-X), [`SharedFullAttention`] and [`OracleTopAttention`].
 //! - A multi-head layer with burn-nn's parameter layout: [`MultiHeadClusteredAttentionConfig`] →
 //!   [`MultiHeadClusteredAttention`]; the attention named by [`AttentionKind`].
+//! - burn-nn's transformer encoder on that layer, its fields and record paths:
+//!   [`ClusteredTransformerEncoderConfig`] → [`ClusteredTransformerEncoder`].
 //! - The clustering: [`ClusteringOptions`], [`cluster_queries`].
 //! - The ops behind a backend extension trait, [`ClusteredAttentionBackend`] ([`ops`]):
 //!   hashing, K-means, the fused centroid and top-k attentions and the sparse top-k products,
@@ -27,7 +29,8 @@
 //! ## The crate's layout
 //!
 //! - `lib.rs`: this page and the re-exports.
-//! - `layer.rs`: the multi-head layer; `kind.rs`: [`AttentionKind`] and its parser.
+//! - `layer.rs`: the multi-head layer; `kind.rs`: [`AttentionKind`] and its parser;
+//!   `encoder.rs`: the transformer encoder.
 //! - `attention/`: the functional forms, one file per attention.
 //! - `clustering.rs`: [`ClusteringOptions`], the hashing planes and [`cluster_queries`].
 //! - `dropout.rs`: dropout whose masks can be seeded per thread ([`with_dropout_seed`]).
@@ -46,6 +49,7 @@ pub mod attention;
 pub mod backends;
 pub mod clustering;
 pub mod dropout;
+mod encoder;
 mod kind;
 mod layer;
 pub mod ops;
@@ -59,6 +63,10 @@ pub use clustering::{
     lsh_planes, position_blocks,
 };
 pub use dropout::with_dropout_seed;
+pub use encoder::{
+    ClusteredTransformerEncoder, ClusteredTransformerEncoderConfig,
+    ClusteredTransformerEncoderInput, ClusteredTransformerEncoderLayer,
+};
 pub use kind::{AttentionKind, ParseAttentionKindError};
 pub use layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,

@@ -35,7 +35,7 @@ pub mod probe;
 pub mod tokenize;
 
 pub use loader::{HfBertConfig, LoadError, load_pretrained, load_safetensors};
-pub use model::{Embeddings, EncoderLayer, TextEncoder, TextEncoderConfig};
+pub use model::{Embeddings, TextEncoder, TextEncoderConfig};
 pub use tokenize::{TokenizeError, WordPieceTokenizer, batch};
 
 // The tests, written against the public API as an integration test would be (`text_encoder::`

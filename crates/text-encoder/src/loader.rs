@@ -12,70 +12,68 @@ use serde::Deserialize;
 
 use crate::model::{TextEncoder, TextEncoderConfig};
 
-/// The checkpoint's names (`transformers`' `BertModel`) → this crate's module paths. The layer's
-/// projections carry burn-nn `MultiHeadAttention`'s names (`query`, `key`, `value`, `output`),
-/// and LayerNorm's `weight`/`bias` are renamed to burn-nn's `gamma`/`beta` (the patterns apply
-/// in order). burn-store's [`PyTorchToBurnAdapter`] transposes the Linear weights; it would also
-/// find `gamma`/`beta` under the PyTorch names, but then still lists those as unused, which
-/// [`load_safetensors`] treats as an error.
+/// The checkpoint's names (`transformers`' `BertModel`) → this crate's module paths: burn-nn's
+/// transformer encoder's (`encoder.layers.N.mha.{query, key, value, output}`, `norm_1`,
+/// `pwff.linear_inner`, `pwff.linear_outer`, `norm_2`), and LayerNorm's `weight`/`bias`
+/// renamed to burn-nn's `gamma`/`beta` (the patterns apply in order). burn-store's
+/// [`PyTorchToBurnAdapter`] transposes the Linear weights; it would also find `gamma`/`beta`
+/// under the PyTorch names, but then still lists those as unused, which [`load_safetensors`]
+/// treats as an error.
 const KEY_MAP: [(&str, &str); 9] = [
     (r"^embeddings\.LayerNorm\.", "embeddings.layer_norm."),
     (
         r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.",
-        "layers.$1.attention.$2.",
+        "encoder.layers.$1.mha.$2.",
     ),
     (
         r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
-        "layers.$1.attention.output.",
+        "encoder.layers.$1.mha.output.",
     ),
     (
         r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.",
-        "layers.$1.attention_norm.",
+        "encoder.layers.$1.norm_1.",
     ),
     (
         r"^encoder\.layer\.(\d+)\.intermediate\.dense\.",
-        "layers.$1.intermediate.",
+        "encoder.layers.$1.pwff.linear_inner.",
     ),
     (
         r"^encoder\.layer\.(\d+)\.output\.dense\.",
-        "layers.$1.output.",
+        "encoder.layers.$1.pwff.linear_outer.",
     ),
     (
         r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.",
-        "layers.$1.output_norm.",
+        "encoder.layers.$1.norm_2.",
     ),
-    (
-        r"(layer_norm|attention_norm|output_norm)\.weight$",
-        "$1.gamma",
-    ),
-    (r"(layer_norm|attention_norm|output_norm)\.bias$", "$1.beta"),
+    (r"(layer_norm|norm_1|norm_2)\.weight$", "$1.gamma"),
+    (r"(layer_norm|norm_1|norm_2)\.bias$", "$1.beta"),
 ];
 
 /// The inverse of [`KEY_MAP`], to name tensors in errors as the checkpoint does.
 const NAME_MAP: [(&str, &str); 7] = [
     (r"^embeddings\.layer_norm\.", "embeddings.LayerNorm."),
     (
-        r"^layers\.(\d+)\.attention\.(query|key|value)\.",
+        r"^encoder\.layers\.(\d+)\.mha\.(query|key|value)\.",
         "encoder.layer.$1.attention.self.$2.",
     ),
     (
-        r"^layers\.(\d+)\.attention\.output\.",
+        r"^encoder\.layers\.(\d+)\.mha\.output\.",
         "encoder.layer.$1.attention.output.dense.",
     ),
     (
-        r"^layers\.(\d+)\.attention_norm\.",
+        r"^encoder\.layers\.(\d+)\.norm_1\.",
         "encoder.layer.$1.attention.output.LayerNorm.",
     ),
     (
-        r"^layers\.(\d+)\.intermediate\.",
+        r"^encoder\.layers\.(\d+)\.pwff\.linear_inner\.",
         "encoder.layer.$1.intermediate.dense.",
     ),
     (
-        r"^layers\.(\d+)\.output\.",
+        r"^encoder\.layers\.(\d+)\.pwff\.linear_outer\.",
         "encoder.layer.$1.output.dense.",
     ),
     (
-        r"^layers\.(\d+)\.output_norm\.",
+        r"^encoder\.layers\.(\d+)\.norm_2\.",
         "encoder.layer.$1.output.LayerNorm.",
     ),
 ];
@@ -393,7 +391,7 @@ fn load_safetensors_bytes(
     }
 }
 
-/// The checkpoint's name of a module path (`layers.0.attention_norm.gamma` →
+/// The checkpoint's name of a module path (`encoder.layers.0.norm_1.gamma` →
 /// `encoder.layer.0.attention.output.LayerNorm.weight`).
 ///
 /// The loader's tests check that this inverts `KEY_MAP` for every parameter (each one's

@@ -1,15 +1,14 @@
-//! The BERT encoder: embeddings, post-norm layers around [`MultiHeadClusteredAttention`], and
-//! sentence embeddings by mean pooling.
+//! The BERT encoder: embeddings, clustered-attention's transformer encoder (post-norm, GELU:
+//! BERT's layers), and sentence embeddings by mean pooling.
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
 use burn::tensor::Device;
-use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor};
 use clustered_attention::{
-    AttentionKind, ClusteredAttentionInput, MultiHeadClusteredAttention,
-    MultiHeadClusteredAttentionConfig,
+    AttentionKind, ClusteredTransformerEncoder, ClusteredTransformerEncoderConfig,
+    ClusteredTransformerEncoderInput,
 };
 
 /// Configuration of a [`TextEncoder`]: the hyper-parameters of a BERT checkpoint
@@ -62,21 +61,6 @@ pub struct Embeddings {
     pub layer_norm: LayerNorm,
 }
 
-/// One post-norm transformer layer: `x = LN(x + Attn(x))`, `x = LN(x + W₂ GELU(W₁ x))`.
-#[derive(Module, Debug)]
-pub struct EncoderLayer {
-    /// Multi-head self-attention (query, key, value and output projections).
-    pub attention: MultiHeadClusteredAttention,
-    /// LayerNorm after the attention's residual sum.
-    pub attention_norm: LayerNorm,
-    /// Feed-forward input projection `hidden_size → intermediate_size`.
-    pub intermediate: Linear,
-    /// Feed-forward output projection `intermediate_size → hidden_size`.
-    pub output: Linear,
-    /// LayerNorm after the feed-forward's residual sum.
-    pub output_norm: LayerNorm,
-}
-
 /// A BERT-family encoder whose self-attention is full, clustered or improved clustered
 /// attention ([`MultiHeadClusteredAttention`]), with sentence-transformers' mean pooling and
 /// L2 normalisation for sentence embeddings.
@@ -87,8 +71,10 @@ pub struct EncoderLayer {
 pub struct TextEncoder {
     /// The input embeddings.
     pub embeddings: Embeddings,
-    /// The transformer layers.
-    pub layers: Vec<EncoderLayer>,
+    /// The transformer layers: BERT's layer is burn-nn's post-norm encoder layer with GELU
+    /// (`mha`, `norm_1` after the attention's residual sum, `pwff.linear_inner` and
+    /// `pwff.linear_outer`, `norm_2` after the feed-forward's).
+    pub encoder: ClusteredTransformerEncoder,
 }
 
 impl TextEncoderConfig {
@@ -113,25 +99,23 @@ impl TextEncoderConfig {
             token_type_embeddings: EmbeddingConfig::new(self.type_vocab_size, d).init(device),
             layer_norm: norm(),
         };
-        let layers = (0..self.num_hidden_layers)
-            .map(|i| EncoderLayer {
-                attention: MultiHeadClusteredAttentionConfig::new(
-                    d,
-                    self.num_attention_heads,
-                    self.attention,
-                )
-                .with_bits(self.bits)
-                .with_iterations(self.iterations)
-                .with_dropout(0.0)
-                .with_seed(self.seed.wrapping_add(i as u64))
-                .init(device),
-                attention_norm: norm(),
-                intermediate: LinearConfig::new(d, self.intermediate_size).init(device),
-                output: LinearConfig::new(self.intermediate_size, d).init(device),
-                output_norm: norm(),
-            })
-            .collect();
-        TextEncoder { embeddings, layers }
+        let encoder = ClusteredTransformerEncoderConfig::new(
+            d,
+            self.intermediate_size,
+            self.num_attention_heads,
+            self.num_hidden_layers,
+            self.attention,
+        )
+        .with_dropout(0.0)
+        .with_layer_norm_eps(self.layer_norm_eps)
+        .with_bits(self.bits)
+        .with_iterations(self.iterations)
+        .with_seed(self.seed)
+        .init(device);
+        TextEncoder {
+            embeddings,
+            encoder,
+        }
     }
 }
 
@@ -143,15 +127,10 @@ impl TextEncoder {
     /// If `attention` is shared-QK (`shared-full`, `lsh:X`): the pretrained keys come from their
     /// own projection. A cluster count or `topk` of 0 panics at the next forward pass.
     pub fn with_attention(self, attention: AttentionKind) -> Self {
-        let layers = self
-            .layers
-            .into_iter()
-            .map(|layer| EncoderLayer {
-                attention: layer.attention.with_attention(attention),
-                ..layer
-            })
-            .collect();
-        Self { layers, ..self }
+        Self {
+            encoder: self.encoder.with_attention(attention),
+            ..self
+        }
     }
 
     /// The longest input, in tokens.
@@ -193,22 +172,13 @@ impl TextEncoder {
             .expand([batch, seq]);
         let types = Tensor::<2, Int>::zeros([batch, seq], &device);
         let e = &self.embeddings;
-        let mut x = e.layer_norm.forward(
+        let x = e.layer_norm.forward(
             e.word_embeddings.forward(tokens)
                 + e.position_embeddings.forward(positions)
                 + e.token_type_embeddings.forward(types),
         );
-        for layer in &self.layers {
-            let attended = layer.attention.forward(
-                ClusteredAttentionInput::self_attn(x.clone()).key_lengths(lengths.clone()),
-            );
-            x = layer.attention_norm.forward(x + attended);
-            let hidden = layer
-                .output
-                .forward(gelu(layer.intermediate.forward(x.clone())));
-            x = layer.output_norm.forward(x + hidden);
-        }
-        x
+        self.encoder
+            .forward(ClusteredTransformerEncoderInput::new(x).key_lengths(lengths))
     }
 
     /// Sentence embeddings: the mean of the last hidden states over each input's tokens,

@@ -269,15 +269,15 @@ fn loaded_parameters(model: &TextEncoder) -> BTreeMap<String, (Vec<usize>, Vec<f
         "embeddings.LayerNorm.bias".into(),
         values(e.layer_norm.beta.as_ref().unwrap().val()),
     );
-    for (i, layer) in model.layers.iter().enumerate() {
+    for (i, layer) in model.encoder.layers.iter().enumerate() {
         let p = format!("encoder.layer.{i}.");
         let linears = [
-            ("attention.self.query", &layer.attention.query),
-            ("attention.self.key", &layer.attention.key),
-            ("attention.self.value", &layer.attention.value),
-            ("attention.output.dense", &layer.attention.output),
-            ("intermediate.dense", &layer.intermediate),
-            ("output.dense", &layer.output),
+            ("attention.self.query", &layer.mha.query),
+            ("attention.self.key", &layer.mha.key),
+            ("attention.self.value", &layer.mha.value),
+            ("attention.output.dense", &layer.mha.output),
+            ("intermediate.dense", &layer.pwff.linear_inner),
+            ("output.dense", &layer.pwff.linear_outer),
         ];
         for (name, linear) in linears {
             let (shape, weight) = values(linear.weight.val());
@@ -288,8 +288,8 @@ fn loaded_parameters(model: &TextEncoder) -> BTreeMap<String, (Vec<usize>, Vec<f
             );
         }
         for (name, norm) in [
-            ("attention.output.LayerNorm", &layer.attention_norm),
-            ("output.LayerNorm", &layer.output_norm),
+            ("attention.output.LayerNorm", &layer.norm_1),
+            ("output.LayerNorm", &layer.norm_2),
         ] {
             put(format!("{p}{name}.weight"), values(norm.gamma.val()));
             put(

@@ -1,4 +1,4 @@
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
 use crate::ops::attention_softmax;
@@ -55,10 +55,41 @@ impl FullAttention {
     /// length tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, or
     /// the dropout is outside `[0, 1)`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_masked(input, None)
+    }
+
+    /// [`Self::forward`] with an attention mask besides the lengths: `mask_attn`
+    /// `[batch, L, S]`, `true` where a query may not attend to a key (burn-nn's `mask_attn`),
+    /// the same for every head. A query row masked at every key gets the softmax of a row of
+    /// `-inf` (see [`attention_softmax`]).
+    ///
+    /// # Panics
+    /// As [`Self::forward`], and if `mask_attn` is not `[batch, L, S]`.
+    pub fn forward_masked(
+        &self,
+        input: AttentionInput,
+        mask_attn: Option<Tensor<3, Bool>>,
+    ) -> Tensor<4> {
         let options = &self.options;
         let (queries, keys, values, input) = input.checked(options);
         // Scaling the queries rather than the scores: L × E products instead of L × S.
         let scores = queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3));
+        let scores = match mask_attn {
+            Some(mask) => {
+                let [batch, heads, len, keys_len] = scores.dims();
+                assert!(
+                    mask.dims() == [batch, len, keys_len],
+                    "mask_attn {:?} must be [batch, L, S] = {:?}",
+                    mask.dims(),
+                    [batch, len, keys_len]
+                );
+                let mask = mask
+                    .unsqueeze_dim::<4>(1)
+                    .expand([batch, heads, len, keys_len]);
+                scores.mask_fill(mask, f32::NEG_INFINITY)
+            }
+            None => scores,
+        };
         let weights = attention_softmax(input.mask_keys(scores));
         let weights = dropout(weights, options.dropout);
         input.zero_padded_queries(weights.matmul(values))

@@ -15,6 +15,7 @@
 //! - `attention.rs`: full, clustered and improved attention against the references.
 //! - `autodiff.rs`: gradients against full attention's and finite differences.
 //! - `baselines.rs`: lsh-X, shared-full and oracle-top; dropout.
+//! - `encoder.rs`: the transformer encoder against burn-nn's.
 //! - `fused.rs`: the centroid and top-k attention ops and their backward passes.
 //! - `gpu.rs`: the CubeCL kernels (WGPU, CUDA, fused) against the default bodies.
 //! - `half.rs`: f16 and bf16 against f64.
@@ -30,6 +31,7 @@ mod defaults;
 mod attention;
 mod autodiff;
 mod baselines;
+mod encoder;
 mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;

@@ -1,0 +1,355 @@
+//! A transformer encoder with burn-nn's fields, layout and record paths, whose self-attention
+//! is the crate's multi-head layer: burn-nn's `TransformerEncoder` with clustered attention.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module};
+use burn::nn::activation::ActivationConfig;
+use burn::nn::transformer::{PositionWiseFeedForward, PositionWiseFeedForwardConfig};
+use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig};
+use burn::tensor::{Bool, Device, Int, Tensor};
+
+use crate::kind::AttentionKind;
+use crate::layer::{
+    ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
+};
+
+/// Configuration of a [`ClusteredTransformerEncoder`]: burn-nn 0.22's
+/// [`TransformerEncoderConfig`](burn::nn::transformer::TransformerEncoderConfig) (the same
+/// fields, defaults and meanings) with the attention and its clustering options.
+///
+/// Swapping burn-nn's encoder for this one is the constructor's one more argument:
+/// `TransformerEncoderConfig::new(256, 1024, 8, 4)` becomes
+/// `ClusteredTransformerEncoderConfig::new(256, 1024, 8, 4, AttentionKind::Improved { clusters:
+/// 100, topk: 32 })`.
+#[derive(Config, Debug)]
+pub struct ClusteredTransformerEncoderConfig {
+    /// Size of the model (the input and output features).
+    pub d_model: usize,
+    /// Size of the position-wise feed-forward network's hidden layer.
+    pub d_ff: usize,
+    /// Number of attention heads; must divide `d_model`.
+    pub n_heads: usize,
+    /// Number of layers.
+    pub n_layers: usize,
+    /// The attention of every layer.
+    pub attention: AttentionKind,
+    /// Dropout on the attention weights, after each sub-layer and inside the feed-forward
+    /// network (training only), burn-nn's default.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Layer norm before each sub-layer (pre-norm) instead of after its residual sum.
+    #[config(default = false)]
+    pub norm_first: bool,
+    /// burn-nn's "quiet softmax" (a softmax with one more zero logit). No attention of the
+    /// crate computes it: [`Self::init`] panics when it is set, rather than ignore it.
+    #[config(default = false)]
+    pub quiet_softmax: bool,
+    /// Initializer of the projections and of the feed-forward network (burn-nn's default).
+    #[config(
+        default = "Initializer::KaimingUniform{gain: 0.577_350_269_189_625_8, fan_out_only: false}"
+    )]
+    pub initializer: Initializer,
+    /// Activation of the feed-forward network.
+    #[config(default = "ActivationConfig::Gelu")]
+    pub activation: ActivationConfig,
+    /// Epsilon of the layer norms.
+    #[config(default = 1e-5)]
+    pub layer_norm_eps: f64,
+    /// Hash bits of the clustered kinds, in `1..=32`.
+    #[config(default = 32)]
+    pub bits: usize,
+    /// Lloyd iterations of the clustered kinds' K-means.
+    #[config(default = 10)]
+    pub iterations: usize,
+    /// Random thresholds on the hash planes.
+    #[config(default = true)]
+    pub hash_bias: bool,
+    /// Seed of the hash planes and initial centroids; layer `i` uses `seed + i`.
+    #[config(default = 0)]
+    pub seed: u64,
+}
+
+/// burn-nn's transformer encoder ("Attention Is All You Need", Vaswani et al. 2017) with the
+/// crate's attention in every layer (Vyas et al., NeurIPS 2020).
+///
+/// Its module tree is burn-nn's `TransformerEncoder`'s (`layers.N.mha.{query, key, value,
+/// output}`, `layers.N.pwff.{linear_inner, linear_outer}`, `layers.N.norm_1`,
+/// `layers.N.norm_2`), so that a record saved from one loads into the other, and with
+/// [`AttentionKind::Full`] it computes what burn-nn's computes at every valid position.
+/// Padded positions (given by `mask_pad`) join no cluster: their attention output is zero
+/// before the output projection, where burn-nn's attends to the valid keys.
+///
+/// # Example
+/// ```
+/// use burn::tensor::{Device, Distribution, Tensor};
+/// use clustered_attention::{
+///     AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
+/// };
+///
+/// let device = Device::default();
+/// let attention = AttentionKind::Improved { clusters: 10, topk: 8 };
+/// let encoder = ClusteredTransformerEncoderConfig::new(32, 64, 4, 2, attention).init(&device);
+/// let x = Tensor::<3>::random([2, 50, 32], Distribution::Default, &device);
+/// let y = encoder.forward(ClusteredTransformerEncoderInput::new(x));
+/// assert_eq!(y.dims(), [2, 50, 32]);
+/// ```
+#[derive(Module, Debug)]
+pub struct ClusteredTransformerEncoder {
+    /// The layers.
+    pub layers: Vec<ClusteredTransformerEncoderLayer>,
+    /// Size of the model.
+    pub d_model: usize,
+    /// Size of the feed-forward network's hidden layer.
+    pub d_ff: usize,
+    /// Number of attention heads.
+    pub n_heads: usize,
+    /// Number of layers.
+    pub n_layers: usize,
+    /// The dropout rate.
+    pub dropout: f64,
+    /// Layer norm before each sub-layer.
+    pub norm_first: bool,
+    /// Always `false` (kept for burn-nn's record).
+    pub quiet_softmax: bool,
+}
+
+/// One layer of a [`ClusteredTransformerEncoder`]: burn-nn's `TransformerEncoderLayer` with
+/// [`MultiHeadClusteredAttention`] as its `mha`.
+#[derive(Module, Debug)]
+pub struct ClusteredTransformerEncoderLayer {
+    /// Multi-head self-attention.
+    pub mha: MultiHeadClusteredAttention,
+    /// Position-wise feed-forward network.
+    pub pwff: PositionWiseFeedForward,
+    /// Layer norm around the feed-forward sub-layer (before it with `norm_first`, after the
+    /// attention's residual sum without).
+    pub norm_1: LayerNorm,
+    /// Layer norm around the attention sub-layer (before it with `norm_first`, after the
+    /// feed-forward's residual sum without).
+    pub norm_2: LayerNorm,
+    /// Dropout on each sub-layer's output, before its residual sum.
+    pub dropout: Dropout,
+    /// Layer norm before each sub-layer.
+    pub norm_first: bool,
+}
+
+/// Input of [`ClusteredTransformerEncoder::forward`], with burn-nn's
+/// `TransformerEncoderInput` builders.
+#[derive(Debug, Clone)]
+pub struct ClusteredTransformerEncoderInput {
+    tensor: Tensor<3>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    key_lengths: Option<Tensor<1, Int>>,
+    mask_attn: Option<Tensor<3, Bool>>,
+}
+
+impl ClusteredTransformerEncoderInput {
+    /// The input sequences, `[batch, L, d_model]`.
+    pub fn new(tensor: Tensor<3>) -> Self {
+        Self {
+            tensor,
+            mask_pad: None,
+            key_lengths: None,
+            mask_attn: None,
+        }
+    }
+
+    /// Padding mask `[batch, L]`, `true` = padded, as burn-nn's. It must mark a suffix of each
+    /// sequence; `forward` panics otherwise.
+    pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
+        self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// The sequences' lengths `[batch]`: positions `≥ lengths[b]` are padding. The same as
+    /// [`Self::mask_pad`] without reading a mask back to the host (not in burn-nn); give one or
+    /// the other, not both (`forward` panics).
+    pub fn key_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
+        self.key_lengths = Some(lengths);
+        self
+    }
+
+    /// Attention mask `[batch, L, L]`, `true` where a position may not attend to another, as
+    /// burn-nn's. Only [`AttentionKind::Full`] honours it: `forward` panics with any other kind.
+    pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
+        self.mask_attn = Some(mask_attn);
+        self
+    }
+}
+
+impl ClusteredTransformerEncoderConfig {
+    /// Creates the encoder on `device`.
+    ///
+    /// # Panics
+    /// If `quiet_softmax` is set (no attention of the crate computes it), or a layer's
+    /// configuration is invalid (see [`MultiHeadClusteredAttentionConfig::validate`]: `n_heads`
+    /// not dividing `d_model`, `bits` outside `1..=32`, a count of the attention 0, `dropout`
+    /// outside `[0, 1)`).
+    pub fn init(&self, device: &Device) -> ClusteredTransformerEncoder {
+        assert!(
+            !self.quiet_softmax,
+            "quiet_softmax = true: no attention of clustered-attention computes burn-nn's quiet \
+             softmax; set it to false"
+        );
+        let layers = (0..self.n_layers)
+            .map(|i| self.init_layer(i, device))
+            .collect();
+        ClusteredTransformerEncoder {
+            layers,
+            d_model: self.d_model,
+            d_ff: self.d_ff,
+            n_heads: self.n_heads,
+            n_layers: self.n_layers,
+            dropout: self.dropout,
+            norm_first: self.norm_first,
+            quiet_softmax: false,
+        }
+    }
+
+    /// Layer `index`, as burn-nn's `TransformerEncoderLayer::new` builds it.
+    fn init_layer(&self, index: usize, device: &Device) -> ClusteredTransformerEncoderLayer {
+        let mha =
+            MultiHeadClusteredAttentionConfig::new(self.d_model, self.n_heads, self.attention)
+                .with_initializer(self.initializer.clone())
+                .with_dropout(self.dropout)
+                .with_bits(self.bits)
+                .with_iterations(self.iterations)
+                .with_hash_bias(self.hash_bias)
+                .with_seed(self.seed.wrapping_add(index as u64))
+                .init(device);
+        let norm = || {
+            LayerNormConfig::new(self.d_model)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device)
+        };
+        let pwff = PositionWiseFeedForwardConfig::new(self.d_model, self.d_ff)
+            .with_initializer(self.initializer.clone())
+            .with_dropout(self.dropout)
+            .with_activation(self.activation.clone())
+            .init(device);
+        ClusteredTransformerEncoderLayer {
+            mha,
+            pwff,
+            norm_1: norm(),
+            norm_2: norm(),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            norm_first: self.norm_first,
+        }
+    }
+}
+
+impl ClusteredTransformerEncoder {
+    /// The same encoder (same weights) with `attention` in every layer: the paper's Table 1
+    /// evaluates a model trained with one attention with another.
+    ///
+    /// # Panics
+    /// As [`MultiHeadClusteredAttention::with_attention`].
+    pub fn with_attention(mut self, attention: AttentionKind) -> Self {
+        self.layers = self
+            .layers
+            .into_iter()
+            .map(|mut layer| {
+                layer.mha = layer.mha.with_attention(attention);
+                layer
+            })
+            .collect();
+        self
+    }
+
+    /// Applies the encoder, layer after layer.
+    ///
+    /// # Shapes
+    /// - tensor: `[batch, L, d_model]`; mask_pad: `[batch, L]`; key_lengths: `[batch]`;
+    ///   mask_attn: `[batch, L, L]`
+    /// - output: `[batch, L, d_model]`
+    ///
+    /// # Panics
+    /// As [`MultiHeadClusteredAttention::forward`]: if the last dimension is not `d_model`,
+    /// `mask_pad` does not mark a suffix of each row, both `mask_pad` and `key_lengths` are
+    /// given, a length is outside `0..=L`, or `mask_attn` is given with an attention other
+    /// than [`AttentionKind::Full`].
+    pub fn forward(&self, input: ClusteredTransformerEncoderInput) -> Tensor<3> {
+        let ClusteredTransformerEncoderInput {
+            tensor,
+            mask_pad,
+            key_lengths,
+            mask_attn,
+        } = input;
+        let masks = |x| self_attention(x, &mask_pad, &key_lengths, &mask_attn);
+        self.layers
+            .iter()
+            .fold(tensor, |x, layer| layer.forward_with(x, masks))
+    }
+}
+
+impl ClusteredTransformerEncoderLayer {
+    /// Applies the layer in burn-nn's order: the attention's residual path (layer norm first
+    /// with `norm_first`), dropout and sum, then the feed-forward's.
+    ///
+    /// # Shapes
+    /// - x: `[batch, L, d_model]`; mask_pad: `[batch, L]`; mask_attn: `[batch, L, L]`
+    /// - output: `[batch, L, d_model]`
+    ///
+    /// # Panics
+    /// As [`ClusteredTransformerEncoder::forward`].
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        mask_attn: Option<Tensor<3, Bool>>,
+    ) -> Tensor<3> {
+        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
+    }
+
+    /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
+    /// by `attention_input` from the attention's residual path.
+    fn forward_with(
+        &self,
+        x: Tensor<3>,
+        attention_input: impl Fn(Tensor<3>) -> ClusteredAttentionInput,
+    ) -> Tensor<3> {
+        let residual = if self.norm_first {
+            self.norm_2.forward(x.clone())
+        } else {
+            x.clone()
+        };
+        let residual = self
+            .dropout
+            .forward(self.mha.forward(attention_input(residual)));
+        let mut x = x + residual;
+
+        let residual = if self.norm_first {
+            self.norm_1.forward(x.clone())
+        } else {
+            x = self.norm_1.forward(x);
+            x.clone()
+        };
+        let residual = self.dropout.forward(self.pwff.forward(residual));
+        let x = x + residual;
+        if self.norm_first {
+            x
+        } else {
+            self.norm_2.forward(x)
+        }
+    }
+}
+
+/// The self-attention input of `x` with the masks or lengths given.
+fn self_attention(
+    x: Tensor<3>,
+    mask_pad: &Option<Tensor<2, Bool>>,
+    key_lengths: &Option<Tensor<1, Int>>,
+    mask_attn: &Option<Tensor<3, Bool>>,
+) -> ClusteredAttentionInput {
+    let mut input = ClusteredAttentionInput::self_attn(x);
+    if let Some(mask) = mask_pad {
+        input = input.mask_pad(mask.clone());
+    }
+    if let Some(lengths) = key_lengths {
+        input = input.key_lengths(lengths.clone());
+    }
+    if let Some(mask) = mask_attn {
+        input = input.mask_attn(mask.clone());
+    }
+    input
+}
