@@ -20,5 +20,6 @@ pub fn run(name: BackendName, args: &Args) -> Result<Vec<Record>> {
     match args.mode {
         crate::Mode::Forward => run_forward(name.name(), device, limits, args),
         crate::Mode::Train => run_train(name.name(), device.autodiff(), limits, args),
+        crate::Mode::Encoder => unreachable!("--mode encoder runs encoder::run"),
     }
 }

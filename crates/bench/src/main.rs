@@ -3,7 +3,9 @@
 //! The same attention code runs on every compiled backend. Per backend and sequence length it
 //! times our full attention, Burn's fused `burn::tensor::module::attention`, clustered and
 //! improved clustered attention, and the hashing and K-means ops alone; it prints a markdown
-//! table and writes CSV, JSON and an SVG plot under `--out-dir`.
+//! table and writes CSV, JSON and an SVG plot under `--out-dir`. `--mode encoder` times a
+//! training step of a whole transformer encoder instead, burn-nn's beside this crate's
+//! (`encoder.rs`).
 
 /// mimalloc keeps freed pages for reuse: glibc's malloc maps every allocation above 32 MiB
 /// fresh and unmaps it on free, so each large intermediate tensor pays its page faults again
@@ -12,6 +14,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod backends;
+mod encoder;
 mod launches;
 mod measure;
 mod report;
@@ -36,9 +39,9 @@ pub struct Args {
     /// Batch size.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = 4)]
-    pub heads: usize,
+    /// Attention heads (default: 4; 8 with `--mode encoder`).
+    #[arg(long)]
+    pub heads: Option<usize>,
     /// Per-head dimension E = D of queries, keys and values.
     #[arg(long, default_value_t = 64)]
     pub dim: usize,
@@ -54,7 +57,24 @@ pub struct Args {
     /// Lloyd iterations.
     #[arg(long, default_value_t = 10)]
     pub iterations: usize,
-    /// `forward` times the forward pass; `train` times forward + backward.
+    /// `--mode encoder`: layers of the encoder.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// `--mode encoder`: the model's width (`d_model`, `heads` times the per-head dimension).
+    #[arg(long, default_value_t = 256)]
+    pub d_model: usize,
+    /// `--mode encoder`: the feed-forward network's hidden width.
+    #[arg(long, default_value_t = 1024)]
+    pub d_ff: usize,
+    /// `--mode encoder`: dropout of the encoders (burn-nn's default, 0.1).
+    #[arg(long, default_value_t = 0.1)]
+    pub dropout: f64,
+    /// Runs one measurement of `--mode encoder` as a child process (the parent starts it).
+    #[arg(long, hide = true)]
+    pub encoder_child: Option<String>,
+    /// `forward` times the forward pass; `train` times forward + backward; `encoder` one
+    /// training step of a whole encoder, burn-nn's and this crate's, each in a child process
+    /// under `--memory-gib` (then `--only` names encoders: burn-nn, full, clustered, improved).
     #[arg(long, value_enum, default_value_t = Mode::Forward)]
     pub mode: Mode,
     /// Float type of the queries, keys and values (and so of the whole computation).
@@ -71,11 +91,14 @@ pub struct Args {
     /// Untimed warm-up runs per measurement.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Only these attentions/ops (full, fused, clustered, improved, lsh_hash, hamming_kmeans).
+    /// Only these attentions/ops (full, fused, clustered, improved, lsh_hash, hamming_kmeans);
+    /// with `--mode encoder`, these encoders (burn-nn, full, clustered, improved).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Memory budget in GiB for one measurement; larger ones are skipped with a note
-    /// (default: 70 % of the available RAM for CPU backends, 64 GiB for GPU backends).
+    /// (default: 70 % of the available RAM for CPU backends, 64 GiB for GPU backends). With
+    /// `--mode encoder`, the cap of each child process's data segment (default: 70 % of the
+    /// available RAM).
     #[arg(long)]
     pub memory_gib: Option<f64>,
     /// Once a measurement's median exceeds this many seconds, longer lengths of that op are
@@ -104,6 +127,16 @@ pub enum Mode {
     Forward,
     /// Forward and backward passes.
     Train,
+    /// One training step (forward, backward, Adam) of an N-layer encoder.
+    Encoder,
+}
+
+impl Args {
+    /// Attention heads: `--heads`, or 4 (8 with `--mode encoder`, as a Burn user's encoder).
+    pub fn heads(&self) -> usize {
+        self.heads
+            .unwrap_or(if self.mode == Mode::Encoder { 8 } else { 4 })
+    }
 }
 
 /// The float type the attention runs in.
@@ -161,8 +194,11 @@ fn main() -> Result<()> {
             );
         }
     }
+    if let Some(encoder) = args.encoder_child.clone() {
+        return encoder::child(&args, &encoder);
+    }
     for op in &args.only {
-        if !measure::OPS.contains(&op.as_str()) {
+        if args.mode != Mode::Encoder && !measure::OPS.contains(&op.as_str()) {
             bail!(
                 "unknown op {op:?} in --only (known: {})",
                 measure::OPS.join(", ")
@@ -197,6 +233,19 @@ fn main() -> Result<()> {
     }
     let machine = report::Machine::detect();
     eprintln!("machine: {}", machine.describe());
+    if args.mode == Mode::Encoder {
+        if args.d_model % args.heads() != 0 {
+            bail!(
+                "--d-model {} must be a multiple of --heads {}",
+                args.d_model,
+                args.heads()
+            );
+        }
+        if !(0.0..1.0).contains(&args.dropout) {
+            bail!("--dropout must be in [0, 1), got {}", args.dropout);
+        }
+        return encoder::run(&args, &machine);
+    }
     let mut records = Vec::new();
     for backend in args.backends.clone() {
         records.extend(backends::run(backend, &args)?);

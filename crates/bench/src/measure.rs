@@ -83,6 +83,7 @@ fn selected(args: &Args) -> Vec<&'static str> {
     let ops: &[&'static str] = match args.mode {
         Mode::Forward => &OPS,
         Mode::Train => &ATTENTIONS,
+        Mode::Encoder => unreachable!("--mode encoder runs encoder::run"),
     };
     ops.iter()
         .copied()
@@ -94,7 +95,7 @@ fn selected(args: &Args) -> Vec<&'static str> {
 fn flops(op: &str, args: &Args, len: usize) -> f64 {
     let (b, h, l, e) = (
         args.batch as f64,
-        args.heads as f64,
+        args.heads() as f64,
         len as f64,
         args.dim as f64,
     );
@@ -128,7 +129,7 @@ fn fused_materialises(args: &Args, gpu: bool, len: usize) -> bool {
 fn memory_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     let (b, h, l, e) = (
         args.batch as f64,
-        args.heads as f64,
+        args.heads() as f64,
         len as f64,
         args.dim as f64,
     );
@@ -285,7 +286,7 @@ fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Te
 }
 
 fn inputs(args: &Args, len: usize, device: &Device) -> [Tensor<4>; 3] {
-    let shape = [args.batch, args.heads, len, args.dim];
+    let shape = [args.batch, args.heads(), len, args.dim];
     device.seed(0);
     [0, 1, 2].map(|_| {
         Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(args.dtype.dtype())
@@ -368,7 +369,7 @@ impl Limits {
 /// The largest single tensor of one run in bytes (in `--dtype`): the attention matrix of full
 /// attention, the `[C, S]` centroid attention of the clustered ones.
 fn largest_tensor_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
-    let (b, h, l) = (args.batch as f64, args.heads as f64, len as f64);
+    let (b, h, l) = (args.batch as f64, args.heads() as f64, len as f64);
     let c = args.clusters.min(len) as f64;
     let f = args.dtype.bytes();
     match op {
@@ -414,7 +415,7 @@ fn run_all(
                 mode: args.mode,
                 op: op.to_string(),
                 batch: args.batch,
-                heads: args.heads,
+                heads: args.heads(),
                 length: len,
                 dim: args.dim,
                 clusters: args.clusters,
@@ -587,7 +588,7 @@ fn reset_peak_rss() -> bool {
 
 /// The process's peak resident set size since the last reset, in MiB (`VmHWM` of
 /// `/proc/self/status`).
-fn peak_rss_mib() -> Option<f64> {
+pub(crate) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -341,7 +341,7 @@ pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<(
 ///
 /// # Errors
 /// When the directory cannot be written or the rename fails; the error names the path.
-fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())

@@ -1,0 +1,553 @@
+//! `--mode encoder`: one training step (forward, backward, Adam update) of an N-layer
+//! transformer encoder, what a Burn user trains: burn-nn's `TransformerEncoder` beside
+//! clustered-attention's `ClusteredTransformerEncoder` with full, clustered and improved
+//! attention, the same sizes and dropout. Each (backend, encoder, length) runs in a child
+//! process of its own (this program, run again with `--encoder-child`) whose data segment is
+//! capped (`RLIMIT_DATA`, which counts every private writable mapping: the heap, the
+//! allocator's arenas, the tensors): past the cap an allocation fails and the child aborts, so
+//! a configuration that needs more memory than the cap is reported "over the cap" and the
+//! machine never swaps. The child reports the median step time and its peak resident set size
+//! (`VmHWM`); on a GPU that is the host's memory, not the device's.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use backend_select::BackendName;
+use burn::module::Module;
+use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{Device, Distribution, Tensor};
+use clustered_attention::{
+    AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
+};
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::Args;
+use crate::report::{Machine, write_whole};
+
+/// The encoders compared: burn-nn's, then this crate's with each attention.
+pub const ENCODERS: [&str; 4] = ["burn-nn", "full", "clustered", "improved"];
+
+/// One (backend, encoder, length): its step time and peak memory, or why there is none.
+#[derive(Debug, Clone, Serialize)]
+pub struct EncoderRecord {
+    pub backend: String,
+    pub encoder: String,
+    pub length: usize,
+    pub layers: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub d_ff: usize,
+    pub batch: usize,
+    pub dropout: f64,
+    /// Median seconds of a training step.
+    pub step_s: Option<f64>,
+    /// Peak resident set size of the child process, MiB.
+    pub peak_mib: Option<f64>,
+    /// "over the cap", a skip or a failure.
+    pub note: Option<String>,
+}
+
+/// What a child prints as its last line.
+#[derive(Debug, Serialize, Deserialize)]
+struct ChildReport {
+    step_s: Vec<f64>,
+    peak_mib: Option<f64>,
+}
+
+/// The memory cap of a child, bytes: `--memory-gib`, or 70 % of the memory available now.
+fn memory_cap(args: &Args) -> u64 {
+    let gib = args.memory_gib.unwrap_or_else(|| {
+        let mut system = sysinfo::System::new();
+        system.refresh_memory();
+        0.7 * system.available_memory() as f64 / 1024f64.powi(3)
+    });
+    (gib * 1024f64.powi(3)) as u64
+}
+
+/// Runs every (backend, encoder, length) in a child process of its own, shortest length first;
+/// an encoder over the cap or over `--time-limit-s` at one length is not run at longer ones.
+pub fn run(args: &Args, machine: &Machine) -> Result<()> {
+    let cap = memory_cap(args);
+    let cap_gib = cap as f64 / 1024f64.powi(3);
+    eprintln!("memory cap of each child: {cap_gib:.1} GiB (RLIMIT_DATA)");
+    let encoders = selected(args)?;
+    let mut lengths = args.lengths.clone();
+    lengths.sort_unstable();
+    let mut records = Vec::new();
+    for backend in &args.backends {
+        for encoder in &encoders {
+            let mut stop: Option<String> = None;
+            for &length in &lengths {
+                let mut record = EncoderRecord {
+                    backend: backend.name().to_string(),
+                    encoder: encoder.to_string(),
+                    length,
+                    layers: args.layers,
+                    d_model: args.d_model,
+                    heads: args.heads(),
+                    d_ff: args.d_ff,
+                    batch: args.batch,
+                    dropout: args.dropout,
+                    step_s: None,
+                    peak_mib: None,
+                    note: stop.clone(),
+                };
+                if stop.is_none() {
+                    run_child(args, *backend, encoder, length, cap, &mut record)?;
+                    if record.note.is_some() {
+                        stop = Some(format!(
+                            "not run: {} at L = {length}",
+                            record.note.as_deref().unwrap()
+                        ));
+                    } else if record.step_s.is_some_and(|s| s > args.time_limit_s) {
+                        stop = Some(format!(
+                            "not run: over {} s a step at L = {length}",
+                            args.time_limit_s
+                        ));
+                    }
+                }
+                eprintln!("{}", describe(&record));
+                records.push(record);
+            }
+        }
+    }
+    write(args, machine, cap_gib, &records)
+}
+
+/// The encoders of `--only` (all of [`ENCODERS`] by default).
+fn selected(args: &Args) -> Result<Vec<&'static str>> {
+    if args.only.is_empty() {
+        return Ok(ENCODERS.to_vec());
+    }
+    args.only
+        .iter()
+        .map(|name| {
+            ENCODERS
+                .iter()
+                .find(|e| *e == name)
+                .copied()
+                .with_context(|| {
+                    format!(
+                        "unknown encoder {name:?} in --only (known: {})",
+                        ENCODERS.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+/// One line of progress.
+fn describe(record: &EncoderRecord) -> String {
+    format!(
+        "{} {} L = {}: {}",
+        record.backend,
+        record.encoder,
+        record.length,
+        cell(record)
+    )
+}
+
+/// The median of `times` (at least one).
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    let n = times.len();
+    if n % 2 == 1 {
+        times[n / 2]
+    } else {
+        (times[n / 2 - 1] + times[n / 2]) / 2.0
+    }
+}
+
+/// A table cell: "1.87 s, 667 MiB", or the note.
+fn cell(record: &EncoderRecord) -> String {
+    match (record.step_s, &record.note) {
+        (Some(step), _) => format!(
+            "{} s, {}",
+            significant(step),
+            record
+                .peak_mib
+                .map_or("? MiB".to_string(), |mib| if mib >= 1024.0 {
+                    format!("{:.2} GiB", mib / 1024.0)
+                } else {
+                    format!("{mib:.0} MiB")
+                })
+        ),
+        (None, Some(note)) => note.clone(),
+        (None, None) => "–".to_string(),
+    }
+}
+
+/// `x` with three significant digits.
+fn significant(x: f64) -> String {
+    let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.digits$}")
+}
+
+/// Runs this program again as the child of one measurement, with the data segment capped at
+/// `cap` bytes, and fills `record` from its report (or its failure).
+fn run_child(
+    args: &Args,
+    backend: BackendName,
+    encoder: &str,
+    length: usize,
+    cap: u64,
+    record: &mut EncoderRecord,
+) -> Result<()> {
+    let exe = std::env::current_exe().context("finding this program to run its children")?;
+    let mut command = Command::new(exe);
+    command
+        .args(["--mode", "encoder", "--encoder-child", encoder])
+        .args(["--backends", backend.name()])
+        .args(["--lengths", &length.to_string()])
+        .args(["--batch", &args.batch.to_string()])
+        .args(["--heads", &args.heads().to_string()])
+        .args(["--layers", &args.layers.to_string()])
+        .args(["--d-model", &args.d_model.to_string()])
+        .args(["--d-ff", &args.d_ff.to_string()])
+        .args(["--dropout", &args.dropout.to_string()])
+        .args(["--clusters", &args.clusters.to_string()])
+        .args(["--topk", &args.topk.to_string()])
+        .args(["--bits", &args.bits.to_string()])
+        .args(["--iterations", &args.iterations.to_string()])
+        .args(["--runs", &args.runs.to_string()])
+        .args(["--warmup", &args.warmup.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: between fork and exec the closure calls `setrlimit` alone, which is
+        // async-signal-safe and allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: cap as libc::rlim_t,
+                    rlim_max: cap as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let output = command.output().context("running a child measurement")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success() {
+        let last = stdout.lines().last().unwrap_or_default();
+        let report: ChildReport = serde_json::from_str(last)
+            .with_context(|| format!("reading the child's report {last:?}"))?;
+        record.step_s = Some(median(report.step_s));
+        record.peak_mib = report.peak_mib;
+    } else if stderr.contains("memory allocation of") || stderr.contains("out of memory") {
+        record.note = Some(format!(
+            "over the cap ({:.1} GiB)",
+            cap as f64 / 1024f64.powi(3)
+        ));
+    } else {
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        record.note = Some(format!("failed ({}): {last}", output.status));
+    }
+    Ok(())
+}
+
+/// The child: builds `encoder` on the one backend and length of `args`, runs `--warmup`
+/// untimed and `--runs` timed training steps, and prints its report as one JSON line.
+pub fn child(args: &Args, encoder: &str) -> Result<()> {
+    let [backend] = args.backends[..] else {
+        bail!("--encoder-child takes one backend, got {:?}", args.backends);
+    };
+    let [length] = args.lengths[..] else {
+        bail!("--encoder-child takes one length, got {:?}", args.lengths);
+    };
+    let device = backend.device()?.autodiff();
+    device.seed(0);
+    let x = Tensor::<3>::random(
+        [args.batch, length, args.d_model],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    );
+    let times = match encoder {
+        "burn-nn" => {
+            let model =
+                TransformerEncoderConfig::new(args.d_model, args.d_ff, args.heads(), args.layers)
+                    .with_dropout(args.dropout)
+                    .init(&device);
+            train(args, &device, model, x, |m, x| {
+                m.forward(TransformerEncoderInput::new(x))
+            })
+        }
+        name => {
+            let attention = match name {
+                "full" => AttentionKind::Full,
+                "clustered" => AttentionKind::Clustered {
+                    clusters: args.clusters,
+                },
+                "improved" => AttentionKind::Improved {
+                    clusters: args.clusters,
+                    topk: args.topk,
+                },
+                other => bail!("unknown encoder {other:?} (known: {})", ENCODERS.join(", ")),
+            };
+            let model = ClusteredTransformerEncoderConfig::new(
+                args.d_model,
+                args.d_ff,
+                args.heads(),
+                args.layers,
+                attention,
+            )
+            .with_dropout(args.dropout)
+            .with_bits(args.bits)
+            .with_iterations(args.iterations)
+            .init(&device);
+            train(args, &device, model, x, |m, x| {
+                m.forward(ClusteredTransformerEncoderInput::new(x))
+            })
+        }
+    }?;
+    let report = ChildReport {
+        step_s: times,
+        peak_mib: crate::measure::peak_rss_mib(),
+    };
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{}", serde_json::to_string(&report)?)?;
+    Ok(())
+}
+
+/// Training steps of `model` on `x` (the loss: the mean square of the output), Adam at a
+/// learning rate of 1e-4: `--warmup` untimed, then the seconds of each of `--runs`.
+fn train<M: Module>(
+    args: &Args,
+    device: &Device,
+    mut model: M,
+    x: Tensor<3>,
+    forward: impl Fn(&M, Tensor<3>) -> Tensor<3>,
+) -> Result<Vec<f64>> {
+    let mut optimizer = AdamConfig::new().init();
+    let mut times = Vec::new();
+    for run in 0..args.warmup + args.runs.max(1) {
+        let start = Instant::now();
+        let loss = forward(&model, x.clone()).powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(1e-4, model, grads);
+        device.sync().context("synchronising the device")?;
+        if run >= args.warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok(times)
+}
+
+/// Prints the table and writes `<name>.md`, `.csv`, `.json` and `.svg` under `--out-dir`
+/// (`<name>` `encoder` by default).
+fn write(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]) -> Result<()> {
+    let table = markdown(args, machine, cap_gib, records);
+    println!("{table}");
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let name = args.name.clone().unwrap_or_else(|| "encoder".to_string());
+    let base = args.out_dir.join(&name);
+    write_whole(&base.with_extension("md"), table.as_bytes())?;
+    let mut csv = csv::Writer::from_writer(Vec::new());
+    for r in records {
+        csv.serialize(r)?;
+    }
+    let csv = csv
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("encoding the CSV: {}", e.error()))?;
+    write_whole(&base.with_extension("csv"), &csv)?;
+    #[derive(Serialize)]
+    struct Output<'a> {
+        machine: &'a Machine,
+        command: String,
+        memory_cap_gib: f64,
+        records: &'a [EncoderRecord],
+    }
+    let output = Output {
+        machine,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        memory_cap_gib: cap_gib,
+        records,
+    };
+    write_whole(
+        &base.with_extension("json"),
+        serde_json::to_string_pretty(&output)?.as_bytes(),
+    )?;
+    let mut svg = String::new();
+    plot(
+        SVGBackend::with_string(&mut svg, (1200, 520)).into_drawing_area(),
+        cap_gib,
+        records,
+    )
+    .context("drawing the SVG plot")?;
+    write_whole(&base.with_extension("svg"), svg.as_bytes())?;
+    eprintln!("wrote {}.{{md,csv,json,svg}}", base.display());
+    Ok(())
+}
+
+/// The table: one row per (backend, length), one column per encoder.
+fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]) -> String {
+    let encoders: Vec<&str> = ENCODERS
+        .iter()
+        .copied()
+        .filter(|e| records.iter().any(|r| r.encoder == *e))
+        .collect();
+    let mut out = format!(
+        "One training step (forward, backward, Adam) of a {}-layer encoder, d_model {}, {} heads, \
+         d_ff {}, batch {}, dropout {}, f32; clustered {} clusters, improved {} clusters and top \
+         {}. Median of {} steps after {} untimed; peak resident memory of the process. Each \
+         in its own process, capped at {cap_gib:.1} GiB. {}.\n\n",
+        args.layers,
+        args.d_model,
+        args.heads(),
+        args.d_ff,
+        args.batch,
+        args.dropout,
+        args.clusters,
+        args.clusters,
+        args.topk,
+        args.runs.max(1),
+        args.warmup,
+        machine.describe()
+    );
+    out += "| backend | L |";
+    for e in &encoders {
+        out += &format!(" {e} |");
+    }
+    out += "\n|---|---:|";
+    out += &"---|".repeat(encoders.len());
+    out += "\n";
+    let mut rows: Vec<(String, usize)> = Vec::new();
+    for r in records {
+        if !rows.contains(&(r.backend.clone(), r.length)) {
+            rows.push((r.backend.clone(), r.length));
+        }
+    }
+    // Each backend's lengths in order (the records are by backend, then encoder, then length).
+    rows.sort_by_key(|(backend, length)| {
+        let first = records.iter().position(|r| &r.backend == backend);
+        (first, *length)
+    });
+    for (backend, length) in rows {
+        out += &format!("| {backend} | {length} |");
+        for e in &encoders {
+            let record = records
+                .iter()
+                .find(|r| r.backend == backend && r.length == length && r.encoder == *e);
+            out += &format!(" {} |", record.map_or("–".to_string(), cell));
+        }
+        out += "\n";
+    }
+    out
+}
+
+/// Two log-log panels, peak memory and step time against L, one line per (encoder, backend);
+/// the memory cap drawn across the first.
+fn plot(
+    root: DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    cap_gib: f64,
+    records: &[EncoderRecord],
+) -> Result<()> {
+    root.fill(&WHITE)?;
+    let measured: Vec<&EncoderRecord> = records.iter().filter(|r| r.step_s.is_some()).collect();
+    if measured.is_empty() {
+        root.present()?;
+        return Ok(());
+    }
+    let (min_l, max_l) = records.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+        (lo.min(r.length as f64), hi.max(r.length as f64))
+    });
+    let panels = root.split_evenly((1, 2));
+    let series: Vec<(String, String)> = {
+        let mut s: Vec<(String, String)> = measured
+            .iter()
+            .map(|r| (r.encoder.clone(), r.backend.clone()))
+            .collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    for (panel, memory) in panels.iter().zip([true, false]) {
+        let value = |r: &EncoderRecord| {
+            if memory {
+                r.peak_mib.map(|m| m / 1024.0)
+            } else {
+                r.step_s
+            }
+        };
+        let values: Vec<f64> = measured.iter().filter_map(|r| value(r)).collect();
+        let lo = values.iter().cloned().fold(f64::MAX, f64::min);
+        let mut hi = values.iter().cloned().fold(0.0f64, f64::max);
+        if memory {
+            hi = hi.max(cap_gib);
+        }
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                if memory {
+                    "peak memory of a training step"
+                } else {
+                    "time of a training step"
+                },
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(
+                (min_l * 0.8..max_l * 1.25).log_scale(),
+                (lo * 0.5..hi * 2.0).log_scale(),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("sequence length L")
+            .y_desc(if memory {
+                "GiB (peak resident)"
+            } else {
+                "seconds (median)"
+            })
+            .draw()?;
+        for (index, (encoder, backend)) in series.iter().enumerate() {
+            let color =
+                Palette99::pick(ENCODERS.iter().position(|e| e == encoder).unwrap_or(index))
+                    .to_rgba();
+            let points: Vec<(f64, f64)> = measured
+                .iter()
+                .filter(|r| &r.encoder == encoder && &r.backend == backend)
+                .filter_map(|r| value(r).map(|v| (r.length as f64, v)))
+                .collect();
+            let style = ShapeStyle::from(&color).stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))?
+                .label(format!("{encoder} ({backend})"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
+        if memory {
+            let style = ShapeStyle::from(&BLACK).stroke_width(1);
+            chart
+                .draw_series(LineSeries::new(
+                    [(min_l * 0.8, cap_gib), (max_l * 1.25, cap_gib)],
+                    style,
+                ))?
+                .label(format!("memory cap ({cap_gib:.1} GiB)"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
