@@ -31,7 +31,8 @@ pub enum AttentionKind {
     Improved {
         /// Number of clusters `C`.
         clusters: usize,
-        /// Number of keys `k` recomputed exactly per cluster.
+        /// Number of keys `k` each cluster attends to most, whose scores are recomputed exactly
+        /// for every query of the cluster.
         topk: usize,
     },
     /// Clustered attention whose clusters are `clusters` contiguous blocks of positions

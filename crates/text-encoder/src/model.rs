@@ -62,7 +62,7 @@ pub struct Embeddings {
 }
 
 /// A BERT-family encoder whose self-attention is full, clustered or improved clustered
-/// attention ([`MultiHeadClusteredAttention`]), with sentence-transformers' mean pooling and
+/// attention (a [`ClusteredTransformerEncoder`]), with sentence-transformers' mean pooling and
 /// L2 normalisation for sentence embeddings.
 ///
 /// The attention holds no weights, so a model pretrained with full attention is evaluated with
@@ -85,7 +85,7 @@ impl TextEncoderConfig {
     /// # Panics
     /// If `num_attention_heads` does not divide `hidden_size`, `bits` is outside `1..=32`, or
     /// the attention kind is invalid (a cluster count or `topk` of 0; see
-    /// [`MultiHeadClusteredAttentionConfig::init`]).
+    /// [`ClusteredTransformerEncoderConfig::init`]).
     pub fn init(&self, device: &Device) -> TextEncoder {
         let d = self.hidden_size;
         let norm = || {
