@@ -26,7 +26,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::Args;
-use crate::report::{Machine, write_whole};
+use crate::report::{Machine, write_outputs};
 
 /// The encoders compared: burn-nn's, then this crate's with each attention.
 pub const ENCODERS: [&str; 4] = ["burn-nn", "full", "clustered", "improved"];
@@ -351,20 +351,6 @@ fn train<M: Module>(
 /// (`<name>` `encoder` by default).
 fn write(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]) -> Result<()> {
     let table = markdown(args, machine, cap_gib, records);
-    println!("{table}");
-    std::fs::create_dir_all(&args.out_dir)
-        .with_context(|| format!("creating {}", args.out_dir.display()))?;
-    let name = args.name.clone().unwrap_or_else(|| "encoder".to_string());
-    let base = args.out_dir.join(&name);
-    write_whole(&base.with_extension("md"), table.as_bytes())?;
-    let mut csv = csv::Writer::from_writer(Vec::new());
-    for r in records {
-        csv.serialize(r)?;
-    }
-    let csv = csv
-        .into_inner()
-        .map_err(|e| anyhow::anyhow!("encoding the CSV: {}", e.error()))?;
-    write_whole(&base.with_extension("csv"), &csv)?;
     #[derive(Serialize)]
     struct Output<'a> {
         machine: &'a Machine,
@@ -378,10 +364,6 @@ fn write(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]
         memory_cap_gib: cap_gib,
         records,
     };
-    write_whole(
-        &base.with_extension("json"),
-        serde_json::to_string_pretty(&output)?.as_bytes(),
-    )?;
     let mut svg = String::new();
     plot(
         SVGBackend::with_string(&mut svg, (1200, 520)).into_drawing_area(),
@@ -389,9 +371,7 @@ fn write(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]
         records,
     )
     .context("drawing the SVG plot")?;
-    write_whole(&base.with_extension("svg"), svg.as_bytes())?;
-    eprintln!("wrote {}.{{md,csv,json,svg}}", base.display());
-    Ok(())
+    write_outputs(args, "encoder", &table, records, &output, Some(svg))
 }
 
 /// The table: one row per (backend, length), one column per encoder.

@@ -301,15 +301,35 @@ fn draw_plot(root: DrawingArea<SVGBackend<'_>, Shift>, timed: &[&Record]) -> Res
 /// Prints the table and writes `<name>.md`, `.csv`, `.json` and `.svg` under `--out-dir`.
 pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<()> {
     let table = markdown(machine, records);
+    let output = Output {
+        machine,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        records,
+    };
+    let svg = plot(records).context("drawing the SVG plot")?;
+    let mode = format!("{:?}", args.mode).to_lowercase();
+    write_outputs(args, &mode, &table, records, &output, svg)
+}
+
+/// Prints `table` and writes it, `records` as CSV, `output` as JSON and `svg` (when there is
+/// one) to `<name>.md`, `.csv`, `.json` and `.svg` under `--out-dir`, each whole or not at all
+/// ([`write_whole`]); `<name>` is `--name`, or `default_name`.
+pub(crate) fn write_outputs<R: Serialize>(
+    args: &Args,
+    default_name: &str,
+    table: &str,
+    records: &[R],
+    output: &impl Serialize,
+    svg: Option<String>,
+) -> Result<()> {
     println!("{table}");
     fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
     let name = args
         .name
         .clone()
-        .unwrap_or_else(|| format!("{:?}", args.mode).to_lowercase());
+        .unwrap_or_else(|| default_name.to_string());
     let base = args.out_dir.join(&name);
-
     write_whole(&base.with_extension("md"), table.as_bytes())?;
     let mut csv = csv::Writer::from_writer(Vec::new());
     for r in records {
@@ -319,16 +339,11 @@ pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<(
         .into_inner()
         .map_err(|e| anyhow::anyhow!("encoding the CSV: {}", e.error()))?;
     write_whole(&base.with_extension("csv"), &csv)?;
-    let output = Output {
-        machine,
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        records,
-    };
     write_whole(
         &base.with_extension("json"),
-        serde_json::to_string_pretty(&output)?.as_bytes(),
+        serde_json::to_string_pretty(output)?.as_bytes(),
     )?;
-    if let Some(svg) = plot(records).context("drawing the SVG plot")? {
+    if let Some(svg) = svg {
         write_whole(&base.with_extension("svg"), svg.as_bytes())?;
     }
     eprintln!("wrote {}.{{md,csv,json,svg}}", base.display());
@@ -341,7 +356,7 @@ pub fn write_all(args: &Args, machine: &Machine, records: &[Record]) -> Result<(
 ///
 /// # Errors
 /// When the directory cannot be written or the rename fails; the error names the path.
-pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())

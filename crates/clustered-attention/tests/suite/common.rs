@@ -1,6 +1,6 @@
 //! Host-side data and independent references.
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
@@ -386,4 +386,13 @@ pub fn max_abs_diff(out: &Host4, reference: &Rows) -> f64 {
         }
     }
     worst
+}
+
+/// A padding mask `[batch, len]` (burn-nn's `mask_pad`): true at positions `≥ lengths[b]`.
+pub fn padding_mask(lengths: &[usize], len: usize, device: &Device) -> Tensor<2, Bool> {
+    let mask: Vec<bool> = lengths
+        .iter()
+        .flat_map(|&n| (0..len).map(move |i| i >= n))
+        .collect();
+    Tensor::from_data(TensorData::new(mask, [lengths.len(), len]), device)
 }

@@ -12,7 +12,7 @@ use clustered_attention::{
     AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
 };
 
-use crate::common::{autodiff, flex, ndarray};
+use crate::common::{autodiff, flex, ndarray, padding_mask};
 
 const D_MODEL: usize = 32;
 const D_FF: usize = 64;
@@ -33,14 +33,6 @@ fn record_bytes(module: impl Module) -> Bytes {
 
 fn record(bytes: &Bytes) -> ModuleRecord {
     ModuleRecord::from_bytes(bytes.clone()).expect("the record deserializes")
-}
-
-fn padding_mask(lengths: &[usize], len: usize, device: &Device) -> Tensor<2, Bool> {
-    let mask: Vec<bool> = lengths
-        .iter()
-        .flat_map(|&n| (0..len).map(move |i| i >= n))
-        .collect();
-    Tensor::from_data(TensorData::new(mask, [lengths.len(), len]), device)
 }
 
 /// `[batch, len, len]`, true where key `j > i` (a causal mask).

@@ -10,7 +10,7 @@ use clustered_attention::{
     MultiHeadClusteredAttentionConfig,
 };
 
-use crate::common::{Host4, autodiff, dot, flex, host_ints, ndarray, softmax};
+use crate::common::{Host4, autodiff, dot, flex, host_ints, ndarray, padding_mask, softmax};
 
 fn max_abs(a: Tensor<3>, b: Tensor<3>) -> f32 {
     (a - b).abs().max().into_scalar::<f32>()
@@ -34,14 +34,6 @@ fn materialize(linears: &[&burn::nn::Linear]) {
             bias.val();
         }
     }
-}
-
-fn padding_mask(batch_lengths: &[usize], len: usize, device: &Device) -> Tensor<2, Bool> {
-    let mask: Vec<bool> = batch_lengths
-        .iter()
-        .flat_map(|&n| (0..len).map(move |i| i >= n))
-        .collect();
-    Tensor::from_data(TensorData::new(mask, [batch_lengths.len(), len]), device)
 }
 
 /// A burn-nn `MultiHeadAttention` record (serialized to burnpack bytes) loads into the layer
