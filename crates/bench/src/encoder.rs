@@ -58,14 +58,10 @@ struct ChildReport {
     peak_mib: Option<f64>,
 }
 
-/// The memory cap of a child, bytes: `--memory-gib`, or 70 % of the memory available now.
+/// The memory cap of a child, bytes: `--memory-gib`, or 70 % of the memory available now (the
+/// host's budget of the other modes, [`crate::measure::memory_budget`]).
 fn memory_cap(args: &Args) -> u64 {
-    let gib = args.memory_gib.unwrap_or_else(|| {
-        let mut system = sysinfo::System::new();
-        system.refresh_memory();
-        0.7 * system.available_memory() as f64 / 1024f64.powi(3)
-    });
-    (gib * 1024f64.powi(3)) as u64
+    crate::measure::memory_budget(args, false) as u64
 }
 
 /// Runs every (backend, encoder, length) in a child process of its own, shortest length first;

@@ -380,7 +380,9 @@ fn largest_tensor_bytes(op: &str, args: &Args, gpu: bool, len: usize) -> f64 {
     }
 }
 
-fn memory_budget(args: &Args, gpu: bool) -> f64 {
+/// Bytes one measurement may take: `--memory-gib`, or 64 GiB on a GPU, 70 % of the memory
+/// available now on the host.
+pub(crate) fn memory_budget(args: &Args, gpu: bool) -> f64 {
     let gib = 1024.0 * 1024.0 * 1024.0;
     match args.memory_gib {
         Some(budget) => budget * gib,

@@ -419,6 +419,17 @@ pub(super) fn loop_kernel_passes(len: usize, clusters: usize, iterations: usize)
         .saturating_add(rounds.saturating_mul(round))
 }
 
+/// The longest row (a multiple of [`CUBE_THREADS`]) whose one-launch loop stays within
+/// [`LLVMPIPE_LOOP_PASSES`] at `clusters` clusters and `iterations` Lloyd iterations.
+#[cfg(test)]
+pub(super) fn longest_one_launch_row(clusters: usize, iterations: usize) -> usize {
+    (1..)
+        .map(|rows| rows * CUBE_THREADS)
+        .take_while(|&len| loop_kernel_passes(len, clusters, iterations) <= LLVMPIPE_LOOP_PASSES)
+        .last()
+        .expect("a row within the limit")
+}
+
 /// How [`hamming_kmeans`] runs the Lloyd loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum KmeansPlan {
@@ -688,13 +699,7 @@ mod tests {
         let device = CubeDevice::Wgpu(Default::default());
         let limit = loop_pass_limit(&device.client().properties_shared());
         for (clusters, iterations) in [(100, 13), (80, 16)] {
-            let longest = (1..)
-                .map(|s| s * CUBE_THREADS)
-                .take_while(|&len| {
-                    loop_kernel_passes(len, clusters, iterations) <= LLVMPIPE_LOOP_PASSES
-                })
-                .last()
-                .expect("a row within the limit");
+            let longest = longest_one_launch_row(clusters, iterations);
             let past = longest + 1;
             let context = format!("C {clusters}, {iterations} iterations");
             let [kernel, reference] = run(

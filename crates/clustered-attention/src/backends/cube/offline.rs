@@ -297,6 +297,9 @@ fn gpus() -> [CudaGpu; 2] {
 /// The float types of the configurations.
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+/// Lloyd iterations of the K-means cases (the crate's default).
+const ITERATIONS: usize = 10;
+
 /// Batch and heads of every case.
 const BATCH: usize = 1;
 const HEADS: usize = 8;
@@ -369,7 +372,6 @@ fn cases() -> BTreeSet<Case> {
 /// # Panics
 /// If a plan is given by no candidate.
 fn kmeans_cases() -> Vec<(KmeansPlan, usize, usize)> {
-    let iterations = 10;
     let mut clusters: BTreeSet<usize> = cases().iter().map(|case| case.clusters).collect();
     clusters.extend([
         kmeans::LOOP_CLUSTERS + 1,
@@ -377,14 +379,7 @@ fn kmeans_cases() -> Vec<(KmeansPlan, usize, usize)> {
         kmeans::SHARED_CENTROIDS + 1,
     ]);
     let mut lens: BTreeSet<usize> = cases().iter().map(|case| case.len).collect();
-    let longest = (1..)
-        .map(|len| len * 256)
-        .take_while(|&len| {
-            kmeans::loop_kernel_passes(len, BASE.clusters, iterations)
-                <= kmeans::LLVMPIPE_LOOP_PASSES
-        })
-        .last()
-        .expect("a row lavapipe takes in one launch");
+    let longest = kmeans::longest_one_launch_row(BASE.clusters, ITERATIONS);
     lens.extend([longest, longest + 1]);
     let limits = [None, Some(kmeans::LLVMPIPE_LOOP_PASSES)];
     KmeansPlan::ALL
@@ -398,7 +393,7 @@ fn kmeans_cases() -> Vec<(KmeansPlan, usize, usize)> {
                     len >= c
                         && limits
                             .iter()
-                            .any(|&limit| kmeans::kmeans_plan(len, c, iterations, limit) == plan)
+                            .any(|&limit| kmeans::kmeans_plan(len, c, ITERATIONS, limit) == plan)
                 })
                 .unwrap_or_else(|| panic!("no K-means candidate takes {plan:?}"));
             (plan, len, clusters)
@@ -421,7 +416,7 @@ fn ints<const N: usize>(shape: [usize; N], device: &CubeDevice) -> CubeTensor {
 /// `device` (integer kernels: the same for every float type).
 fn run_kmeans(plan: KmeansPlan, len: usize, clusters: usize, device: &CubeDevice) {
     let codes = ints([BATCH, HEADS, len], device);
-    let _ = kmeans::hamming_kmeans_planned(codes, None, clusters, 10, 7, plan);
+    let _ = kmeans::hamming_kmeans_planned(codes, None, clusters, ITERATIONS, 7, plan);
 }
 
 /// The `k` the top-k launcher is run at: one for every length of list its kernel runs with
@@ -623,10 +618,31 @@ enum Config {
     },
 }
 
+impl Config {
+    /// Whether the launchers may put the scores on cooperative matrices (the `cmma` feature's
+    /// role in a capture).
+    fn cmma(&self) -> bool {
+        matches!(
+            self,
+            Config::Attention {
+                products: "cmma",
+                ..
+            }
+        )
+    }
+}
+
+/// `dtype`'s name in the table, `f32`, `f16` or `bf16`.
+fn dtype_name(dtype: DType) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
 /// `configs` in a line: each field's values, e.g. `f16, bf16 · cmma, fma · E=64, 128 · L=4096
 /// · C=100 · k=32`, or the K-means plans with their rows.
 fn summary(configs: &BTreeSet<Config>) -> String {
-    let mut fields: [BTreeSet<String>; 6] = Default::default();
+    // The float types and the products, then E, L, C and k.
+    let mut names: [BTreeSet<String>; 2] = Default::default();
+    let mut sizes: [BTreeSet<usize>; 4] = Default::default();
     let mut plans = Vec::new();
     for config in configs {
         match config {
@@ -635,13 +651,14 @@ fn summary(configs: &BTreeSet<Config>) -> String {
                 products,
                 case,
             } => {
-                fields[0].insert(dtype.clone());
-                fields[1].insert(products.to_string());
-                for (field, value) in [case.dim, case.len, case.clusters, case.topk]
-                    .into_iter()
-                    .enumerate()
+                names[0].insert(dtype.clone());
+                names[1].insert(products.to_string());
+                for (field, value) in
+                    sizes
+                        .iter_mut()
+                        .zip([case.dim, case.len, case.clusters, case.topk])
                 {
-                    fields[field + 2].insert(format!("{value:>6}"));
+                    field.insert(value);
                 }
             }
             Config::Kmeans {
@@ -650,25 +667,29 @@ fn summary(configs: &BTreeSet<Config>) -> String {
                 clusters,
             } => plans.push(format!("K-means {plan:?} L={len} C={clusters}")),
             Config::TopK { dtype, k } => {
-                fields[0].insert(dtype.clone());
-                fields[5].insert(format!("{k:>6}"));
+                names[0].insert(dtype.clone());
+                sizes[3].insert(*k);
             }
         }
     }
-    let mut parts = Vec::new();
-    for (prefix, field) in ["", "", "E=", "L=", "C=", "k="].iter().zip(&fields) {
+    let join = |values: Vec<String>| values.join(", ");
+    let mut parts: Vec<String> = names
+        .into_iter()
+        .filter(|field| !field.is_empty())
+        .map(|field| join(field.into_iter().collect()))
+        .collect();
+    for (prefix, field) in ["E=", "L=", "C=", "k="].iter().zip(sizes) {
         if !field.is_empty() {
-            let values: Vec<_> = field.iter().map(|v| v.trim()).collect();
-            parts.push(format!("{prefix}{}", values.join(", ")));
+            let values = field.iter().map(usize::to_string).collect();
+            parts.push(format!("{prefix}{}", join(values)));
         }
     }
     parts.extend(plans);
     parts.join(" · ")
 }
 
-/// A configuration, whether the scores may go through cooperative matrices, and the launchers'
-/// calls that build its kernels.
-type Run = (Config, bool, Box<dyn Fn()>);
+/// A configuration and the launchers' calls that build its kernels.
+type Run = (Config, Box<dyn Fn()>);
 
 /// One kernel compiled for one GPU.
 struct Compiled {
@@ -702,27 +723,23 @@ fn cuda_sources_compile_for_sm_80_and_sm_90() {
         for cmma in [false, true] {
             for case in cases() {
                 let config = Config::Attention {
-                    dtype: format!("{dtype:?}").to_lowercase(),
+                    dtype: dtype_name(dtype),
                     products: if cmma { "cmma" } else { "fma" },
                     case,
                 };
                 let device = device.clone();
-                runs.push((
-                    config,
-                    cmma,
-                    Box::new(move || run_ops(dtype, case, &device)),
-                ));
+                runs.push((config, Box::new(move || run_ops(dtype, case, &device))));
             }
         }
     }
     for dtype in DTYPES {
         for k in topk_cases() {
             let config = Config::TopK {
-                dtype: format!("{dtype:?}").to_lowercase(),
+                dtype: dtype_name(dtype),
                 k,
             };
             let device = device.clone();
-            runs.push((config, false, Box::new(move || run_topk(dtype, k, &device))));
+            runs.push((config, Box::new(move || run_topk(dtype, k, &device))));
         }
     }
     for (plan, len, clusters) in kmeans_cases() {
@@ -734,7 +751,6 @@ fn cuda_sources_compile_for_sm_80_and_sm_90() {
         let device = device.clone();
         runs.push((
             config,
-            false,
             Box::new(move || run_kmeans(plan, len, clusters, &device)),
         ));
     }
@@ -743,8 +759,8 @@ fn cuda_sources_compile_for_sm_80_and_sm_90() {
         // The source of each kernel id compiled so far: the same id (kernel, comptime
         // arguments, cube) gives the same source, compiled once.
         let mut compiled_ids = HashMap::new();
-        for (config, cmma, run) in &runs {
-            for (kernel, built) in capture(&gpu, *cmma, run) {
+        for (config, run) in &runs {
+            for (kernel, built) in capture(&gpu, config.cmma(), run) {
                 if let Some(key) = compiled_ids.get(&built.id()) {
                     let entry: &mut Compiled = sources.get_mut(key).expect("a compiled source");
                     entry.configs.insert(config.clone());
