@@ -40,8 +40,9 @@ pub struct ClusteredTransformerEncoderConfig {
     /// Layer norm before each sub-layer (pre-norm) instead of after its residual sum.
     #[config(default = false)]
     pub norm_first: bool,
-    /// burn-nn's "quiet softmax" (a softmax with one more zero logit). No attention of the
-    /// crate computes it: [`Self::init`] panics when it is set, rather than ignore it.
+    /// burn-nn's "quiet softmax" (a softmax with one more zero logit, so a query may attend to
+    /// nothing), with [`AttentionKind::Full`] only: the clustered kinds' kernels compute the
+    /// softmax, and [`Self::init`] panics rather than ignore it.
     #[config(default = false)]
     pub quiet_softmax: bool,
     /// Initializer of the projections and of the feed-forward network (burn-nn's default).
@@ -109,7 +110,7 @@ pub struct ClusteredTransformerEncoder {
     pub dropout: f64,
     /// Layer norm before each sub-layer.
     pub norm_first: bool,
-    /// Always `false` (kept for burn-nn's record).
+    /// burn-nn's quiet softmax (full attention only).
     pub quiet_softmax: bool,
 }
 
@@ -181,16 +182,11 @@ impl ClusteredTransformerEncoderConfig {
     /// Creates the encoder on `device`.
     ///
     /// # Panics
-    /// If `quiet_softmax` is set (no attention of the crate computes it), or a layer's
-    /// configuration is invalid (see [`MultiHeadClusteredAttentionConfig::validate`]: `n_heads`
-    /// not dividing `d_model`, `bits` outside `1..=32`, a count of the attention 0, `dropout`
-    /// outside `[0, 1)`).
+    /// If a layer's configuration is invalid (see
+    /// [`MultiHeadClusteredAttentionConfig::validate`]: `n_heads` not dividing `d_model`,
+    /// `bits` outside `1..=32`, a count of the attention 0, `dropout` outside `[0, 1)`,
+    /// `quiet_softmax` with an attention other than full).
     pub fn init(&self, device: &Device) -> ClusteredTransformerEncoder {
-        assert!(
-            !self.quiet_softmax,
-            "quiet_softmax = true: no attention of clustered-attention computes burn-nn's quiet \
-             softmax; set it to false"
-        );
         let layers = (0..self.n_layers)
             .map(|i| self.init_layer(i, device))
             .collect();
@@ -202,7 +198,7 @@ impl ClusteredTransformerEncoderConfig {
             n_layers: self.n_layers,
             dropout: self.dropout,
             norm_first: self.norm_first,
-            quiet_softmax: false,
+            quiet_softmax: self.quiet_softmax,
         }
     }
 
@@ -216,6 +212,7 @@ impl ClusteredTransformerEncoderConfig {
                 .with_iterations(self.iterations)
                 .with_hash_bias(self.hash_bias)
                 .with_seed(self.seed.wrapping_add(index as u64))
+                .with_quiet_softmax(self.quiet_softmax)
                 .init(device);
         let norm = || {
             LayerNormConfig::new(self.d_model)

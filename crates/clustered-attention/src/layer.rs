@@ -42,6 +42,11 @@ pub struct MultiHeadClusteredAttentionConfig {
     /// Seed of the hash planes and initial centroids.
     #[config(default = 0)]
     pub seed: u64,
+    /// burn-nn's quiet softmax (one more zero logit per row, so a query may attend to
+    /// nothing), with [`AttentionKind::Full`] only: the clustered kinds' kernels compute the
+    /// softmax ([`FullAttention::quiet_softmax`]).
+    #[config(default = false)]
+    pub quiet_softmax: bool,
     /// Initializer of the four projections (burn-nn's `MultiHeadAttention` default).
     #[config(
         default = "Initializer::KaimingUniform{gain: 0.577_350_269_189_625_8, fan_out_only: false}"
@@ -116,6 +121,8 @@ pub struct MultiHeadClusteredAttention {
     pub training: Param<Flag>,
     /// Seed of the hash planes and initial centroids.
     pub seed: u64,
+    /// burn-nn's quiet softmax (full attention only).
+    pub quiet_softmax: bool,
 }
 
 impl MultiHeadClusteredAttentionConfig {
@@ -125,8 +132,8 @@ impl MultiHeadClusteredAttentionConfig {
     /// # Errors
     /// A sentence naming the setting and its value, when `d_model` is not divisible by
     /// `n_heads` (or `n_heads` is 0), `bits` is outside `1..=32`, a cluster count, `topk`,
-    /// `rounds` or `chunk_size` is 0 ([`AttentionKind::validate`]), or `dropout` is outside
-    /// `[0, 1)`.
+    /// `rounds` or `chunk_size` is 0 ([`AttentionKind::validate`]), `dropout` is outside
+    /// `[0, 1)`, or `quiet_softmax` is set with an attention other than full.
     pub fn validate(&self) -> Result<(), String> {
         if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
             return Err(format!(
@@ -139,14 +146,15 @@ impl MultiHeadClusteredAttentionConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
-        Ok(())
+        check_quiet_softmax(self.quiet_softmax, self.attention)
     }
 
     /// Creates the layer.
     ///
     /// # Panics
     /// If `d_model` is not divisible by `n_heads`, `bits` is outside `1..=32`, a cluster count
-    /// or `topk` is 0, or `dropout` is outside `[0, 1)`.
+    /// or `topk` is 0, `dropout` is outside `[0, 1)`, or `quiet_softmax` is set with an
+    /// attention other than full (see [`Self::validate`]).
     pub fn init(&self, device: &Device) -> MultiHeadClusteredAttention {
         if let Err(message) = self.validate() {
             panic!("{message}");
@@ -173,8 +181,20 @@ impl MultiHeadClusteredAttentionConfig {
             dropout: self.dropout,
             training: Param::from_bool(true),
             seed: self.seed,
+            quiet_softmax: self.quiet_softmax,
         }
     }
+}
+
+/// `Err` naming both when the quiet softmax is asked of an attention other than full.
+fn check_quiet_softmax(quiet_softmax: bool, attention: AttentionKind) -> Result<(), String> {
+    if quiet_softmax && attention != AttentionKind::Full {
+        return Err(format!(
+            "quiet_softmax = true needs full attention: {attention} computes the softmax in its \
+             kernels; set quiet_softmax to false or use full"
+        ));
+    }
+    Ok(())
 }
 
 /// Input of [`MultiHeadClusteredAttention::forward`], in the style of burn-nn's `MhaInput`.
@@ -280,9 +300,13 @@ impl MultiHeadClusteredAttention {
     /// # Panics
     /// If a count of `attention` is 0, or `attention` is shared-QK (`shared-full`, `lsh:X`)
     /// and the layer was not created with a shared-QK kind: its keys come from its own `key`
-    /// projection, which a shared-QK attention cannot use.
+    /// projection, which a shared-QK attention cannot use; or the layer has the quiet softmax
+    /// and `attention` is not full.
     pub fn with_attention(mut self, attention: AttentionKind) -> Self {
         attention.check();
+        if let Err(message) = check_quiet_softmax(self.quiet_softmax, attention) {
+            panic!("{message}");
+        }
         assert!(
             !attention.is_shared_qk() || self.shared_qk,
             "{attention} needs a layer trained with shared queries and keys; this one was created with {}",
@@ -373,6 +397,7 @@ impl MultiHeadClusteredAttention {
         let context = match self.attention {
             AttentionKind::Full => FullAttention::new()
                 .with_options(options)
+                .with_quiet_softmax(self.quiet_softmax)
                 .forward_masked(input, input_mask_attn),
             AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
                 ClusteredAttention::new(clusters)

@@ -1,3 +1,4 @@
+use burn::tensor::activation::quiet_softmax;
 use burn::tensor::{Bool, Tensor};
 
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
@@ -22,6 +23,10 @@ use crate::ops::attention_softmax;
 pub struct FullAttention {
     /// The scale and the dropout.
     pub options: AttentionOptions,
+    /// burn-nn's quiet softmax (`quiet_softmax` of `MultiHeadAttentionConfig`): the softmax of
+    /// each row with one more logit fixed at 0, so a query may attend to nothing
+    /// ([`burn::tensor::activation::quiet_softmax`]); default false.
+    pub quiet_softmax: bool,
 }
 
 impl Default for FullAttention {
@@ -35,10 +40,17 @@ impl FullAttention {
     pub fn new() -> Self {
         Self {
             options: AttentionOptions::new(),
+            quiet_softmax: false,
         }
     }
 
     attention_options_builders!();
+
+    /// The softmax with one more zero logit ([`Self::quiet_softmax`]) instead of the softmax.
+    pub fn with_quiet_softmax(mut self, quiet_softmax: bool) -> Self {
+        self.quiet_softmax = quiet_softmax;
+        self
+    }
 
     /// The attention of `input`'s queries on its keys and values.
     ///
@@ -61,7 +73,7 @@ impl FullAttention {
     /// [`Self::forward`] with an attention mask besides the lengths: `mask_attn`
     /// `[batch, L, S]`, `true` where a query may not attend to a key (burn-nn's `mask_attn`),
     /// the same for every head. A query row masked at every key gets the softmax of a row of
-    /// `-inf` (see [`attention_softmax`]).
+    /// `-inf` (see [`attention_softmax`]); with the quiet softmax, zeros.
     ///
     /// # Panics
     /// As [`Self::forward`], and if `mask_attn` is not `[batch, L, S]`.
@@ -90,7 +102,12 @@ impl FullAttention {
             }
             None => scores,
         };
-        let weights = attention_softmax(input.mask_keys(scores));
+        let scores = input.mask_keys(scores);
+        let weights = if self.quiet_softmax {
+            quiet_softmax(scores, 3)
+        } else {
+            attention_softmax(scores)
+        };
         let weights = dropout(weights, options.dropout);
         input.zero_padded_queries(weights.matmul(values))
     }

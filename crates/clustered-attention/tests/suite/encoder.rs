@@ -1,13 +1,16 @@
 //! The transformer encoder against burn-nn's `TransformerEncoder`: records both ways, the same
-//! outputs with full attention (padding and attention masks), the attention swapped on trained
-//! weights, dropout off when frozen, and the options it cannot honour rejected.
+//! outputs and gradients with full attention (padding and attention masks, the quiet softmax)
+//! on NdArray, Flex and WGPU, the attention swapped on trained weights, dropout off when
+//! frozen, and the options it cannot honour rejected.
 
-use burn::module::{Module, Param};
+use std::collections::BTreeMap;
+
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
 use burn::store::ModuleRecord;
-use burn::tensor::{Bool, Bytes, Device, Distribution, Tensor, TensorData};
+use burn::tensor::{Bool, Bytes, Device, Distribution, Gradients, Tensor, TensorData};
 use clustered_attention::{
     AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
 };
@@ -73,60 +76,161 @@ fn config(attention: AttentionKind, norm_first: bool) -> ClusteredTransformerEnc
         .with_norm_first(norm_first)
 }
 
+/// The masks of one comparison with burn-nn's encoder.
+#[derive(Debug, Clone, Copy)]
+enum Masks {
+    None,
+    Padding,
+    Causal,
+}
+
+/// Every float parameter's gradient in `grads`, by its module path
+/// (`layers.0.mha.query.weight`), as host values.
+fn parameter_gradients(module: &impl Module, grads: &Gradients) -> BTreeMap<String, Vec<f32>> {
+    struct Collect<'a> {
+        grads: &'a Gradients,
+        path: Vec<String>,
+        found: BTreeMap<String, Vec<f32>>,
+    }
+    impl ModuleVisitor for Collect<'_> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let path = self.path.join(".");
+            let grad = param
+                .val()
+                .grad(self.grads)
+                .unwrap_or_else(|| panic!("no gradient at {path}"));
+            let values = grad.into_data().iter::<f32>().collect();
+            assert!(
+                self.found.insert(path.clone(), values).is_none(),
+                "two parameters at {path}"
+            );
+        }
+    }
+    let mut collect = Collect {
+        grads,
+        path: Vec::new(),
+        found: BTreeMap::new(),
+    };
+    module.visit(&mut collect);
+    collect.found
+}
+
 /// A burn-nn `TransformerEncoder` record loads into the encoder, which with full attention
-/// gives burn-nn's outputs to 1e-5 (post-norm and pre-norm; without a mask, at the valid
-/// positions with a padding mask, and with a causal attention mask); the encoder's record loads
-/// back into burn-nn's.
-#[test]
-fn burn_nn_encoder_record_loads_and_computes_alike() {
-    let device = ndarray();
-    let len = 12;
+/// computes what burn-nn's computes, outputs and every parameter's gradient to 1e-5 (relative
+/// to the largest gradient where that is over 1): post- and pre-norm, softmax and quiet
+/// softmax, without a mask, with a padding mask (at the valid positions: the loss weighs the
+/// padded ones by 0) and with a causal attention mask. The encoder's record loads back into
+/// burn-nn's. Dropout 0 on both (the comparison runs on an autodiff device).
+fn matches_burn_nn(device: &Device) {
+    let device = autodiff(device);
+    let (batch, len) = (2, 12);
+    let lengths = [len, 7];
+    let x = Tensor::<3>::random([batch, len, D_MODEL], Distribution::Default, &device);
+    let loss_weights = Tensor::<3>::random([batch, len, D_MODEL], Distribution::Default, &device);
+    let valid_rows: Vec<f32> = lengths
+        .iter()
+        .flat_map(|&n| (0..len).map(move |i| if i < n { 1.0 } else { 0.0 }))
+        .collect();
+    let valid_rows = Tensor::<3>::from_data(TensorData::new(valid_rows, [batch, len, 1]), &device);
     for norm_first in [false, true] {
-        let bytes = record_bytes(burn_nn_encoder(&burn_nn_config(norm_first), &device));
-        let nn = burn_nn_config(norm_first)
-            .init(&device)
-            .load_record(record(&bytes));
-        let ours = config(AttentionKind::Full, norm_first)
-            .init(&device)
-            .load_record(record(&bytes));
-        let x = Tensor::<3>::random([2, len, D_MODEL], Distribution::Default, &device);
+        for quiet_softmax in [false, true] {
+            let nn_config = burn_nn_config(norm_first)
+                .with_quiet_softmax(quiet_softmax)
+                .with_dropout(0.0);
+            let bytes = record_bytes(burn_nn_encoder(&nn_config, &device));
+            let nn = nn_config.init(&device).load_record(record(&bytes));
+            let ours = config(AttentionKind::Full, norm_first)
+                .with_quiet_softmax(quiet_softmax)
+                .with_dropout(0.0)
+                .init(&device)
+                .load_record(record(&bytes));
+            for masks in [Masks::None, Masks::Padding, Masks::Causal] {
+                let case =
+                    format!("norm_first {norm_first}, quiet_softmax {quiet_softmax}, {masks:?}");
+                let nn_input = TransformerEncoderInput::new(x.clone());
+                let our_input = ClusteredTransformerEncoderInput::new(x.clone());
+                let (nn_input, our_input, rows) = match masks {
+                    Masks::None => (nn_input, our_input, valid_rows.ones_like()),
+                    Masks::Padding => {
+                        let mask = padding_mask(&lengths, len, &device);
+                        (
+                            nn_input.mask_pad(mask.clone()),
+                            our_input.mask_pad(mask),
+                            valid_rows.clone(),
+                        )
+                    }
+                    Masks::Causal => {
+                        let mask = causal_mask(batch, len, &device);
+                        (
+                            nn_input.mask_attn(mask.clone()),
+                            our_input.mask_attn(mask),
+                            valid_rows.ones_like(),
+                        )
+                    }
+                };
+                let expected = nn.forward(nn_input) * rows.clone();
+                let actual = ours.forward(our_input) * rows;
+                let diff = max_abs(expected.clone(), actual.clone());
+                assert!(diff <= 1e-5, "{case}: outputs {diff} apart");
 
-        let diff = max_abs(
-            nn.forward(TransformerEncoderInput::new(x.clone())),
-            ours.forward(ClusteredTransformerEncoderInput::new(x.clone())),
-        );
-        assert!(diff <= 1e-5, "norm_first {norm_first}, unmasked: {diff}");
+                let nn_grads =
+                    parameter_gradients(&nn, &(expected * loss_weights.clone()).sum().backward());
+                let our_grads =
+                    parameter_gradients(&ours, &(actual * loss_weights.clone()).sum().backward());
+                assert_eq!(
+                    nn_grads.keys().collect::<Vec<_>>(),
+                    our_grads.keys().collect::<Vec<_>>(),
+                    "{case}: the parameters differ"
+                );
+                for (path, expected) in &nn_grads {
+                    let actual = &our_grads[path];
+                    let largest = expected.iter().fold(1f32, |m, g| m.max(g.abs()));
+                    let diff = expected
+                        .iter()
+                        .zip(actual)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff <= 1e-5 * largest,
+                        "{case}: the gradients of {path} are {diff} apart (largest {largest})"
+                    );
+                }
+            }
 
-        let mask = padding_mask(&[len, 7], len, &device);
-        let expected = nn.forward(TransformerEncoderInput::new(x.clone()).mask_pad(mask.clone()));
-        let actual = ours.forward(ClusteredTransformerEncoderInput::new(x.clone()).mask_pad(mask));
-        for (b, valid) in [(0, len), (1, 7)] {
+            let back = nn_config
+                .init(&device)
+                .load_record(record(&record_bytes(ours.clone())));
             let diff = max_abs(
-                expected.clone().slice([b..b + 1, 0..valid]),
-                actual.clone().slice([b..b + 1, 0..valid]),
+                back.forward(TransformerEncoderInput::new(x.clone())),
+                ours.forward(ClusteredTransformerEncoderInput::new(x.clone())),
             );
             assert!(
                 diff <= 1e-5,
-                "norm_first {norm_first}, padded, item {b}: {diff}"
+                "norm_first {norm_first}, quiet_softmax {quiet_softmax}, loaded back: {diff}"
             );
         }
-
-        let causal = causal_mask(2, len, &device);
-        let diff = max_abs(
-            nn.forward(TransformerEncoderInput::new(x.clone()).mask_attn(causal.clone())),
-            ours.forward(ClusteredTransformerEncoderInput::new(x.clone()).mask_attn(causal)),
-        );
-        assert!(diff <= 1e-5, "norm_first {norm_first}, causal mask: {diff}");
-
-        let back = burn_nn_config(norm_first)
-            .init(&device)
-            .load_record(record(&record_bytes(ours.clone())));
-        let diff = max_abs(
-            back.forward(TransformerEncoderInput::new(x.clone())),
-            ours.forward(ClusteredTransformerEncoderInput::new(x)),
-        );
-        assert!(diff <= 1e-5, "norm_first {norm_first}, loaded back: {diff}");
     }
+}
+
+#[test]
+fn matches_burn_nn_on_ndarray() {
+    matches_burn_nn(&ndarray());
+}
+
+#[test]
+fn matches_burn_nn_on_flex() {
+    matches_burn_nn(&flex());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn matches_burn_nn_on_wgpu() {
+    matches_burn_nn(&crate::common::wgpu());
 }
 
 /// `with_attention` swaps every layer's attention on the same weights: improved attention with
@@ -223,11 +327,25 @@ fn mask_attn_needs_full_attention() {
     encoder.forward(ClusteredTransformerEncoderInput::new(x).mask_attn(causal_mask(2, 8, &device)));
 }
 
-/// burn-nn's quiet softmax is refused at `init`, not ignored.
+/// The quiet softmax with a clustered attention is refused at `init`, naming the option, and
+/// so is the swap to one of an encoder that has it.
 #[test]
-#[should_panic(expected = "quiet_softmax = true")]
-fn quiet_softmax_is_refused() {
-    config(AttentionKind::Full, false)
+#[should_panic(expected = "quiet_softmax = true needs full attention: clustered:4")]
+fn quiet_softmax_needs_full_attention() {
+    config(AttentionKind::Clustered { clusters: 4 }, false)
         .with_quiet_softmax(true)
         .init(&ndarray());
+}
+
+/// As [`quiet_softmax_needs_full_attention`], on `with_attention`.
+#[test]
+#[should_panic(expected = "quiet_softmax = true needs full attention: improved:4:4")]
+fn quiet_softmax_stays_on_full_attention() {
+    config(AttentionKind::Full, false)
+        .with_quiet_softmax(true)
+        .init(&ndarray())
+        .with_attention(AttentionKind::Improved {
+            clusters: 4,
+            topk: 4,
+        });
 }
