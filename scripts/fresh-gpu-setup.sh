@@ -10,7 +10,7 @@
 #
 #   bash scripts/fresh-gpu-setup.sh [KIT_DIR]
 #
-# KIT_DIR (e.g. gpu-kit, from scripts/gpu-bundle.sh) needs run.sh, cuda_offline.py and
+# KIT_DIR (e.g. gpu-kit/tests, from scripts/gpu-bundle.sh) needs run.sh, cuda_offline.py and
 # cuda-headers.tar.xz; its bin.tar.xz (the binaries) is not needed, since --check-setup runs
 # nothing. Without KIT_DIR, a kit of those three files alone is made in a temporary folder. The tree is made under $FRESH_ROOT_PARENT (default /tmp)
 # and removed at the end.

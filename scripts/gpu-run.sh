@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Runs on a machine with an NVIDIA GPU, from the kit that scripts/gpu-bundle.sh builds (copied
-# there as gpu-kit/run.sh beside `bin.tar.xz`, which holds `suite`, `bench`, `asr` and `ddp`,
-# or those of the parts the kit was made with, and lib/, the shared libraries they need): the
+# Runs on a machine with an NVIDIA GPU, from a kit that scripts/gpu-bundle.sh builds (copied
+# there as gpu-kit/PART/run.sh beside `bin.tar.xz`, which holds `suite` (PART tests), `bench`
+# (bench) or `asr` and `ddp` (ddp), and lib/, the shared libraries they need): the
 # CUDA tests (`suite`, built with clustered-attention's `cmma` feature, so the tests of the
 # scores on tensor cores, `cuda::cmma_*`, among them), a check of training with DDP
 # (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
 # to 65536, Burn's fused attention beside ours; then clustered and improved in f32, bf16 and f16
 # at L = 16384 and 65536; then again in bf16 and f16 at 8 heads, the tables of the scores on
-# tensor cores). `bench` is built with `cmma` too: where the GPU reports a tile shape for f16
+# tensor cores), and last one training step of a whole encoder, burn-nn's beside ours (device
+# memory and step time). `bench` is built with `cmma` too: where the GPU reports a tile shape for f16
 # or bf16, the half-precision tests and tables run the scores on cooperative matrices (each
 # table says which products ran). A kit without one of the programs skips what needs it.
 #
-# Use: bash gpu-kit/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
+# Use: bash gpu-kit/PART/run.sh [RESULTS_DIR]   (default: $OUT, else gpu-results)
 # Writes to RESULTS_DIR: summary.md (device, each test's outcome, the benchmark tables, ours
 # over PyTorch's SDPA timed on the same shapes by sdpa-bench.py),
 # tests.log, bench.log, results.tar.gz (every table as markdown, CSV, JSON and SVG) and, for tests
@@ -28,7 +29,7 @@
 # run again under compute-sanitizer (SANITIZE_TESTS, SANITIZE_TOOLS, SANITIZE_TIMEOUT_S; reports
 # in RESULTS_DIR/sanitizer/).
 # TESTS (comma separated exact names, or none; default all) picks the CUDA tests.
-# BENCH_TABLES (comma separated, default all) picks tables by name: forward-h4, forward-h8,
+# BENCH_TABLES (comma separated, default all) picks tables by name: encoder, forward-h4, forward-h8,
 # train-h4, train-h8, launches-forward, launches-train, then forward-f32, forward-bf16,
 # forward-f16, train-f32, train-bf16, train-f16, then cmma-forward-bf16, cmma-train-bf16,
 # cmma-forward-f16 (all on Burn's fused Cuda). RUN_DEADLINE_S (default none), seconds: each test,
@@ -40,7 +41,7 @@ if [ -n "${RUN_DEADLINE_S:-}" ] && ! [[ $RUN_DEADLINE_S =~ ^[0-9]+$ ]]; then
     echo "RUN_DEADLINE_S must be a number of seconds, got '$RUN_DEADLINE_S'" >&2
     exit 2
 fi
-# `bash gpu-kit/run.sh --check-setup`: only the set-up (libraries, NVRTC, CUDA_PATH and a probe
+# `bash gpu-kit/PART/run.sh --check-setup`: only the set-up (libraries, NVRTC, CUDA_PATH and a probe
 # compile with the headers), reported on standard output, without running anything on the GPU.
 check_setup=0
 if [ "${1:-}" = --check-setup ]; then
@@ -355,7 +356,7 @@ fi
 
 # Training with burn-train's DDP on the first GPU (DDP=0 skips it): the `ddp` test (DDP
 # against one device, to 1e-5), then `asr train --strategy ddp` for one epoch of the bundled
-# corpus, when the kit sits in a checkout (`../data/corpus`), DDP_TIMEOUT_S each (default 240).
+# corpus, when the kit sits in a checkout (`gpu-kit/ddp/../../data/corpus`), DDP_TIMEOUT_S each (default 240).
 # cudarc loads NCCL as `libnccl.so`; NCCL's own packages and PyTorch's wheel have
 # `libnccl.so.2`: a link to it is made when the loader finds no `libnccl.so`.
 if [ "${DDP:-1}" != 0 ] && [ -x "$bin/ddp" ]; then
@@ -385,7 +386,7 @@ if [ "${DDP:-1}" != 0 ] && [ -x "$bin/ddp" ]; then
     else
         echo "ddp test skipped: RUN_DEADLINE_S reached" >>"$out/summary.md"
     fi
-    corpus="$kit/../data/corpus"
+    corpus="$kit/../../data/corpus"
     if [ -x "$bin/asr" ] && [ -f "$corpus/train.jsonl" ] && limit=$(within_deadline "${DDP_TIMEOUT_S:-240}"); then
         timeout -k 10 "$limit" "$bin/asr" train --backend cuda --devices cuda:0 --strategy ddp \
             --corpus "$corpus" --epochs 1 --augment none --out "$work/ddp-run" >"$out/ddp-train.log" 2>&1
@@ -397,12 +398,13 @@ fi
 
 # PyTorch's scaled_dot_product_attention on the benchmark's shapes (flash for bf16/f16,
 # memory-efficient for f32): what a user would pick instead. The machine's python3 needs torch;
-# without it the ratios are left out. Ours over SDPA ends summary.md.
+# without it the ratios are left out. Ours over SDPA ends summary.md. SDPA_HEADS (default 4,8)
+# and SDPA_DTYPES (default f32,bf16,f16) narrow it to the tables picked.
 sdpa_csv="$work/sdpa.csv"
 : >"$sdpa_csv"
 if has bench && limit=$(within_deadline "${SDPA_TIMEOUT_S:-150}"); then
-    timeout -k 10 "$limit" python3 "$kit/sdpa-bench.py" --heads 4,8 \
-        --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --dtypes f32,bf16,f16 \
+    timeout -k 10 "$limit" python3 "$kit/sdpa-bench.py" --heads "${SDPA_HEADS:-4,8}" \
+        --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" --dtypes "${SDPA_DTYPES:-f32,bf16,f16}" \
         --runs "${BENCH_RUNS:-5}" >"$sdpa_csv" 2>"$out/sdpa.log" ||
         echo "sdpa-bench stopped (exit status $?), see sdpa.log" >>"$out/sdpa.log"
 fi
@@ -417,7 +419,7 @@ bench_table() {
         [[ ",${BENCH_TABLES// /}," != *",${name#cuda-},"* ]]; }; then
         return
     fi
-    if ! limit=$(within_deadline "${BENCH_TIMEOUT_S:-900}"); then
+    if ! limit=$(within_deadline "${table_timeout:-${BENCH_TIMEOUT_S:-900}}"); then
         printf '\n## %s (skipped: RUN_DEADLINE_S reached)\n' "$title" >>"$out/summary.md"
         return
     fi
@@ -432,10 +434,12 @@ bench_table() {
         cat "$tables/$name.md" 2>/dev/null
     } >>"$out/summary.md"
 }
+# BENCH_ONLY (comma separated, default all) narrows these four tables to some attentions.
 for mode in forward train; do
     for heads in 4 8; do
         bench_table "cuda-$mode-h$heads" "$mode, $heads heads" --backends cuda --mode "$mode" \
-            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}"
+            --heads "$heads" --lengths "${BENCH_LENGTHS:-1024,4096,16384,65536}" \
+            ${BENCH_ONLY:+--only "$BENCH_ONLY"}
     done
 done
 # The kernel launches of each attention in a table of their own (the counting logs one line
@@ -461,6 +465,16 @@ for table in forward-bf16 train-bf16 forward-f16; do
         --mode "${table%-*}" --dtype "${table#*-}" --heads 8 --lengths 16384,65536 \
         --only clustered,improved
 done
+# One training step of a whole encoder (forward, backward, Adam): burn-nn's TransformerEncoder
+# beside this crate's with full, clustered and improved attention, 4 layers, d_model 256, 8
+# heads, each in a process of its own; the device memory its pools held, and "over the device's
+# memory" where an allocation failed. ENCODER_LENGTHS (default 1024,4096,16384,65536),
+# ENCODER_TIMEOUT_S (default BENCH_TIMEOUT_S), ENCODER_AUTOTUNE_LEVEL (default minimal: each
+# child would tune Burn's matmuls for its shapes again, the same for every encoder).
+table_timeout=${ENCODER_TIMEOUT_S:-} \
+    CUBECL_AUTOTUNE_LEVEL=${ENCODER_AUTOTUNE_LEVEL:-minimal} bench_table cuda-encoder \
+    "encoder training step, 4 layers, d_model 256, 8 heads" --backends cuda --mode encoder \
+    --lengths "${ENCODER_LENGTHS:-1024,4096,16384,65536}"
 if [ "$(wc -l <"$sdpa_csv")" -gt 1 ]; then
     {
         echo

@@ -7,7 +7,11 @@
 //! allocator's arenas, the tensors): past the cap an allocation fails and the child aborts, so
 //! a configuration that needs more memory than the cap is reported "over the cap" and the
 //! machine never swaps. The child reports the median step time and its peak resident set size
-//! (`VmHWM`); on a GPU that is the host's memory, not the device's.
+//! (`VmHWM`). On CUDA the memory is the device's: no cap is set on the host (the driver maps
+//! the device's memory into the process), an allocation past the device's memory is reported
+//! "over the device's memory", and the peak is the most the device's memory pools held at
+//! the end of a forward, a backward or an update (CubeCL's `bytes_reserved`; the pools keep
+//! their pages between allocations, so this is the peak of what they took, within a page).
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -45,8 +49,11 @@ pub struct EncoderRecord {
     pub dropout: f64,
     /// Median seconds of a training step.
     pub step_s: Option<f64>,
-    /// Peak resident set size of the child process, MiB.
+    /// Peak memory of the child process, MiB: its resident set size on a CPU backend (and
+    /// WGPU, whose memory is the host's on lavapipe), the device's memory pools on CUDA.
     pub peak_mib: Option<f64>,
+    /// What `peak_mib` measures: `"rss"` or `"device"`.
+    pub memory: Option<String>,
     /// "over the cap", a skip or a failure.
     pub note: Option<String>,
 }
@@ -56,6 +63,14 @@ pub struct EncoderRecord {
 struct ChildReport {
     step_s: Vec<f64>,
     peak_mib: Option<f64>,
+    memory: String,
+}
+
+/// Whether the children on `backend` run without the host's cap: CUDA, whose tensors are in
+/// the device's memory (the driver's mappings of it are the process's, so a host cap would
+/// count them).
+fn uncapped(backend: BackendName) -> bool {
+    backend == BackendName::Cuda
 }
 
 /// The memory cap of a child, bytes: `--memory-gib`, or 70 % of the memory available now (the
@@ -90,6 +105,7 @@ pub fn run(args: &Args, machine: &Machine) -> Result<()> {
                     dropout: args.dropout,
                     step_s: None,
                     peak_mib: None,
+                    memory: None,
                     note: stop.clone(),
                 };
                 if stop.is_none() {
@@ -214,7 +230,7 @@ fn run_child(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     #[cfg(unix)]
-    {
+    if !uncapped(backend) {
         use std::os::unix::process::CommandExt;
         // SAFETY: between fork and exec the closure calls `setrlimit` alone, which is
         // async-signal-safe and allocates nothing.
@@ -240,7 +256,10 @@ fn run_child(
             .with_context(|| format!("reading the child's report {last:?}"))?;
         record.step_s = Some(median(report.step_s));
         record.peak_mib = report.peak_mib;
-    } else if stderr.contains("memory allocation of") || stderr.contains("out of memory") {
+        record.memory = Some(report.memory);
+    } else if uncapped(backend) && out_of_memory(&stderr) {
+        record.note = Some("over the device's memory".to_string());
+    } else if stderr.contains("memory allocation of") || out_of_memory(&stderr) {
         record.note = Some(format!(
             "over the cap ({:.1} GiB)",
             cap as f64 / 1024f64.powi(3)
@@ -256,6 +275,13 @@ fn run_child(
     Ok(())
 }
 
+/// Whether a child's standard error says an allocation failed for want of memory (the host's
+/// allocator, or CubeCL's on a device).
+fn out_of_memory(stderr: &str) -> bool {
+    let stderr = stderr.to_lowercase();
+    stderr.contains("out of memory") || stderr.contains("outofmemory")
+}
+
 /// The child: builds `encoder` on the one backend and length of `args`, runs `--warmup`
 /// untimed and `--runs` timed training steps, and prints its report as one JSON line.
 pub fn child(args: &Args, encoder: &str) -> Result<()> {
@@ -265,8 +291,19 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
     let [length] = args.lengths[..] else {
         bail!("--encoder-child takes one length, got {:?}", args.lengths);
     };
-    let device = backend.device()?.autodiff();
+    let device = backend.device()?;
+    let limits = crate::measure::Limits::of(&device);
+    // CUDA's memory is read from its pools; other backends' is the process's resident set.
+    let device_memory = uncapped(backend) && limits.is_gpu();
+    let device = device.autodiff();
     device.seed(0);
+    // The most the device's pools held at the end of a forward, a backward or an update.
+    let mut device_peak: Option<f64> = None;
+    let mut sample = || {
+        if let Some(mib) = limits.device_reserved_mib() {
+            device_peak = Some(device_peak.map_or(mib, |peak: f64| peak.max(mib)));
+        }
+    };
     let x = Tensor::<3>::random(
         [args.batch, length, args.d_model],
         Distribution::Normal(0.0, 1.0),
@@ -278,9 +315,14 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
                 TransformerEncoderConfig::new(args.d_model, args.d_ff, args.heads(), args.layers)
                     .with_dropout(args.dropout)
                     .init(&device);
-            train(args, &device, model, x, |m, x| {
-                m.forward(TransformerEncoderInput::new(x))
-            })
+            train(
+                args,
+                &device,
+                model,
+                x,
+                device_memory.then_some(&mut sample as &mut dyn FnMut()),
+                |m, x| m.forward(TransformerEncoderInput::new(x)),
+            )
         }
         name => {
             let attention = match name {
@@ -305,14 +347,28 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
             .with_bits(args.bits)
             .with_iterations(args.iterations)
             .init(&device);
-            train(args, &device, model, x, |m, x| {
-                m.forward(ClusteredTransformerEncoderInput::new(x))
-            })
+            train(
+                args,
+                &device,
+                model,
+                x,
+                device_memory.then_some(&mut sample as &mut dyn FnMut()),
+                |m, x| m.forward(ClusteredTransformerEncoderInput::new(x)),
+            )
         }
     }?;
-    let report = ChildReport {
-        step_s: times,
-        peak_mib: crate::measure::peak_rss_mib(),
+    let report = if device_memory {
+        ChildReport {
+            step_s: times,
+            peak_mib: device_peak,
+            memory: "device".to_string(),
+        }
+    } else {
+        ChildReport {
+            step_s: times,
+            peak_mib: crate::measure::peak_rss_mib(),
+            memory: "rss".to_string(),
+        }
     };
     let mut stdout = std::io::stdout();
     writeln!(stdout, "{}", serde_json::to_string(&report)?)?;
@@ -320,21 +376,34 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
 }
 
 /// Training steps of `model` on `x` (the loss: the mean square of the output), Adam at a
-/// learning rate of 1e-4: `--warmup` untimed, then the seconds of each of `--runs`.
+/// learning rate of 1e-4: `--warmup` untimed, then the seconds of each of `--runs`. With
+/// `sample`, the device is synchronised and `sample` called after the forward, the backward
+/// and the update of each step (three synchronisations a step in place of one).
 fn train<M: Module>(
     args: &Args,
     device: &Device,
     mut model: M,
     x: Tensor<3>,
+    mut sample: Option<&mut dyn FnMut()>,
     forward: impl Fn(&M, Tensor<3>) -> Tensor<3>,
 ) -> Result<Vec<f64>> {
+    let mut checkpoint = || -> Result<()> {
+        if let Some(sample) = sample.as_mut() {
+            device.sync().context("synchronising the device")?;
+            sample();
+        }
+        Ok(())
+    };
     let mut optimizer = AdamConfig::new().init();
     let mut times = Vec::new();
     for run in 0..args.warmup + args.runs.max(1) {
         let start = Instant::now();
         let loss = forward(&model, x.clone()).powi_scalar(2).mean();
+        checkpoint()?;
         let grads = GradientsParams::from_grads(loss.backward(), &model);
+        checkpoint()?;
         model = optimizer.step(1e-4, model, grads);
+        checkpoint()?;
         device.sync().context("synchronising the device")?;
         if run >= args.warmup {
             times.push(start.elapsed().as_secs_f64());
@@ -380,8 +449,7 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
     let mut out = format!(
         "One training step (forward, backward, Adam) of a {}-layer encoder, d_model {}, {} heads, \
          d_ff {}, batch {}, dropout {}, f32; clustered {} clusters, improved {} clusters and top \
-         {}. Median of {} steps after {} untimed; peak resident memory of the process. Each \
-         in its own process, capped at {cap_gib:.1} GiB. {}.\n\n",
+         {}. Median of {} steps after {} untimed; {}. Each in its own process, {}. {}.\n\n",
         args.layers,
         args.d_model,
         args.heads(),
@@ -393,6 +461,22 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
         args.topk,
         args.runs.max(1),
         args.warmup,
+        if records
+            .iter()
+            .any(|r| r.memory.as_deref() == Some("device"))
+        {
+            "peak memory: the process's resident set on the host backends, what the device's \
+             memory pools held on CUDA"
+        } else {
+            "peak memory: the process's resident set"
+        },
+        if args.backends.iter().all(|b| uncapped(*b)) {
+            "on the device's memory alone (no host cap)".to_string()
+        } else if args.backends.iter().any(|b| uncapped(*b)) {
+            format!("capped at {cap_gib:.1} GiB of host memory (CUDA: the device's memory alone)")
+        } else {
+            format!("capped at {cap_gib:.1} GiB")
+        },
         machine.describe()
     );
     out += "| backend | L |";

@@ -342,6 +342,18 @@ impl Limits {
         }
     }
 
+    /// Whether the device is a GPU's (its memory is the device's, not the host's).
+    pub(crate) fn is_gpu(&self) -> bool {
+        self.gpu
+    }
+
+    /// MiB the device's memory pools hold now; `None` off CubeCL devices.
+    pub(crate) fn device_reserved_mib(&self) -> Option<f64> {
+        self.memory
+            .as_ref()
+            .map(|memory| (memory.reserved)() as f64 / 1024f64.powi(2))
+    }
+
     /// A CubeCL device, by its compute client.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn cube(client: cubecl::client::Client) -> Self {
