@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU, from a kit that scripts/gpu-bundle.sh builds (copied
 # there as gpu-kit/PART/run.sh beside `bin.tar.xz`, which holds `suite` (PART tests), `bench`
-# (bench) or `asr` and `ddp` (ddp), and lib/, the shared libraries they need): the
+# (bench) or `ddp` (ddp), and lib/, the shared libraries they need): the
 # CUDA tests (`suite`, built with clustered-attention's `cmma` feature, so the tests of the
 # scores on tensor cores, `cuda::cmma_*`, among them), a check of training with DDP
-# (ddp-test.log, ddp-train.log), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
+# (ddp-test.log; ddp-train.log where the kit holds `asr` too), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
 # to 65536, Burn's fused attention beside ours; then clustered and improved in f32, bf16 and f16
 # at L = 16384 and 65536; then again in bf16 and f16 at 8 heads, the tables of the scores on
 # tensor cores), and last one training step of a whole encoder, burn-nn's beside ours (device
