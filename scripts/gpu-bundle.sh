@@ -50,8 +50,9 @@ kit=gpu-kit
 # A device call carries the working tree with the kit: 64 MiB in all, the tracked and the
 # untracked files that git does not ignore included (the checkout's data/ alone is about
 # 28 MiB). What is left of it is the kit's limit.
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
-    awk '{ sum += $1 } END { print sum + 0 }')
+# (A tracked file deleted from the tree is not counted: `stat` fails on it.)
+tree=$(git ls-files -z --cached --others --exclude-standard |
+    { xargs -0 stat -c %s 2>/dev/null || true; } | awk '{ sum += $1 } END { print sum + 0 }')
 limit=$((64 * 1024 * 1024 - tree))
 
 # The LLVM that the CUDA backend links, from Debian's packages (no download from GitHub).
@@ -137,7 +138,10 @@ cuda_tree=$(bash scripts/cuda-offline.sh --tree)
 tar -C "$cuda_tree" -cf - include | xz -9 -T1 >"$staging/cuda-headers.tar.xz"
 
 # One kit per part, gpu-kit/PART/, each carried by a device call of its own (the kits of the
-# parts not built this time are left as they are).
+# parts not built this time are left as they are; the files of a kit of all parts in one, as
+# this script made before, are removed).
+rm -f "$kit"/bin.tar.xz "$kit"/cuda-headers.tar.xz "$kit"/run.sh "$kit"/cuda_offline.py \
+    "$kit"/sdpa-bench.py
 over=()
 for part in "${parts[@]}"; do
     case $part in

@@ -4,7 +4,7 @@
 # (bench) or `ddp` (ddp), and lib/, the shared libraries they need): the
 # CUDA tests (`suite`, built with clustered-attention's `cmma` feature, so the tests of the
 # scores on tensor cores, `cuda::cmma_*`, among them), a check of training with DDP
-# (ddp-test.log; ddp-train.log where the kit holds `asr` too), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
+# (ddp-test.log), then the CUDA benchmark (forward and train, 4 and 8 heads, L up
 # to 65536, Burn's fused attention beside ours; then clustered and improved in f32, bf16 and f16
 # at L = 16384 and 65536; then again in bf16 and f16 at 8 heads, the tables of the scores on
 # tensor cores), and last one training step of a whole encoder, burn-nn's beside ours (device
@@ -97,7 +97,7 @@ if [ -d "$bin/lib" ]; then
             mv "$lib" "$bin/lib-spare/"
         fi
     done
-    for name in suite bench asr ddp; do
+    for name in suite bench ddp; do
         has "$name" || continue
         if LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin/$name" 2>&1 |
             grep -q 'not found'; then
@@ -201,7 +201,7 @@ esac
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
     echo '```'
     echo
-    echo "Kit: $(for name in suite bench asr ddp; do has "$name" && echo "$name"; done | paste -sd ' ')" \
+    echo "Kit: $(for name in suite bench ddp; do has "$name" && echo "$name"; done | paste -sd ' ')" \
         "(libraries from the kit: $kit_libs)"
     echo
     echo '```'
@@ -355,8 +355,7 @@ if [ -n "$faulted" ]; then
 fi
 
 # Training with burn-train's DDP on the first GPU (DDP=0 skips it): the `ddp` test (DDP
-# against one device, to 1e-5), then `asr train --strategy ddp` for one epoch of the bundled
-# corpus, when the kit sits in a checkout (`gpu-kit/ddp/../../data/corpus`), DDP_TIMEOUT_S each (default 240).
+# against one device, to 1e-5), DDP_TIMEOUT_S (default 240).
 # cudarc loads NCCL as `libnccl.so`; NCCL's own packages and PyTorch's wheel have
 # `libnccl.so.2`: a link to it is made when the loader finds no `libnccl.so`.
 if [ "${DDP:-1}" != 0 ] && [ -x "$bin/ddp" ]; then
@@ -385,13 +384,6 @@ if [ "${DDP:-1}" != 0 ] && [ -x "$bin/ddp" ]; then
         grep -E '^ddp on|^test result|panicked at' -A1 "$out/ddp-test.log" | cut -c1-300 >>"$out/summary.md"
     else
         echo "ddp test skipped: RUN_DEADLINE_S reached" >>"$out/summary.md"
-    fi
-    corpus="$kit/../../data/corpus"
-    if [ -x "$bin/asr" ] && [ -f "$corpus/train.jsonl" ] && limit=$(within_deadline "${DDP_TIMEOUT_S:-240}"); then
-        timeout -k 10 "$limit" "$bin/asr" train --backend cuda --devices cuda:0 --strategy ddp \
-            --corpus "$corpus" --epochs 1 --augment none --out "$work/ddp-run" >"$out/ddp-train.log" 2>&1
-        echo "asr train --backend cuda --devices cuda:0 --strategy ddp, 1 epoch: exit status $?" >>"$out/summary.md"
-        grep -E '^test PER|wall time|panicked at|^Error' -A1 "$out/ddp-train.log" | cut -c1-300 >>"$out/summary.md"
     fi
     echo '```' >>"$out/summary.md"
 fi

@@ -84,7 +84,9 @@ fn memory_cap(args: &Args) -> u64 {
 pub fn run(args: &Args, machine: &Machine) -> Result<()> {
     let cap = memory_cap(args);
     let cap_gib = cap as f64 / 1024f64.powi(3);
-    eprintln!("memory cap of each child: {cap_gib:.1} GiB (RLIMIT_DATA)");
+    if args.backends.iter().any(|b| !uncapped(*b)) {
+        eprintln!("memory cap of each child on the host backends: {cap_gib:.1} GiB (RLIMIT_DATA)");
+    }
     let encoders = selected(args)?;
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
@@ -259,7 +261,9 @@ fn run_child(
         record.memory = Some(report.memory);
     } else if uncapped(backend) && out_of_memory(&stderr) {
         record.note = Some("over the device's memory".to_string());
-    } else if stderr.contains("memory allocation of") || out_of_memory(&stderr) {
+    } else if !uncapped(backend)
+        && (stderr.contains("memory allocation of") || out_of_memory(&stderr))
+    {
         record.note = Some(format!(
             "over the cap ({:.1} GiB)",
             cap as f64 / 1024f64.powi(3)
@@ -275,11 +279,20 @@ fn run_child(
     Ok(())
 }
 
-/// Whether a child's standard error says an allocation failed for want of memory (the host's
-/// allocator, or CubeCL's on a device).
+/// Whether a child's standard error says an allocation failed for want of memory: the host's
+/// allocator, CubeCL's pools ("out of device memory allocating …", "An out-of-memory error
+/// happened during launch") or the CUDA driver (`CUDA_ERROR_OUT_OF_MEMORY`).
 fn out_of_memory(stderr: &str) -> bool {
     let stderr = stderr.to_lowercase();
-    stderr.contains("out of memory") || stderr.contains("outofmemory")
+    [
+        "out of memory",
+        "out of device memory",
+        "out-of-memory",
+        "outofmemory",
+        "cuda_error_out_of_memory",
+    ]
+    .iter()
+    .any(|needle| stderr.contains(needle))
 }
 
 /// The child: builds `encoder` on the one backend and length of `args`, runs `--warmup`
@@ -416,23 +429,29 @@ fn train<M: Module>(
 /// (`<name>` `encoder` by default).
 fn write(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderRecord]) -> Result<()> {
     let table = markdown(args, machine, cap_gib, records);
+    // The cap, where a child had one (none on CUDA).
+    let cap = args
+        .backends
+        .iter()
+        .any(|b| !uncapped(*b))
+        .then_some(cap_gib);
     #[derive(Serialize)]
     struct Output<'a> {
         machine: &'a Machine,
         command: String,
-        memory_cap_gib: f64,
+        memory_cap_gib: Option<f64>,
         records: &'a [EncoderRecord],
     }
     let output = Output {
         machine,
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        memory_cap_gib: cap_gib,
+        memory_cap_gib: cap,
         records,
     };
     let mut svg = String::new();
     plot(
         SVGBackend::with_string(&mut svg, (1200, 520)).into_drawing_area(),
-        cap_gib,
+        cap,
         records,
     )
     .context("drawing the SVG plot")?;
@@ -511,10 +530,10 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
 }
 
 /// Two log-log panels, peak memory and step time against L, one line per (encoder, backend);
-/// the memory cap drawn across the first.
+/// the memory cap, where there is one, drawn across the first.
 fn plot(
     root: DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-    cap_gib: f64,
+    cap_gib: Option<f64>,
     records: &[EncoderRecord],
 ) -> Result<()> {
     root.fill(&WHITE)?;
@@ -547,7 +566,7 @@ fn plot(
         let values: Vec<f64> = measured.iter().filter_map(|r| value(r)).collect();
         let lo = values.iter().cloned().fold(f64::MAX, f64::min);
         let mut hi = values.iter().cloned().fold(0.0f64, f64::max);
-        if memory {
+        if let Some(cap_gib) = cap_gib.filter(|_| memory) {
             hi = hi.max(cap_gib);
         }
         let mut chart = ChartBuilder::on(panel)
@@ -591,7 +610,7 @@ fn plot(
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
         }
-        if memory {
+        if let Some(cap_gib) = cap_gib.filter(|_| memory) {
             let style = ShapeStyle::from(&BLACK).stroke_width(1);
             chart
                 .draw_series(LineSeries::new(

@@ -41,8 +41,9 @@ pub struct ClusteredTransformerEncoderConfig {
     #[config(default = false)]
     pub norm_first: bool,
     /// burn-nn's "quiet softmax" (a softmax with one more zero logit, so a query may attend to
-    /// nothing), with [`AttentionKind::Full`] only: the clustered kinds' kernels compute the
-    /// softmax, and [`Self::init`] panics rather than ignore it.
+    /// nothing), with [`AttentionKind::Full`] only: every other kind computes the softmax in its
+    /// own ops, and [`Self::init`] panics rather than ignore it. Not in records: a burn-nn
+    /// record trained with it needs it set here too.
     #[config(default = false)]
     pub quiet_softmax: bool,
     /// Initializer of the projections and of the feed-forward network (burn-nn's default).
@@ -110,7 +111,8 @@ pub struct ClusteredTransformerEncoder {
     pub dropout: f64,
     /// Layer norm before each sub-layer.
     pub norm_first: bool,
-    /// burn-nn's quiet softmax (full attention only).
+    /// The configuration's `quiet_softmax`, as burn-nn's encoder keeps it; what the layers
+    /// compute is their own `mha.quiet_softmax`.
     pub quiet_softmax: bool,
 }
 

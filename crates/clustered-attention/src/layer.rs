@@ -43,8 +43,9 @@ pub struct MultiHeadClusteredAttentionConfig {
     #[config(default = 0)]
     pub seed: u64,
     /// burn-nn's quiet softmax (one more zero logit per row, so a query may attend to
-    /// nothing), with [`AttentionKind::Full`] only: the clustered kinds' kernels compute the
-    /// softmax ([`FullAttention::quiet_softmax`]).
+    /// nothing), with [`AttentionKind::Full`] only: every other kind computes the softmax in
+    /// its own ops ([`FullAttention::quiet_softmax`]). Not in records: a burn-nn record trained
+    /// with it needs it set here too.
     #[config(default = false)]
     pub quiet_softmax: bool,
     /// Initializer of the four projections (burn-nn's `MultiHeadAttention` default).
@@ -121,7 +122,7 @@ pub struct MultiHeadClusteredAttention {
     pub training: Param<Flag>,
     /// Seed of the hash planes and initial centroids.
     pub seed: u64,
-    /// burn-nn's quiet softmax (full attention only).
+    /// burn-nn's quiet softmax (full attention only; `forward` panics with another kind).
     pub quiet_softmax: bool,
 }
 
@@ -191,7 +192,7 @@ fn check_quiet_softmax(quiet_softmax: bool, attention: AttentionKind) -> Result<
     if quiet_softmax && attention != AttentionKind::Full {
         return Err(format!(
             "quiet_softmax = true needs full attention: {attention} computes the softmax in its \
-             kernels; set quiet_softmax to false or use full"
+             own ops (every kind but full does); set quiet_softmax to false or use full"
         ));
     }
     Ok(())
@@ -329,8 +330,9 @@ impl MultiHeadClusteredAttention {
     /// If the last dimension of an input is not `d_model`, the inputs disagree on batch or on
     /// `S`, `mask_pad` is not a padding mask, both `mask_pad` and key lengths are given, a
     /// length is out of range (see [`FullAttention::forward`]), the attention is shared-QK and
-    /// `S ≠ L`, or `mask_attn` is given with an attention other than [`AttentionKind::Full`] or
-    /// is not `[batch, L, S]`.
+    /// `S ≠ L`, `mask_attn` is given with an attention other than [`AttentionKind::Full`] or
+    /// is not `[batch, L, S]`, or [`Self::quiet_softmax`] is set with another attention than
+    /// full.
     pub fn forward(&self, input: ClusteredAttentionInput) -> Tensor<3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
@@ -344,6 +346,9 @@ impl MultiHeadClusteredAttention {
                 self.d_model,
                 x.dims()
             );
+        }
+        if let Err(message) = check_quiet_softmax(self.quiet_softmax, self.attention) {
+            panic!("{message}");
         }
         if let Some(mask) = &input.mask_attn {
             assert!(

@@ -1,6 +1,6 @@
 //! Attention-level checks against the host references, on NdArray and Flex.
 
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use clustered_attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, ClusteringOptions, FullAttention,
     ImprovedClusteredAttention, QueryGrouping, cluster_queries,
@@ -449,6 +449,64 @@ pub fn nan_query_is_contained(device: &Device) {
                 dirty.data[range],
                 "{name}: a NaN query in batch item 1 changed batch item {b}"
             );
+        }
+    }
+}
+
+/// Full attention with burn-nn's quiet softmax against an f64 reference, to 1e-5: each row's
+/// weights `exp(s_j − m) / (exp(−m) + Σ_k exp(s_k − m))` over its unmasked keys, `m` the
+/// larger of 0 and the row's largest score (the extra logit is 0), under an attention mask that
+/// hides the keys after `i + 1` from query `i`, and every key from query 3 of the second
+/// sequence, whose output is then zero.
+#[test]
+fn quiet_softmax_matches_reference() {
+    let device = ndarray();
+    let (batch, heads, len, keys_len, dim) = (2, 2, 5, 6, 4);
+    let q = normal([batch, heads, len, dim], 1);
+    let k = normal([batch, heads, keys_len, dim], 2);
+    let v = normal([batch, heads, keys_len, dim], 3);
+    let masked = |b: usize, i: usize, j: usize| j > i + 1 || (b == 1 && i == 3);
+    let mask: Vec<bool> = (0..batch * len * keys_len)
+        .map(|at| masked(at / (len * keys_len), (at / keys_len) % len, at % keys_len))
+        .collect();
+    let mask = Tensor::<3, Bool>::from_data(TensorData::new(mask, [batch, len, keys_len]), &device);
+    let input = AttentionInput::new(
+        q.to_tensor(&device),
+        k.to_tensor(&device),
+        v.to_tensor(&device),
+    );
+    let out = Host4::from_tensor(
+        FullAttention::new()
+            .with_quiet_softmax(true)
+            .forward_masked(input, Some(mask)),
+    );
+    let scale = 1.0 / (dim as f64).sqrt();
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                let scores: Vec<Option<f64>> = (0..keys_len)
+                    .map(|j| {
+                        (!masked(b, i, j)).then(|| dot(&q.row(b, h, i), &k.row(b, h, j)) * scale)
+                    })
+                    .collect();
+                let m = scores.iter().flatten().fold(0f64, |m, &s| m.max(s));
+                let denominator =
+                    (-m).exp() + scores.iter().flatten().map(|s| (s - m).exp()).sum::<f64>();
+                for d in 0..dim {
+                    let expected: f64 = scores
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(j, s)| {
+                            s.map(|s| (s - m).exp() / denominator * v.at(b, h, j, d))
+                        })
+                        .sum();
+                    let actual = out.at(b, h, i, d);
+                    assert!(
+                        (expected - actual).abs() <= 1e-5,
+                        "sequence {b}, head {h}, query {i}, value {d}: {actual} against {expected}"
+                    );
+                }
+            }
         }
     }
 }

@@ -188,6 +188,12 @@ fn validate_reports_what_init_panics_on() {
             MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Full).with_dropout(1.0),
             "dropout must be in [0, 1), got 1",
         ),
+        (
+            MultiHeadClusteredAttentionConfig::new(8, 2, AttentionKind::Clustered { clusters: 2 })
+                .with_quiet_softmax(true),
+            "quiet_softmax = true needs full attention: clustered:2 computes the softmax in its \
+             own ops (every kind but full does); set quiet_softmax to false or use full",
+        ),
     ];
     for (config, message) in bad {
         assert_eq!(config.validate(), Err(message.to_string()), "{config:?}");
