@@ -307,7 +307,7 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
     let device = backend.device()?;
     let limits = crate::measure::Limits::of(&device);
     // CUDA's memory is read from its pools; other backends' is the process's resident set.
-    let device_memory = uncapped(backend) && limits.is_gpu();
+    let device_memory = uncapped(backend);
     let device = device.autodiff();
     device.seed(0);
     // The most the device's pools held at the end of a forward, a backward or an update.
@@ -317,6 +317,7 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
             device_peak = Some(device_peak.map_or(mib, |peak: f64| peak.max(mib)));
         }
     };
+    let sample = device_memory.then_some(&mut sample as &mut dyn FnMut());
     let x = Tensor::<3>::random(
         [args.batch, length, args.d_model],
         Distribution::Normal(0.0, 1.0),
@@ -328,14 +329,9 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
                 TransformerEncoderConfig::new(args.d_model, args.d_ff, args.heads(), args.layers)
                     .with_dropout(args.dropout)
                     .init(&device);
-            train(
-                args,
-                &device,
-                model,
-                x,
-                device_memory.then_some(&mut sample as &mut dyn FnMut()),
-                |m, x| m.forward(TransformerEncoderInput::new(x)),
-            )
+            train(args, &device, model, x, sample, |m, x| {
+                m.forward(TransformerEncoderInput::new(x))
+            })
         }
         name => {
             let attention = match name {
@@ -360,14 +356,9 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
             .with_bits(args.bits)
             .with_iterations(args.iterations)
             .init(&device);
-            train(
-                args,
-                &device,
-                model,
-                x,
-                device_memory.then_some(&mut sample as &mut dyn FnMut()),
-                |m, x| m.forward(ClusteredTransformerEncoderInput::new(x)),
-            )
+            train(args, &device, model, x, sample, |m, x| {
+                m.forward(ClusteredTransformerEncoderInput::new(x))
+            })
         }
     }?;
     let report = if device_memory {

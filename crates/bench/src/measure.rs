@@ -342,11 +342,6 @@ impl Limits {
         }
     }
 
-    /// Whether the device is a GPU's (its memory is the device's, not the host's).
-    pub(crate) fn is_gpu(&self) -> bool {
-        self.gpu
-    }
-
     /// MiB the device's memory pools hold now; `None` off CubeCL devices.
     pub(crate) fn device_reserved_mib(&self) -> Option<f64> {
         self.memory
