@@ -12,8 +12,12 @@
 //! generator is one per process on the CPU backends (Flex draws under a lock, element by
 //! element), so with several workers the masks depend on which worker draws first, and the
 //! workers wait for each other; a seed per batch makes each worker's masks its own, the same
-//! whatever the threads' order, and far faster to draw. The layer's attention-weight dropout
-//! ([`crate::AttentionOptions::dropout`]) uses it.
+//! whatever the threads' order, and far faster to draw. Full attention and the baselines drop
+//! their attention weights with it ([`crate::AttentionOptions::dropout`]).
+//!
+//! Clustered and improved attention drop theirs inside their fused ops instead, with
+//! [`AttentionDropout`]: a counter-based mask (Philox4x32-10, [`philox4x32_10`]) whose seed
+//! comes from the same thread generator inside [`with_dropout_seed`].
 
 use std::cell::RefCell;
 
@@ -89,4 +93,165 @@ fn keep_mask(rng: &mut Xoshiro256PlusPlus, n: usize, prob: f64) -> Vec<f32> {
         }
     }
     mask
+}
+
+/// The counter-based attention-weight dropout of clustered and improved clustered attention:
+/// whether the weight of key `key` in row `row` of `(batch, head)` is kept is a function of the
+/// seed and those coordinates alone, so the fused ops draw their masks where they compute the
+/// weights (the host loops, the CubeCL kernels) and draw them again in the backward pass
+/// instead of storing them, as FlashAttention does (Dao et al., *FlashAttention*, NeurIPS 2022,
+/// §3.1); every backend draws the same mask for the same seed.
+///
+/// The function is Philox4x32-10 (Salmon, Moraes, Dror, Shaw, *Parallel random numbers: as
+/// easy as 1, 2, 3*, SC 2011; [`philox4x32_10`]) keyed by the seed, on the counter
+/// `[key / 4, row, batch · heads + head, stream]`; its word `key mod 4` is the draw. A weight
+/// is dropped when its draw is below `round(prob · 2³²)` and otherwise scaled by
+/// `1 / (1 − prob)`.
+///
+/// The streams ([`AttentionDropout::CLUSTER_ROWS`], [`AttentionDropout::QUERY_TOP`]) keep the
+/// two sets of weights of improved clustered attention apart: the clusters' weights `Aᶜ` (rows
+/// are clusters), and each query's weights on its cluster's top-k keys (rows are queries, keys
+/// the key indices, not their rank in the top-k).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionDropout {
+    /// The probability of dropping a weight, in `(0, 1)`.
+    pub prob: f64,
+    /// The Philox key.
+    pub seed: u64,
+}
+
+impl AttentionDropout {
+    /// The stream of the clusters' weights `Aᶜ` (paper eqs. 4 and 10, second case).
+    pub const CLUSTER_ROWS: u32 = 0;
+    /// The stream of each query's weights on its cluster's top-k keys (paper eq. 10, first
+    /// case).
+    pub const QUERY_TOP: u32 = 1;
+
+    /// Dropout with probability `prob` and the Philox key `seed`.
+    ///
+    /// # Panics
+    /// When `prob` is not in `(0, 1)`.
+    pub fn new(prob: f64, seed: u64) -> Self {
+        assert!(
+            prob > 0.0 && prob < 1.0,
+            "attention dropout probability must be in (0, 1), got {prob}"
+        );
+        Self { prob, seed }
+    }
+
+    /// The dropout the attentions apply in a forward pass on `device`: `None` when `prob` is 0
+    /// or `device` is not an autodiff device (as [`dropout`]); else a fresh seed, from the
+    /// thread's generator inside [`with_dropout_seed`], else from the backend's generator (a
+    /// 64-bit draw read back from the device: on a GPU, one wait for the device per call, which
+    /// [`with_dropout_seed`] avoids).
+    ///
+    /// # Panics
+    /// When `prob` is not in `[0, 1)`.
+    pub fn for_forward(prob: f64, device: &burn::tensor::Device) -> Option<Self> {
+        assert!(
+            (0.0..1.0).contains(&prob),
+            "dropout probability must be in [0, 1), got {prob}"
+        );
+        if prob == 0.0 || !device.is_autodiff() {
+            return None;
+        }
+        let seed = GENERATOR
+            .with(|g| g.borrow_mut().as_mut().map(|rng| rng.next_u64()))
+            .unwrap_or_else(|| {
+                // Four 16-bit draws: every int type of every backend holds them.
+                let draws = Tensor::<1, burn::tensor::Int>::random(
+                    [4],
+                    burn::tensor::Distribution::Uniform(0.0, 65_536.0),
+                    device,
+                )
+                .into_data();
+                draws
+                    .iter::<i64>()
+                    .fold(0u64, |seed, x| (seed << 16) | (x as u64 & 0xFFFF))
+            });
+        Some(Self::new(prob, seed))
+    }
+
+    /// A weight is dropped when its draw is below this: `round(prob · 2³²)`.
+    pub fn threshold(&self) -> u32 {
+        (self.prob * 4_294_967_296.0).round().min(u32::MAX as f64) as u32
+    }
+
+    /// The factor of a kept weight, `1 / (1 − prob)`.
+    pub fn scale(&self) -> f32 {
+        (1.0 / (1.0 - self.prob)) as f32
+    }
+
+    /// The Philox key: the seed's low and high words.
+    pub fn key(&self) -> [u32; 2] {
+        [self.seed as u32, (self.seed >> 32) as u32]
+    }
+
+    /// The 32-bit draw of the weight at `(stream, bh, row, key)`, `bh = batch · heads + head`.
+    pub fn draw(&self, stream: u32, bh: u32, row: u32, key: u32) -> u32 {
+        philox4x32_10([key >> 2, row, bh, stream], self.key())[(key & 3) as usize]
+    }
+
+    /// The factor of the weight at `(stream, bh, row, key)`: 0 (dropped) or `1 / (1 − prob)`.
+    pub fn factor(&self, stream: u32, bh: u32, row: u32, key: u32) -> f32 {
+        if self.draw(stream, bh, row, key) < self.threshold() {
+            0.0
+        } else {
+            self.scale()
+        }
+    }
+
+    /// Multiplies `weights[i]` by the factor of key `first + i` of `(stream, bh, row)`, one
+    /// Philox call per four keys.
+    pub fn apply_row(&self, stream: u32, bh: u32, row: u32, first: u32, weights: &mut [f32]) {
+        let (threshold, scale, key) = (self.threshold(), self.scale(), self.key());
+        let mut i = 0;
+        while i < weights.len() {
+            let k = first + i as u32;
+            let words = philox4x32_10([k >> 2, row, bh, stream], key);
+            let start = (k & 3) as usize;
+            for &word in &words[start..] {
+                if i == weights.len() {
+                    break;
+                }
+                weights[i] *= if word < threshold { 0.0 } else { scale };
+                i += 1;
+            }
+        }
+    }
+
+    /// The factors of every weight of `[batch, heads, rows, keys]` on `stream`, row-major: the
+    /// mask the default bodies multiply the weights by.
+    pub fn factors(&self, stream: u32, [batch, heads, rows, keys]: [usize; 4]) -> Vec<f32> {
+        let mut factors = vec![1f32; batch * heads * rows * keys];
+        for (i, row) in factors.chunks_exact_mut(keys.max(1)).enumerate() {
+            let (bh, r) = (i / rows, i % rows);
+            self.apply_row(stream, bh as u32, r as u32, 0, row);
+        }
+        factors
+    }
+}
+
+/// Philox4x32-10 (Salmon et al., SC 2011; Random123's `philox4x32`, 10 rounds): the four 32-bit
+/// words of the block `counter` under `key`. Random123's known-answer vectors hold (the tests).
+pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    const W0: u32 = 0x9E37_79B9;
+    const W1: u32 = 0xBB67_AE85;
+    let (mut c, mut k) = (counter, key);
+    for round in 0..10 {
+        if round > 0 {
+            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        }
+        let p0 = M0 * c[0] as u64;
+        let p1 = M1 * c[2] as u64;
+        c = [
+            (p1 >> 32) as u32 ^ c[1] ^ k[0],
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+    }
+    c
 }

@@ -1,12 +1,13 @@
 use burn::tensor::Tensor;
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
+    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders,
     inverse_counts,
 };
 use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::dropout::AttentionDropout;
+use crate::ops::centroid_attention;
 use crate::ops::grouping::QueryGroups;
-use crate::ops::{attention_softmax, centroid_attention};
 
 /// Clustered attention (paper §3.2, eqs. 3–6).
 ///
@@ -79,15 +80,11 @@ impl ClusteredAttention {
         let centroids = groups
             .centroids(queries, inverse_counts(clusters.counts, dtype))
             .mul_scalar(input.scale);
-        // Dropout applies only under autodiff; without it, the fused op serves both passes.
-        let cluster_values = if options.dropout > 0.0 && centroids.device().is_autodiff() {
-            let scores = centroids.matmul(keys.swap_dims(2, 3));
-            let weights = attention_softmax(input.mask_keys(scores)); // eq. 4
-            dropout(weights, options.dropout).matmul(values) // eq. 5, [batch, heads, C, D]
-        } else {
-            // Without dropout, eqs. 4–5 in one op.
-            centroid_attention(centroids, keys, values, input.batch_key_lengths(), 0).0
-        };
+        // Eqs. 4–5 in one op; under autodiff, with the dropout of the centroids' weights drawn
+        // inside it ([`AttentionDropout`]).
+        let dropout = AttentionDropout::for_forward(options.dropout, &centroids.device());
+        let key_lengths = input.batch_key_lengths();
+        let cluster_values = centroid_attention(centroids, keys, values, key_lengths, 0, dropout).0;
         groups.broadcast(cluster_values) // eq. 6
     }
 }

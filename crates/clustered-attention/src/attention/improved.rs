@@ -1,13 +1,12 @@
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::Tensor;
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders, dropout,
-    inverse_counts, top_keys,
+    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders,
+    inverse_counts,
 };
 use crate::clustering::{ClusteringOptions, cluster_queries};
-use crate::ops::grouping::QueryGroups;
-use crate::ops::tensor::rest_weights;
-use crate::ops::{attention_softmax, improved_attention, sparse_dot, sparse_weighted_sum};
+use crate::dropout::AttentionDropout;
+use crate::ops::improved_attention;
 
 /// Improved clustered attention (paper §3.3, eqs. 9–11).
 ///
@@ -84,85 +83,23 @@ impl ImprovedClusteredAttention {
         clustering.check();
         let (queries, keys, values, input) = input.checked(options);
         let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
-        // Dropout applies only under autodiff; without it, one op serves both passes.
-        if options.dropout == 0.0 || !queries.device().is_autodiff() {
-            // Eqs. 3–5 and 9–11: the centroids, their attention with each cluster's top-k keys
-            // T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
-            // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10).
-            let k = topk.min(keys.dims()[2]);
-            let inverse_counts = inverse_counts(clusters.counts, queries.dtype());
-            return improved_attention(
-                queries,
-                keys,
-                values,
-                clusters.assignments,
-                inverse_counts,
-                input.batch_key_lengths(),
-                k,
-                input.scale,
-            );
-        }
-        let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
-        let grouping = QueryGroups::new(clusters.assignments, num_clusters, dtype);
-        let assignments = grouping.assignments();
-
-        // With dropout, which masks the weights between the softmaxes and the products, step by
-        // step. Centroids (eq. 3), scaled: C × E products instead of C × S.
-        let centroids = grouping
-            .centroids(queries.clone(), inverse_counts(clusters.counts, dtype))
-            .mul_scalar(input.scale);
-        // Centroid attention Aᶜ (eq. 4), [batch, heads, C, S]; per cluster the top-k keys,
-        // [batch, heads, C, k], their mass m̂ (eq. 9), [batch, heads, C, 1], and the rest of Aᶜ V,
-        // the keys outside the top-k keeping Aᶜ (eq. 10, second case), [batch, heads, C, D].
-        let scores = input.mask_keys(centroids.matmul(keys.clone().swap_dims(2, 3)));
-        let weights = attention_softmax(scores.clone());
-        // Ranking by score ranks by Aᶜ.
-        let top = top_keys(scores, topk);
-        let top_mass = weights.clone().gather(3, top.clone()).sum_dim(3);
-        let weights = dropout(weights, options.dropout);
-        let top_weights = weights.clone().gather(3, top.clone());
-        let rest_values = if matches!(weights.dtype(), DType::F16 | DType::BF16) {
-            // Subtracting the top-k share from Aᶜ V would cancel when the top-k mass is near
-            // 1 and lose most of the rest's 8 or 11 bits.
-            rest_weights(weights, top.clone(), top_weights).matmul(values.clone())
-        } else {
-            weights.matmul(values.clone()) - top_share(&grouping, top_weights, &values, &top)
-        };
-
-        // Top-k keys: exact dot products per query, softmaxed over T_j and scaled by m̂_j (eq. 10).
-        // A cluster's top-k holds padded keys only when the sequence has fewer than k keys.
-        let mut top_scores =
-            sparse_dot(queries, keys, top.clone(), assignments.clone()).mul_scalar(input.scale);
-        if let Some(lengths) = &input.key_lengths {
-            let padded = top
-                .clone()
-                .greater_equal(lengths.clone().expand(top.dims()));
-            let bias = Tensor::<4>::zeros(top.dims(), (&top.device(), top_scores.dtype()))
-                .mask_fill(padded, f32::NEG_INFINITY);
-            top_scores = top_scores + grouping.broadcast(bias);
-        }
-        let query_mass = grouping.broadcast(top_mass); // [batch, heads, L, 1]
-        let top_attention = dropout(attention_softmax(top_scores) * query_mass, options.dropout);
-        let top_output = sparse_weighted_sum(top_attention, values, top, assignments);
-
-        // eq. 11: Aᵗ V = top-k part + the rest of the cluster's attention (padded rows are zero).
-        top_output + grouping.broadcast(rest_values)
+        // Eqs. 3–5 and 9–11 in one op: the centroids, their attention with each cluster's top-k
+        // keys T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
+        // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10). Under
+        // autodiff, both sets of weights are dropped inside it ([`AttentionDropout`]).
+        let dropout = AttentionDropout::for_forward(options.dropout, &queries.device());
+        let k = topk.min(keys.dims()[2]);
+        let inverse_counts = inverse_counts(clusters.counts, queries.dtype());
+        improved_attention(
+            queries,
+            keys,
+            values,
+            clusters.assignments,
+            inverse_counts,
+            input.batch_key_lengths(),
+            k,
+            input.scale,
+            dropout,
+        )
     }
-}
-
-/// The top-k keys' share of each cluster's `Aᶜ V`, `[batch, heads, C, D]`: subtracted from all
-/// of `Aᶜ V` it leaves the rest without a second `[C, S]` tensor. The cancellation costs at
-/// most a few `f32` roundings of `|Aᶜ V|`, below the output's own in practice.
-fn top_share(
-    grouping: &QueryGroups,
-    top_weights: Tensor<4>,
-    values: &Tensor<4>,
-    top: &Tensor<4, Int>,
-) -> Tensor<4> {
-    sparse_weighted_sum(
-        top_weights,
-        values.clone(),
-        top.clone(),
-        grouping.cluster_rows(),
-    )
 }

@@ -20,6 +20,8 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, TensorMetadata};
 use burn::tensor::Slice;
 
+use crate::dropout::AttentionDropout;
+
 use crate::ops::{
     CentroidAttention, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward,
     ImprovedForward, Lengths, QueryClusters,
@@ -124,12 +126,12 @@ impl<B: ClusteredAttentionBackend> Backward<B, 1> for AttentionSoftmax {
 }
 
 /// Backward state of the top-k attention: its inputs (the float ones of the inner backend),
-/// the key lengths and the scale.
+/// the key lengths, the scale and the dropout.
 type TopState<B> = (
     [FloatTensor<B>; 5],
     (IntTensor<B>, IntTensor<B>),
     Lengths<B>,
-    f64,
+    (f64, Option<AttentionDropout>),
 );
 
 /// `out = top_attention(q, k, v, (assignments, topk, mass, rest))`: the five gradients by
@@ -142,16 +144,28 @@ impl<B: ClusteredAttentionBackward> Backward<B, 5> for TopAttention {
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let ([queries, keys, values, mass, rest], (assignments, topk), key_lengths, scale) =
-            ops.state;
+        let (
+            [queries, keys, values, mass, rest],
+            (assignments, topk),
+            key_lengths,
+            (scale, dropout),
+        ) = ops.state;
         let clusters = ClusterTop {
             assignments,
             topk,
             mass,
             rest,
         };
-        let out =
-            B::top_attention_backward(queries, keys, values, clusters, key_lengths, scale, grad);
+        let out = B::top_attention_backward(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            grad,
+            dropout,
+        );
         let outputs = [out.queries, out.keys, out.values, out.mass, out.rest];
         for (parent, grad) in ops.parents.into_iter().zip(outputs) {
             if let Some(node) = parent {
@@ -162,9 +176,14 @@ impl<B: ClusteredAttentionBackward> Backward<B, 5> for TopAttention {
 }
 
 /// Backward state of the centroid attention: its float inputs (of the inner backend), the key
-/// lengths, its result (the rest of `Aᶜ V`, the top-k indices and weights, the log-sum-exps)
-/// and `D`, the width of (the rest of) `Aᶜ V` in the joined output.
-type CentroidState<B> = ([FloatTensor<B>; 3], Lengths<B>, CentroidOutput<B>, usize);
+/// lengths, its result (the rest of `Aᶜ V`, the top-k indices and weights, the log-sum-exps),
+/// `D`, the width of (the rest of) `Aᶜ V` in the joined output, and the dropout.
+type CentroidState<B> = (
+    [FloatTensor<B>; 3],
+    Lengths<B>,
+    CentroidOutput<B>,
+    (usize, Option<AttentionDropout>),
+);
 
 /// The parts of a [`CentroidAttention`] (which is not `Clone`).
 type CentroidOutput<B> = (
@@ -184,8 +203,12 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for CentroidAttentionOp {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let ([centroids, keys, values], key_lengths, (out_values, top, log_sum_exp), dim_v) =
-            ops.state;
+        let (
+            [centroids, keys, values],
+            key_lengths,
+            (out_values, top, log_sum_exp),
+            (dim_v, dropout),
+        ) = ops.state;
         let (grad_values, grad_top) = match top {
             Some(_) => {
                 let dims = grad.shape();
@@ -209,6 +232,7 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for CentroidAttentionOp {
             forward,
             grad_values,
             grad_top,
+            dropout,
         );
         let outputs = [out.centroids, out.keys, out.values];
         for (parent, grad) in ops.parents.into_iter().zip(outputs) {
@@ -220,13 +244,13 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for CentroidAttentionOp {
 }
 
 /// Backward state of the whole improved attention: its float inputs (of the inner backend),
-/// the clustering, the key lengths and the scale, and its intermediate results: the scaled
-/// centroids, the centroid attention's result (as [`CentroidState`]'s) and the mass.
+/// the clustering, the key lengths, the scale and the dropout, and its intermediate results:
+/// the scaled centroids, the centroid attention's result (as [`CentroidState`]'s) and the mass.
 type ImprovedState<B> = (
     [FloatTensor<B>; 3],
     (IntTensor<B>, FloatTensor<B>),
     Lengths<B>,
-    f64,
+    (f64, Option<AttentionDropout>),
     (FloatTensor<B>, CentroidOutput<B>, FloatTensor<B>),
 );
 
@@ -244,7 +268,7 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for ImprovedAttention {
             [queries, keys, values],
             (assignments, inverse_counts),
             key_lengths,
-            scale,
+            (scale, dropout),
             (centroids, (out_values, top, log_sum_exp), mass),
         ) = ops.state;
         let forward = ImprovedForward {
@@ -269,6 +293,7 @@ impl<B: ClusteredAttentionBackward> Backward<B, 3> for ImprovedAttention {
             scale,
             forward,
             grad,
+            dropout,
         );
         let outputs = [out.queries, out.keys, out.values];
         for (parent, grad) in ops.parents.into_iter().zip(outputs) {
@@ -306,6 +331,7 @@ where
         values: FloatTensor<Self>,
         key_lengths: Lengths<Self>,
         topk: usize,
+        dropout: Option<AttentionDropout>,
     ) -> (
         FloatTensor<Self>,
         Option<(IntTensor<Self>, FloatTensor<Self>)>,
@@ -315,7 +341,7 @@ where
         let floats = [centroids, keys, values].map(|x| x.into_primitive());
         let dim_v = floats[2].shape().dims::<4>()[3];
         let [c, k, v] = floats.clone();
-        let out = B::centroid_attention_forward(c, k, v, key_lengths.clone(), topk);
+        let out = B::centroid_attention_forward(c, k, v, key_lengths.clone(), topk, dropout);
         let joined = match &out.top {
             Some((_, weights)) => B::float_cat(vec![out.values.clone(), weights.clone()], 3),
             None => out.values.clone(),
@@ -328,7 +354,7 @@ where
         {
             OpsKind::Tracked(prep) => {
                 let output = (out.values, out.top, out.log_sum_exp);
-                prep.finish((floats, key_lengths, output, dim_v), joined)
+                prep.finish((floats, key_lengths, output, (dim_v, dropout)), joined)
             }
             OpsKind::UnTracked(prep) => prep.finish(joined),
         };
@@ -345,6 +371,7 @@ where
         clusters: ClusterTop<Self>,
         key_lengths: Lengths<Self>,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
         let key_lengths = Lengths::<B>::from(key_lengths.into_option());
         let nodes = [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node());
@@ -360,7 +387,7 @@ where
                 mass,
                 rest,
             };
-            B::top_attention(queries, keys, values, clusters, key_lengths, scale)
+            B::top_attention(queries, keys, values, clusters, key_lengths, scale, dropout)
         };
         let (assignments, topk) = (clusters.assignments, clusters.topk);
         match TopAttention.prepare::<C>(nodes).compute_bound().stateful() {
@@ -371,7 +398,10 @@ where
                     topk.clone(),
                     key_lengths.clone(),
                 );
-                prep.finish((floats, (assignments, topk), key_lengths, scale), output)
+                prep.finish(
+                    (floats, (assignments, topk), key_lengths, (scale, dropout)),
+                    output,
+                )
             }
             OpsKind::UnTracked(prep) => {
                 prep.finish(forward(floats, assignments, topk, key_lengths))
@@ -379,6 +409,7 @@ where
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn improved_attention(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -387,6 +418,7 @@ where
         key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
         let key_lengths = Lengths::<B>::from(key_lengths.into_option());
         let nodes = [&queries, &keys, &values].map(|x| x.node());
@@ -415,6 +447,7 @@ where
                     key_lengths.clone(),
                     topk,
                     scale,
+                    dropout,
                 );
                 let attention = forward.centroid_attention;
                 let kept_forward = (
@@ -422,7 +455,10 @@ where
                     (attention.values, attention.top, attention.log_sum_exp),
                     forward.mass,
                 );
-                prep.finish((floats, kept, key_lengths, scale, kept_forward), output)
+                prep.finish(
+                    (floats, kept, key_lengths, (scale, dropout), kept_forward),
+                    output,
+                )
             }
             OpsKind::UnTracked(prep) => {
                 let [q, k, v] = floats;
@@ -434,6 +470,7 @@ where
                     key_lengths,
                     topk,
                     scale,
+                    dropout,
                 ))
             }
         }

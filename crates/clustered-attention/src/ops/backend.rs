@@ -11,6 +11,7 @@ use super::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, ImprovedForward,
     Lengths, QueryClusters, TensorConversion, TopAttentionGrads,
 };
+use crate::dropout::AttentionDropout;
 
 /// A backend that can hash and cluster queries and compute the sparse top-k products of
 /// improved clustered attention.
@@ -116,9 +117,13 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// the host loops of the CPU backends compute a block of cluster rows at a time in per-thread
     /// scratch memory, without the `[C, S]` scores and weights as tensors. `Autodiff<B>` runs `B`'s
     /// [`ClusteredAttentionBackward::centroid_attention_forward`] forward and
-    /// [`ClusteredAttentionBackward::centroid_attention_backward`] backward. The attentions call it
-    /// when there is no dropout to apply (dropout masks the weights `Aᶜ` between the softmax and
-    /// `Aᶜ V`).
+    /// [`ClusteredAttentionBackward::centroid_attention_backward`] backward.
+    ///
+    /// With `dropout` (training), the weights `Aᶜ` in `Aᶜ · values` (or its rest) are multiplied
+    /// by the factors of [`AttentionDropout`] on the stream [`AttentionDropout::CLUSTER_ROWS`]
+    /// (rows are the clusters); the top-k weights are returned undropped (they make the mass).
+    /// The backward pass takes the same `dropout` and draws the same factors again. The host
+    /// loops and the CubeCL kernels run the default body then.
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -137,11 +142,12 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         values: FloatTensor<Self>,
         #[extension_type] key_lengths: Lengths<Self>,
         topk: usize,
+        dropout: Option<AttentionDropout>,
     ) -> (
         FloatTensor<Self>,
         Option<(IntTensor<Self>, FloatTensor<Self>)>,
     ) {
-        reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk)
+        reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk, dropout)
     }
 
     /// The per-query part of improved clustered attention in one op (paper eqs. 10–11): for
@@ -155,9 +161,12 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// [`Self::sparse_weighted_sum`] with gathers of the cluster rows; the host loops of the CPU
     /// backends compute each query's scores, softmax and weighted sum in registers, one cluster's
     /// gathered keys and values at a time. `Autodiff<B>` runs `B`'s op forward and
-    /// [`ClusteredAttentionBackward::top_attention_backward`] backward. The attentions call it when
-    /// there is no dropout to apply (dropout masks the weights between the softmax and the weighted
-    /// sum).
+    /// [`ClusteredAttentionBackward::top_attention_backward`] backward.
+    ///
+    /// With `dropout` (training), each weight `m̂_j · softmax_r` is multiplied by the factor of
+    /// [`AttentionDropout`] on the stream [`AttentionDropout::QUERY_TOP`] at `(batch, head, i,
+    /// t_r)` (rows are the queries, keys the key indices); the backward pass takes the same
+    /// `dropout`. The host loops and the CubeCL kernel run the default body then.
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -177,8 +186,17 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         #[extension_type] clusters: ClusterTop<Self>,
         #[extension_type] key_lengths: Lengths<Self>,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
-        reference::top_attention::<Self>(queries, keys, values, clusters, key_lengths, scale)
+        reference::top_attention::<Self>(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            scale,
+            dropout,
+        )
     }
 
     /// Improved clustered attention once the queries are clustered, in one op (paper eqs. 3–5
@@ -190,7 +208,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// backward pass: `Autodiff<B>` records the whole as one node and differentiates it with
     /// [`ClusteredAttentionBackward::improved_attention_backward`], so that the gradients of the
     /// keys and values of the two fused ops, and of the queries through their centroids, are summed
-    /// where the backend can do so in place. Carries no gradient to `clusters`.
+    /// where the backend can do so in place. Carries no gradient to `clusters`. With `dropout`,
+    /// both sets of weights are dropped as the two ops drop them.
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -203,6 +222,7 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     ///
     /// # Panics
     /// As [`Self::centroid_attention`] and [`Self::top_attention`]; if `topk` is 0.
+    #[allow(clippy::too_many_arguments)]
     fn improved_attention(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -211,6 +231,7 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         #[extension_type] key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
         reference::improved_attention::<Self>(
             queries,
@@ -220,6 +241,7 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
             key_lengths,
             topk,
             scale,
+            dropout,
         )
     }
 
@@ -332,8 +354,10 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         values: FloatTensor<Self>,
         key_lengths: Lengths<Self>,
         topk: usize,
+        dropout: Option<AttentionDropout>,
     ) -> CentroidAttention<Self> {
-        let (values, top) = Self::centroid_attention(centroids, keys, values, key_lengths, topk);
+        let (values, top) =
+            Self::centroid_attention(centroids, keys, values, key_lengths, topk, dropout);
         CentroidAttention {
             values,
             top,
@@ -380,6 +404,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         forward: CentroidAttention<Self>,
         grad_values: FloatTensor<Self>,
         grad_top_weights: Option<FloatTensor<Self>>,
+        dropout: Option<AttentionDropout>,
     ) -> CentroidAttentionGrads<Self> {
         reference::centroid_attention_backward::<Self>(
             centroids,
@@ -389,6 +414,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
             forward,
             grad_values,
             grad_top_weights,
+            dropout,
         )
     }
 
@@ -418,6 +444,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
     /// # Panics
     /// As [`ClusteredAttentionBackend::top_attention`], and if `grad` is not
     /// `[batch, heads, L, D]`.
+    #[allow(clippy::too_many_arguments)]
     fn top_attention_backward(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -426,6 +453,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         key_lengths: Lengths<Self>,
         scale: f64,
         grad: FloatTensor<Self>,
+        dropout: Option<AttentionDropout>,
     ) -> TopAttentionGrads<Self> {
         reference::top_attention_backward::<Self>(
             queries,
@@ -435,6 +463,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
             key_lengths,
             scale,
             grad,
+            dropout,
         )
     }
 
@@ -451,6 +480,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
     ///
     /// # Panics
     /// As [`ClusteredAttentionBackend::improved_attention`].
+    #[allow(clippy::too_many_arguments)]
     fn improved_attention_forward(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -459,6 +489,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
         reference::improved_attention_forward::<Self>(
             queries,
@@ -468,6 +499,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
             key_lengths,
             topk,
             scale,
+            dropout,
         )
     }
 
@@ -500,6 +532,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
         scale: f64,
         forward: ImprovedForward<Self>,
         grad: FloatTensor<Self>,
+        dropout: Option<AttentionDropout>,
     ) -> AttentionGrads<Self> {
         reference::improved_attention_backward::<Self>(
             queries,
@@ -510,6 +543,7 @@ pub trait ClusteredAttentionBackward: ClusteredAttentionBackend {
             scale,
             forward,
             grad,
+            dropout,
         )
     }
 }

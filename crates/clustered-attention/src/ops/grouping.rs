@@ -75,11 +75,4 @@ impl QueryGroups {
             self.assignments.clone(),
         )
     }
-
-    /// `[batch, heads, C]`, `rows[b, h, j] = j`: assignments that make each cluster its own
-    /// "query", for sparse products over the clusters' top-k keys.
-    pub fn cluster_rows(&self) -> Tensor<3, Int> {
-        let [batch, heads, clusters, _] = self.identity.dims();
-        self.identity.clone().reshape([batch, heads, clusters])
-    }
 }

@@ -30,7 +30,8 @@
 //! differentiates them with `B`'s own implementations. Everything else (centroids, softmax,
 //! broadcast) is ordinary Burn tensor ops in [`crate::attention`].
 //!
-//! Without dropout the attentions call two fused ops instead:
+//! The attentions call two fused ops instead (with the attention-weight dropout inside them,
+//! [`crate::dropout::AttentionDropout`]):
 //! [`centroid_attention`](ClusteredAttentionBackend::centroid_attention) (eqs. 4–5 and 9: the
 //! clusters' scores, top-k, softmax and `Aᶜ V`) and
 //! [`top_attention`](ClusteredAttentionBackend::top_attention) (eqs. 10–11: each query's

@@ -7,6 +7,8 @@
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor};
 
+use crate::dropout::AttentionDropout;
+
 #[cfg(doc)]
 use super::ClusteredAttentionBackward;
 use super::{
@@ -99,7 +101,9 @@ pub fn topk_indices(scores: Tensor<4>, k: usize) -> Tensor<4, Int> {
 /// weights `Aᶜ` at them; then the first output leaves those keys out (the rest of eq. 10,
 /// `Σ_{l ∉ T_j} Aᶜ_jl v_l`, with no cancellation). The centroids come scaled by the softmax
 /// temperature. Differentiable on `Autodiff` with respect to the centroids, keys and values
-/// (by [`ClusteredAttentionBackward::centroid_attention_backward`]).
+/// (by [`ClusteredAttentionBackward::centroid_attention_backward`]). With `dropout`, the weights
+/// of the first output are dropped ([`AttentionDropout`], stream
+/// [`AttentionDropout::CLUSTER_ROWS`]); the top-k weights are not.
 ///
 /// # Shapes
 /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -116,6 +120,7 @@ pub fn centroid_attention(
     values: Tensor<4>,
     key_lengths: Option<Tensor<1, Int>>,
     topk: usize,
+    dropout: Option<AttentionDropout>,
 ) -> (Tensor<4>, Option<(Tensor<4, Int>, Tensor<4>)>) {
     let (values, top) = <Dispatch as ClusteredAttentionBackend>::centroid_attention(
         centroids.into_dispatch(),
@@ -123,6 +128,7 @@ pub fn centroid_attention(
         values.into_dispatch(),
         dispatch_lengths(key_lengths),
         topk,
+        dropout,
     );
     let top =
         top.map(|(top, weights)| (Tensor::from_dispatch(top), Tensor::from_dispatch(weights)));
@@ -134,7 +140,8 @@ pub fn centroid_attention(
 /// `m̂_j · Σ_r softmax_r(scale · q_i · k_{t_r}) · v_{t_r} + rest_j` over the cluster's top-k
 /// keys `t_r` (keys at or past `key_lengths[b]` take no weight), zero for padded queries.
 /// Differentiable on `Autodiff` with respect to the queries, keys, values, mass and rest (by
-/// [`ClusteredAttentionBackward::top_attention_backward`]).
+/// [`ClusteredAttentionBackward::top_attention_backward`]). With `dropout`, the top-k weights
+/// `m̂_j · softmax_r` are dropped ([`AttentionDropout`], stream [`AttentionDropout::QUERY_TOP`]).
 ///
 /// # Shapes
 /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,
@@ -158,6 +165,7 @@ pub fn top_attention(
     rest: Tensor<4>,
     key_lengths: Option<Tensor<1, Int>>,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> Tensor<4> {
     let clusters = ClusterTop::<Dispatch> {
         assignments: assignments.into_dispatch(),
@@ -172,13 +180,16 @@ pub fn top_attention(
         clusters,
         dispatch_lengths(key_lengths),
         scale,
+        dropout,
     ))
 }
 
 /// [`ClusteredAttentionBackend::improved_attention`] on tensors: improved clustered attention
 /// (paper eqs. 3–5 and 9–11) once the queries are clustered; `inverse_counts` is `1 / count` of
 /// each cluster's members. `Autodiff` differentiates it as one node with respect to `queries`,
-/// `keys` and `values` (by [`ClusteredAttentionBackward::improved_attention_backward`]).
+/// `keys` and `values` (by [`ClusteredAttentionBackward::improved_attention_backward`]). With
+/// `dropout`, both sets of weights are dropped, as [`centroid_attention`] and [`top_attention`]
+/// drop them.
 ///
 /// # Shapes
 /// `queries` `[batch, heads, L, E]`, `keys` `[batch, heads, S, E]`, `values`
@@ -198,6 +209,7 @@ pub fn improved_attention(
     key_lengths: Option<Tensor<1, Int>>,
     topk: usize,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> Tensor<4> {
     let clusters = QueryClusters::<Dispatch> {
         assignments: assignments.into_dispatch(),
@@ -211,6 +223,7 @@ pub fn improved_attention(
         dispatch_lengths(key_lengths),
         topk,
         scale,
+        dropout,
     ))
 }
 

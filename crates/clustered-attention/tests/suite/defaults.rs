@@ -11,6 +11,7 @@
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor};
+use clustered_attention::dropout::AttentionDropout;
 use clustered_attention::ops::{
     CentroidAttention, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward, Lengths,
     QueryClusters, TopAttentionGrads, reference,
@@ -162,6 +163,7 @@ pub fn centroid_attention<X: ClusteredAttentionBackend>(
         float_in::<X>(values),
         lengths_of::<X>(key_lengths),
         topk,
+        None,
     );
     let top = top.map(|(top, weights)| (int_out::<X, 4>(top), float::<X>(weights)));
     (float::<X>(out), top)
@@ -187,6 +189,7 @@ pub fn top_attention<X: ClusteredAttentionBackend>(
         cluster_top::<X>(assignments, topk, mass, rest),
         lengths_of::<X>(key_lengths),
         scale,
+        None,
     ))
 }
 
@@ -210,6 +213,7 @@ pub fn improved_attention<X: ClusteredAttentionBackend>(
         lengths_of::<X>(key_lengths),
         topk,
         scale,
+        None,
     ))
 }
 
@@ -234,6 +238,7 @@ pub fn centroid_attention_backward<X: ClusteredAttentionBackward>(
         float_in::<X>(values.clone()),
         lengths_of::<X>(key_lengths.clone()),
         topk,
+        None,
     );
     // As `ClusteredAttentionBackward::centroid_attention_forward`'s default body wraps it.
     let forward: CentroidAttention<X> = CentroidAttention {
@@ -250,6 +255,7 @@ pub fn centroid_attention_backward<X: ClusteredAttentionBackward>(
         forward,
         float_in::<X>(grad_values),
         top.map(|top| float_in::<X>(grad_top(int_out::<X, 4>(top)))),
+        None,
     );
     [grads.centroids, grads.keys, grads.values].map(float::<X>)
 }
@@ -264,6 +270,7 @@ pub type TopBackward<X> = fn(
     Lengths<X>,
     f64,
     FloatTensor<X>,
+    Option<AttentionDropout>,
 ) -> TopAttentionGrads<X>;
 
 /// The gradients of the top-k attention with respect to the queries, keys, values, mass and
@@ -291,6 +298,7 @@ pub fn top_attention_backward<X: ClusteredAttentionBackward>(
         lengths_of::<X>(key_lengths),
         scale,
         float_in::<X>(grad),
+        None,
     );
     [
         grads.queries,
@@ -325,6 +333,7 @@ pub fn improved_attention_backward<X: ClusteredAttentionBackward>(
         lengths_of::<X>(key_lengths.clone()),
         topk,
         scale,
+        None,
     );
     let grads = reference::improved_attention_backward::<X>(
         float_in::<X>(queries),
@@ -335,6 +344,7 @@ pub fn improved_attention_backward<X: ClusteredAttentionBackward>(
         scale,
         forward,
         float_in::<X>(grad),
+        None,
     );
     [grads.queries, grads.keys, grads.values].map(float::<X>)
 }

@@ -100,6 +100,7 @@ pub fn centroid_attention_matches_loops_in(device: &Device, dtype: DType) {
                 values_in.clone(),
                 Some(lengths(key_lengths, device)),
                 topk,
+                None,
             );
             assert_eq!(out.dims(), [batch, heads, clusters, dim_v]);
             let out = Host4::from_tensor(out.cast(DType::F32));
@@ -277,7 +278,7 @@ pub fn top_attention_matches_loops_in<X: ClusteredAttentionBackend>(device: &Dev
             )
         };
         let (q, kt, v, t, a, m, r, l) = inputs();
-        let out = top_attention(q, kt, v, a, t, m, r, l, scale).cast(DType::F32);
+        let out = top_attention(q, kt, v, a, t, m, r, l, scale, None).cast(DType::F32);
         let mut checked = vec![("backend", out)];
         // The default body in `f32` only: in a half type it rounds at every op.
         if !half {
@@ -419,7 +420,7 @@ where
         let expected = gradients(|[c, k, v], l, topk| {
             defaults::centroid_attention::<Autodiff<X>>(c, k, v, l, topk)
         });
-        let backend = gradients(|[c, k, v], l, topk| centroid_attention(c, k, v, l, topk));
+        let backend = gradients(|[c, k, v], l, topk| centroid_attention(c, k, v, l, topk, None));
         let default_body = defaults::centroid_attention_backward::<X>(
             inputs[0].to_tensor(device),
             inputs[1].to_tensor(device),
@@ -595,7 +596,8 @@ where
     let expected = gradients(|[q, k, v, m, r], a, t, l, s| {
         defaults::top_attention::<Autodiff<X>>(q, k, v, a, t, m, r, l, s)
     });
-    let backend = gradients(|[q, k, v, m, r], a, t, l, s| top_attention(q, k, v, a, t, m, r, l, s));
+    let backend =
+        gradients(|[q, k, v, m, r], a, t, l, s| top_attention(q, k, v, a, t, m, r, l, s, None));
     let default_body = input.backward::<X>(device, reference::top_attention_backward::<X>);
     let names = ["queries", "keys", "values", "mass", "rest"];
     for (body, got) in [("backend", backend), ("default body", default_body)] {
@@ -696,8 +698,9 @@ where
         let expected = gradients(|[q, k, v], a, c, l, topk, s| {
             defaults::improved_attention::<Autodiff<X>>(q, k, v, a, c, l, topk, s)
         });
-        let backend =
-            gradients(|[q, k, v], a, c, l, topk, s| improved_attention(q, k, v, a, c, l, topk, s));
+        let backend = gradients(|[q, k, v], a, c, l, topk, s| {
+            improved_attention(q, k, v, a, c, l, topk, s, None)
+        });
         let default_body = defaults::improved_attention_backward::<X>(
             inputs[0].to_tensor(device),
             inputs[1].to_tensor(device),

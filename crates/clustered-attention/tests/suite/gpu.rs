@@ -526,6 +526,15 @@ mod cuda {
         super::cmma_products_match_reference(&cuda(), DType::BF16);
     }
 
+    /// The fused ops with dropout against Burn's ops given the same factors
+    /// (`dropout.rs`), and the masks of one seed against NdArray's.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --ignored"]
+    fn dropout_matches_composition_and_ndarray() {
+        crate::dropout::fused_dropout_matches_composition(&cuda());
+        crate::dropout::masks_agree_with_ndarray(&cuda());
+    }
+
     /// The layer trains one batch to near-zero loss in `bf16`.
     #[test]
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]

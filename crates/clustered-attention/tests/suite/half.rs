@@ -173,6 +173,7 @@ pub fn centroid_gradients_match_reference(device: &Device, dtype: DType) {
                 x[2].clone(),
                 Some(lengths(&key_lengths, &device)),
                 topk,
+                None,
             );
             let mut loss = (values * half(&outer_values)).sum();
             if let Some((_, weights)) = top {

@@ -11,6 +11,7 @@
 //!
 //! - `common.rs`: host tensors, seeded inputs, the devices, the f64 references of the three
 //!   attentions.
+//! - `dropout.rs`: attention-weight dropout inside the fused ops (Philox4x32-10, the masks).
 //! - `defaults.rs`: the default bodies (`ops::reference`) called on tensors of a concrete backend.
 //! - `attention.rs`: full, clustered and improved attention against the references.
 //! - `autodiff.rs`: gradients against full attention's and finite differences.
@@ -31,6 +32,7 @@ mod defaults;
 mod attention;
 mod autodiff;
 mod baselines;
+mod dropout;
 mod encoder;
 mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

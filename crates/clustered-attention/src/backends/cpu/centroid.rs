@@ -64,8 +64,14 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
         .iter()
         .any(|x| x.shape().num_elements() == 0);
     if empty || ![&centroids, &keys, &values].iter().all(|x| on_host::<B>(x)) {
-        let (values, top) =
-            reference::centroid_attention::<B>(centroids, keys, values, key_lengths.into(), topk);
+        let (values, top) = reference::centroid_attention::<B>(
+            centroids,
+            keys,
+            values,
+            key_lengths.into(),
+            topk,
+            None,
+        );
         return CentroidAttention {
             values,
             top,
@@ -334,6 +340,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             forward,
             grad_values,
             grad_top_weights,
+            None,
         );
     }
     let (device, dtype) = (centroids.device(), centroids.dtype());

@@ -50,6 +50,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
             Lengths::from(key_lengths),
             topk,
             scale,
+            None,
         );
     }
     assert!(topk > 0, "topk must be at least 1, got 0");
@@ -111,6 +112,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
         attention.cluster_top(clusters.assignments, mass.clone()),
         Lengths::from(key_lengths),
         scale,
+        None,
     );
     let forward = ImprovedForward {
         centroids,
@@ -171,6 +173,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             scale,
             forward,
             grad,
+            None,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());

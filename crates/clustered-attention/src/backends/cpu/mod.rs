@@ -99,10 +99,21 @@ macro_rules! host_ops {
             values: FloatTensor<Self>,
             key_lengths: Lengths<Self>,
             topk: usize,
+            dropout: Option<AttentionDropout>,
         ) -> (
             FloatTensor<Self>,
             Option<(IntTensor<Self>, FloatTensor<Self>)>,
         ) {
+            if dropout.is_some() {
+                return $crate::ops::reference::centroid_attention::<Self>(
+                    centroids,
+                    keys,
+                    values,
+                    key_lengths,
+                    topk,
+                    dropout,
+                );
+            }
             let attention = $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
@@ -120,7 +131,19 @@ macro_rules! host_ops {
             clusters: ClusterTop<Self>,
             key_lengths: Lengths<Self>,
             scale: f64,
+            dropout: Option<AttentionDropout>,
         ) -> FloatTensor<Self> {
+            if dropout.is_some() {
+                return $crate::ops::reference::top_attention::<Self>(
+                    queries,
+                    keys,
+                    values,
+                    clusters,
+                    key_lengths,
+                    scale,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::top_attention::<Self>(
                 queries,
                 keys,
@@ -131,6 +154,7 @@ macro_rules! host_ops {
             )
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn improved_attention(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -139,7 +163,20 @@ macro_rules! host_ops {
             key_lengths: Lengths<Self>,
             topk: usize,
             scale: f64,
+            dropout: Option<AttentionDropout>,
         ) -> FloatTensor<Self> {
+            if dropout.is_some() {
+                return $crate::ops::reference::improved_attention::<Self>(
+                    queries,
+                    keys,
+                    values,
+                    clusters,
+                    key_lengths,
+                    topk,
+                    scale,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::improved_attention_forward::<Self>(
                 queries,
                 keys,
@@ -187,7 +224,23 @@ macro_rules! host_ops {
             values: FloatTensor<Self>,
             key_lengths: Lengths<Self>,
             topk: usize,
+            dropout: Option<AttentionDropout>,
         ) -> CentroidAttention<Self> {
+            if dropout.is_some() {
+                let (values, top) = $crate::ops::reference::centroid_attention::<Self>(
+                    centroids,
+                    keys,
+                    values,
+                    key_lengths,
+                    topk,
+                    dropout,
+                );
+                return CentroidAttention {
+                    values,
+                    top,
+                    log_sum_exp: None,
+                };
+            }
             $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
@@ -197,6 +250,7 @@ macro_rules! host_ops {
             )
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn centroid_attention_backward(
             centroids: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -205,7 +259,20 @@ macro_rules! host_ops {
             forward: CentroidAttention<Self>,
             grad_values: FloatTensor<Self>,
             grad_top_weights: Option<FloatTensor<Self>>,
+            dropout: Option<AttentionDropout>,
         ) -> CentroidAttentionGrads<Self> {
+            if dropout.is_some() {
+                return $crate::ops::reference::centroid_attention_backward::<Self>(
+                    centroids,
+                    keys,
+                    values,
+                    key_lengths,
+                    forward,
+                    grad_values,
+                    grad_top_weights,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::centroid_attention_backward::<Self>(
                 centroids,
                 keys,
@@ -217,6 +284,7 @@ macro_rules! host_ops {
             )
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn top_attention_backward(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -225,7 +293,20 @@ macro_rules! host_ops {
             key_lengths: Lengths<Self>,
             scale: f64,
             grad: FloatTensor<Self>,
+            dropout: Option<AttentionDropout>,
         ) -> TopAttentionGrads<Self> {
+            if dropout.is_some() {
+                return $crate::ops::reference::top_attention_backward::<Self>(
+                    queries,
+                    keys,
+                    values,
+                    clusters,
+                    key_lengths,
+                    scale,
+                    grad,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::top_attention_backward::<Self>(
                 queries,
                 keys,
@@ -237,6 +318,7 @@ macro_rules! host_ops {
             )
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn improved_attention_forward(
             queries: FloatTensor<Self>,
             keys: FloatTensor<Self>,
@@ -245,7 +327,20 @@ macro_rules! host_ops {
             key_lengths: Lengths<Self>,
             topk: usize,
             scale: f64,
+            dropout: Option<AttentionDropout>,
         ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
+            if dropout.is_some() {
+                return $crate::ops::reference::improved_attention_forward::<Self>(
+                    queries,
+                    keys,
+                    values,
+                    clusters,
+                    key_lengths,
+                    topk,
+                    scale,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::improved_attention_forward::<Self>(
                 queries,
                 keys,
@@ -267,7 +362,21 @@ macro_rules! host_ops {
             scale: f64,
             forward: ImprovedForward<Self>,
             grad: FloatTensor<Self>,
+            dropout: Option<AttentionDropout>,
         ) -> AttentionGrads<Self> {
+            if dropout.is_some() {
+                return $crate::ops::reference::improved_attention_backward::<Self>(
+                    queries,
+                    keys,
+                    values,
+                    clusters,
+                    key_lengths,
+                    scale,
+                    forward,
+                    grad,
+                    dropout,
+                );
+            }
             $crate::backends::cpu::improved_attention_backward::<Self>(
                 queries,
                 keys,
@@ -289,6 +398,7 @@ macro_rules! host_ops {
 mod impls {
     use burn::backend::tensor::{FloatTensor, IntTensor};
 
+    use crate::dropout::AttentionDropout;
     use crate::ops::{
         AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop,
         ClusteredAttentionBackend, ClusteredAttentionBackward, ImprovedForward, Lengths,

@@ -63,6 +63,7 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
             clusters,
             key_lengths.into(),
             scale,
+            None,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());
@@ -375,6 +376,7 @@ pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             Lengths::from(key_lengths),
             scale,
             grad,
+            None,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());

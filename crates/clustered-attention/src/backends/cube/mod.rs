@@ -89,6 +89,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn_fusion::Fusion;
 use burn_fusion::custom::{OperationOutput, ScalarIr};
 
+use crate::dropout::AttentionDropout;
 use crate::ops::checks::{
     check_centroid_attention, check_cluster_top, check_planes, check_query_clusters, check_topk,
 };
@@ -168,12 +169,13 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         values: FloatTensor<Self>,
         key_lengths: Lengths<Self>,
         topk: usize,
+        dropout: Option<AttentionDropout>,
     ) -> (
         FloatTensor<Self>,
         Option<(IntTensor<Self>, FloatTensor<Self>)>,
     ) {
         let attention =
-            Self::centroid_attention_forward(centroids, keys, values, key_lengths, topk);
+            Self::centroid_attention_forward(centroids, keys, values, key_lengths, topk, dropout);
         (attention.values, attention.top)
     }
 
@@ -184,12 +186,13 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         clusters: ClusterTop<Self>,
         key_lengths: Lengths<Self>,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
         check_cluster_top::<Self>(&queries, &keys, &values, &clusters);
         let [batch, heads, len, dim] = queries.shape().dims();
         let dim_v = values.shape()[3];
         let [_, _, num_clusters, k] = clusters.topk.shape().dims();
-        if !top::supported(dim, dim_v, k, num_clusters) {
+        if dropout.is_some() || !top::supported(dim, dim_v, k, num_clusters) {
             return reference::top_attention::<Self>(
                 queries,
                 keys,
@@ -197,6 +200,7 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
                 clusters,
                 key_lengths,
                 scale,
+                dropout,
             );
         }
         let output = (Shape::new([batch, heads, len, dim_v]), queries.dtype);
@@ -237,6 +241,7 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         .output()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn improved_attention(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -245,9 +250,19 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
-        Self::improved_attention_forward(queries, keys, values, clusters, key_lengths, topk, scale)
-            .0
+        Self::improved_attention_forward(
+            queries,
+            keys,
+            values,
+            clusters,
+            key_lengths,
+            topk,
+            scale,
+            dropout,
+        )
+        .0
     }
 
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
@@ -336,6 +351,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         values: FloatTensor<Self>,
         key_lengths: Lengths<Self>,
         topk: usize,
+        dropout: Option<AttentionDropout>,
     ) -> CentroidAttention<Self> {
         let ([batch, heads, clusters, dim], [_, _, _, dim_v]) = check_centroid_attention(
             centroids.shape().dims(),
@@ -343,10 +359,16 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             values.shape().dims(),
             topk,
         );
-        if !centroid::supported(dim, dim_v, topk) {
+        if dropout.is_some() || !centroid::supported(dim, dim_v, topk) {
             // Rows too wide for registers, or a top-k list too long: the default body.
-            let (values, top) =
-                reference::centroid_attention::<Self>(centroids, keys, values, key_lengths, topk);
+            let (values, top) = reference::centroid_attention::<Self>(
+                centroids,
+                keys,
+                values,
+                key_lengths,
+                topk,
+                dropout,
+            );
             return CentroidAttention {
                 values,
                 top,
@@ -387,6 +409,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn centroid_attention_backward(
         centroids: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -395,6 +418,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         forward: CentroidAttention<Self>,
         grad_values: FloatTensor<Self>,
         grad_top_weights: Option<FloatTensor<Self>>,
+        dropout: Option<AttentionDropout>,
     ) -> CentroidAttentionGrads<Self> {
         check_centroid_attention(
             centroids.shape().dims(),
@@ -412,7 +436,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         let empty = [&centroids, &keys]
             .iter()
             .any(|x| x.shape().num_elements() == 0);
-        if empty || !centroid::supported(dim, dim_v, topk) {
+        if empty || dropout.is_some() || !centroid::supported(dim, dim_v, topk) {
             return reference::centroid_attention_backward::<Self>(
                 centroids,
                 keys,
@@ -421,6 +445,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
                 forward,
                 grad_values,
                 grad_top_weights,
+                dropout,
             );
         }
         let like = |x: &Tensor| (x.shape(), x.dtype);
@@ -465,6 +490,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn improved_attention_forward(
         queries: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -473,6 +499,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         key_lengths: Lengths<Self>,
         topk: usize,
         scale: f64,
+        dropout: Option<AttentionDropout>,
     ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
         assert!(topk > 0, "topk must be at least 1, got 0");
         let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
@@ -484,7 +511,9 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             [batch, heads, keys_len, dim_v],
             topk,
         );
-        if !top::supported(dim, dim_v, topk, num_clusters) || !centroid::supported(dim, dim_v, topk)
+        if dropout.is_some()
+            || !top::supported(dim, dim_v, topk, num_clusters)
+            || !centroid::supported(dim, dim_v, topk)
         {
             return reference::improved_attention_forward::<Self>(
                 queries,
@@ -494,6 +523,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
                 key_lengths,
                 topk,
                 scale,
+                dropout,
             );
         }
         let (float, int) = (queries.dtype, int_dtype_of(&queries));

@@ -3,7 +3,8 @@
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 
-use super::{device_ints, padded_keys};
+use super::{cluster_dropout, device_ints, padded_keys};
+use crate::dropout::AttentionDropout;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackward;
 use crate::ops::checks::check_centroid_attention;
@@ -27,6 +28,7 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
     values: FloatTensor<B>,
     key_lengths: Lengths<B>,
     topk: usize,
+    dropout: Option<AttentionDropout>,
 ) -> (FloatTensor<B>, Option<(IntTensor<B>, FloatTensor<B>)>) {
     let (centroids, keys, values) = (
         B::float_tensor::<4>(centroids),
@@ -51,9 +53,17 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
         let top_weights = weights.clone().gather(3, top.clone());
         (top, top_weights)
     });
-    let values = match &top {
-        Some((top, top_weights)) => rest_weights(weights, top.clone(), top_weights.clone()),
+    // The top-k weights (the mass) are the undropped ones; the rest is dropped.
+    let dropped = match &dropout {
+        Some(dropout) => weights.clone() * cluster_dropout(dropout, &weights),
         None => weights,
+    };
+    let values = match &top {
+        Some((top, _)) => {
+            let top_dropped = dropped.clone().gather(3, top.clone());
+            rest_weights(dropped, top.clone(), top_dropped)
+        }
+        None => dropped,
     }
     .matmul(values);
     (
@@ -95,6 +105,7 @@ fn centroid_scores(
 /// # Panics
 /// If the shapes disagree, or `forward.top` and `grad_top_weights` are not both given or both
 /// `None`.
+#[allow(clippy::too_many_arguments)]
 pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     centroids: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -103,6 +114,7 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     forward: CentroidAttention<B>,
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
+    dropout: Option<AttentionDropout>,
 ) -> CentroidAttentionGrads<B> {
     let (centroids, keys, values) = (
         B::float_tensor::<4>(centroids),
@@ -124,6 +136,12 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     let weights = attention_softmax(scores);
     let mut grad_weights = grad_values.clone().matmul(values.swap_dims(2, 3));
     let mut rest = weights.clone();
+    // The same factors as the forward pass: the rest's weights and their gradient.
+    if let Some(dropout) = &dropout {
+        let factors = cluster_dropout(dropout, &weights);
+        grad_weights = grad_weights * factors.clone();
+        rest = rest * factors;
+    }
     match (forward.top.map(|(top, _)| top), grad_top_weights) {
         (Some(top), Some(grad_top)) => {
             let (top, grad_top) = (B::int_tensor::<4>(top), B::float_tensor::<4>(grad_top));

@@ -5,6 +5,7 @@ use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
 
 use super::device_ints;
+use crate::dropout::AttentionDropout;
 use crate::ops::checks::check_query_clusters;
 use crate::ops::grouping::QueryGroups;
 use crate::ops::{
@@ -20,6 +21,7 @@ use crate::ops::{
 ///
 /// # Panics
 /// As [`ClusteredAttentionBackend::improved_attention`].
+#[allow(clippy::too_many_arguments)]
 pub fn improved_attention<B: ClusteredAttentionBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -28,6 +30,7 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
     key_lengths: Lengths<B>,
     topk: usize,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> FloatTensor<B> {
     assert!(topk > 0, "topk must be at least 1, got 0");
     let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
@@ -49,6 +52,7 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
         values.clone(),
         key_lengths.clone(),
         topk,
+        dropout,
     );
     let (top, top_weights) = top.expect("topk ≥ 1 gives the top-k");
     let mass = top_weights.sum_dim(3);
@@ -62,6 +66,7 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
         rest,
         key_lengths,
         scale,
+        dropout,
     );
     B::float_primitive(output)
 }
@@ -74,6 +79,7 @@ pub fn improved_attention<B: ClusteredAttentionBackend>(
 ///
 /// # Panics
 /// As [`ClusteredAttentionBackend::improved_attention`].
+#[allow(clippy::too_many_arguments)]
 pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -82,6 +88,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
     key_lengths: Lengths<B>,
     topk: usize,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> (FloatTensor<B>, ImprovedForward<B>) {
     assert!(topk > 0, "topk must be at least 1, got 0");
     let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
@@ -103,6 +110,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
         values.clone(),
         key_lengths.clone(),
         topk,
+        dropout,
     );
     let (_, top_weights) = attention.top.clone().expect("topk ≥ 1 gives the top-k");
     let mass = B::float_primitive(B::float_tensor::<4>(top_weights).sum_dim(3));
@@ -113,6 +121,7 @@ pub fn improved_attention_forward<B: ClusteredAttentionBackward>(
         attention.cluster_top(clusters.assignments, mass.clone()),
         key_lengths,
         scale,
+        dropout,
     );
     let forward = ImprovedForward {
         centroids,
@@ -140,6 +149,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
     scale: f64,
     forward: ImprovedForward<B>,
     grad: FloatTensor<B>,
+    dropout: Option<AttentionDropout>,
 ) -> AttentionGrads<B> {
     let num_clusters = check_query_clusters(queries.shape().dims(), &clusters);
     let dtype = queries.dtype();
@@ -160,6 +170,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
         key_lengths.clone(),
         scale,
         grad,
+        dropout,
     );
     // m̂ is the sum of the top-k weights: each weight gets the mass's gradient.
     let grad_top_weights =
@@ -172,6 +183,7 @@ pub fn improved_attention_backward<B: ClusteredAttentionBackward>(
         centroid_attention,
         top_grads.rest,
         Some(B::float_primitive(grad_top_weights)),
+        dropout,
     );
     let grad_sums = B::float_tensor::<4>(centroid_grads.centroids)
         * B::float_tensor::<4>(clusters.inverse_counts).mul_scalar(scale);

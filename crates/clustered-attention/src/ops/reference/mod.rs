@@ -41,7 +41,9 @@ pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
 pub use top::{top_attention, top_attention_backward};
 pub use topk::topk_indices;
 
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use crate::dropout::AttentionDropout;
 
 /// `x` in the int type of its device's settings (`i32` on Flex and `Cube`, `i64` on NdArray,
 /// unless the device is configured otherwise): the type of the int tensors the default bodies
@@ -67,4 +69,41 @@ pub(super) fn padded_keys(lengths: Tensor<1, Int>, keys: Tensor<4, Int>) -> Tens
     );
     let lengths = lengths.cast(keys.dtype());
     keys.greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape))
+}
+
+/// The factors ([`AttentionDropout::factors`]) of `dropout` for the weights of every cluster row,
+/// `[batch, heads, C, S]` on the stream [`AttentionDropout::CLUSTER_ROWS`], as a tensor like
+/// `like`.
+pub(super) fn cluster_dropout(dropout: &AttentionDropout, like: &Tensor<4>) -> Tensor<4> {
+    let shape = like.dims();
+    let factors = dropout.factors(AttentionDropout::CLUSTER_ROWS, shape);
+    Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
+}
+
+/// The factors of `dropout` for each query's weights on its cluster's top-k keys, `[batch,
+/// heads, L, k]` like `like`, on the stream [`AttentionDropout::QUERY_TOP`] at the key indices
+/// `topk[b, h, assignments[b, h, i], r]` (read back to the host); 1 for padded queries.
+pub(super) fn top_dropout(
+    dropout: &AttentionDropout,
+    topk: &Tensor<4, Int>,
+    assignments: &Tensor<3, Int>,
+    like: &Tensor<4>,
+) -> Tensor<4> {
+    let shape = like.dims();
+    let [batch, heads, len, k] = shape;
+    let clusters = topk.dims()[2];
+    let top: Vec<i64> = topk.to_data().iter::<i64>().collect();
+    let assigned: Vec<i64> = assignments.to_data().iter::<i64>().collect();
+    let mut factors = vec![1f32; batch * heads * len * k];
+    for (row, out) in factors.chunks_exact_mut(k.max(1)).enumerate() {
+        let (bh, i) = (row / len, row % len);
+        let Ok(cluster) = usize::try_from(assigned[row]) else {
+            continue;
+        };
+        let keys = &top[(bh * clusters + cluster) * k..][..k];
+        for (o, &key) in out.iter_mut().zip(keys) {
+            *o = dropout.factor(AttentionDropout::QUERY_TOP, bh as u32, i as u32, key as u32);
+        }
+    }
+    Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
 }

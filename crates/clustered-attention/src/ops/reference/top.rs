@@ -3,7 +3,8 @@
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Int, Tensor};
 
-use super::{device_ints, padded_keys};
+use super::{device_ints, padded_keys, top_dropout};
+use crate::dropout::AttentionDropout;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackward;
 use crate::ops::checks::check_top_attention;
@@ -86,12 +87,16 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     clusters: ClusterTop<B>,
     key_lengths: Lengths<B>,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> FloatTensor<B> {
     let (queries, keys, values, assignments, topk, mass, rest, key_lengths) =
         top_tensors::<B>(queries, keys, values, clusters, key_lengths);
     let groups = QueryGroups::new(assignments.clone(), topk.dims()[2], queries.dtype());
-    let weights =
+    let mut weights =
         top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
+    if let Some(dropout) = &dropout {
+        weights = weights.clone() * top_dropout(dropout, &topk, &assignments, &weights);
+    }
     let top = sparse_weighted_sum(weights, values, topk, assignments);
     B::float_primitive(top + groups.broadcast(rest))
 }
@@ -102,6 +107,7 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
 ///
 /// # Panics
 /// If the shapes disagree.
+#[allow(clippy::too_many_arguments)]
 pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -110,6 +116,7 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     key_lengths: Lengths<B>,
     scale: f64,
     grad: FloatTensor<B>,
+    dropout: Option<AttentionDropout>,
 ) -> TopAttentionGrads<B> {
     // The rest is an input of the forward only: its gradient is the members' sum of `grad`.
     let (queries, keys, values, assignments, topk, mass, _, key_lengths) =
@@ -137,11 +144,21 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     );
     let query_mass = groups.broadcast(mass);
     // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
-    let grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
+    let mut grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
+    // The same factors as the forward pass, on the weights and their gradient.
+    let factors = dropout
+        .as_ref()
+        .map(|dropout| top_dropout(dropout, &topk, &assignments, &probs));
+    if let Some(factors) = &factors {
+        grad_weights = grad_weights * factors.clone();
+    }
     let delta = (grad_weights.clone() * probs.clone()).sum_dim(3);
     let grad_scores =
         (probs.clone() * (grad_weights - delta.clone()) * query_mass.clone()).mul_scalar(scale);
-    let weights = probs * query_mass;
+    let mut weights = probs * query_mass;
+    if let Some(factors) = factors {
+        weights = weights * factors;
+    }
     let grad_queries =
         sparse_weighted_sum(grad_scores.clone(), keys, topk.clone(), assignments.clone());
     let grad_keys = sparse_scatter(
