@@ -123,7 +123,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// by the factors of [`AttentionDropout`] on the stream [`AttentionDropout::CLUSTER_ROWS`]
     /// (rows are the clusters); the top-k weights are returned undropped (they make the mass).
     /// The backward pass takes the same `dropout` and draws the same factors again. The host
-    /// loops and the CubeCL kernels run the default body then.
+    /// loops of the CPU backends draw them inside their loops; the CubeCL kernels run the default
+    /// body then.
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,

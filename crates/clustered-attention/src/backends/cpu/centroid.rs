@@ -12,6 +12,7 @@ use super::access::{
 use super::gemm::{matmul_add, matmul_into};
 use super::parallel::{PARALLEL_THRESHOLD, head_splits};
 use super::simd;
+use crate::dropout::AttentionDropout;
 use crate::ops::checks::check_centroid_attention;
 use crate::ops::{
     CentroidAttention, CentroidAttentionGrads, ClusteredAttentionBackend,
@@ -59,6 +60,7 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
     values: FloatTensor<B>,
     key_lengths: Option<IntTensor<B>>,
     topk: usize,
+    dropout: Option<AttentionDropout>,
 ) -> CentroidAttention<B> {
     let empty = [&centroids, &values]
         .iter()
@@ -70,7 +72,7 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
             values,
             key_lengths.into(),
             topk,
-            None,
+            dropout,
         );
         return CentroidAttention {
             values,
@@ -114,6 +116,7 @@ pub fn centroid_attention<B: HostAccess + ClusteredAttentionBackend>(
                             [dim, dim_v, topk],
                             scores,
                             block,
+                            dropout.map(|d| (d, bh as u32, r0 as u32)),
                         );
                     });
                 };
@@ -201,7 +204,9 @@ struct CentroidRows<'a> {
 
 /// The centroid attention of one block of cluster rows against the `valid` keys and values
 /// of its `(batch, head)`, one part of [`KEY_PART`] keys at a time; `scores` is scratch of at
-/// least `rows × KEY_PART` floats.
+/// least `rows × KEY_PART` floats. With `dropout` (and the `(batch, head)`'s index and the
+/// block's first row), the weights in the rest are multiplied by the dropout's factors.
+#[allow(clippy::too_many_arguments)]
 fn centroid_rows_forward(
     centroids: &[f32],
     keys: &[f32],
@@ -209,7 +214,10 @@ fn centroid_rows_forward(
     [dim, dim_v, topk]: [usize; 3],
     scores: &mut [f32],
     block: CentroidRows,
+    dropout: Option<(AttentionDropout, u32, u32)>,
 ) {
+    // A kept weight's factor, 1 / (1 − p), as a shift of the evicted keys' log-weights.
+    let log_scale = dropout.map_or(0.0, |(d, ..)| d.scale().ln());
     let rows = block.log_sum_exp.len();
     let valid = keys.len() / dim;
     let mut max = vec![f32::NEG_INFINITY; rows];
@@ -235,9 +243,17 @@ fn centroid_rows_forward(
             }
             sum[r] += part_sum;
             max[r] = new_max;
+            // With dropout, this part's weights times their factors, and of the keys that left
+            // the top-k, the kept ones.
+            if let Some((d, bh, r0)) = dropout {
+                let cluster = r0 + r as u32;
+                let stream = AttentionDropout::CLUSTER_ROWS;
+                evicted.retain(|&(_, key)| d.factor(stream, bh, cluster, key) != 0.0);
+                d.apply_row(stream, bh, cluster, offset as u32, row);
+            }
             // Keys of earlier parts that left the top-k join the rest now.
             if !evicted.is_empty() {
-                simd::add_weighted_rows(&evicted, new_max, values, out);
+                simd::add_weighted_rows(&evicted, new_max - log_scale, values, out);
             }
             // The weights of this part's keys in the top-k so far stay out of the product.
             if entered {
@@ -319,6 +335,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     forward: CentroidAttention<B>,
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
+    dropout: Option<AttentionDropout>,
 ) -> CentroidAttentionGrads<B> {
     let empty = [&centroids, &values]
         .iter()
@@ -340,7 +357,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             forward,
             grad_values,
             grad_top_weights,
-            None,
+            dropout,
         );
     }
     let (device, dtype) = (centroids.device(), centroids.dtype());
@@ -355,6 +372,7 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
         grad_values,
         grad_top_weights,
         (&mut grad_keys, &mut grad_vals),
+        dropout,
     );
     CentroidAttentionGrads {
         centroids: write_float::<B, 4>(
@@ -371,7 +389,8 @@ pub fn centroid_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
 /// The body of [`centroid_attention_backward`] once its inputs are known to be on the host,
 /// with the log-sum-exps and the top-k (or neither): adds the keys' and values' gradients to
 /// `grad_keys` `[batch, heads, S, E]` and `grad_vals` `[batch, heads, S, D]` and returns the
-/// centroids' gradient `[batch, heads, C, E]`.
+/// centroids' gradient `[batch, heads, C, E]`. With `dropout`, the forward pass's factors are
+/// drawn again.
 pub(super) fn centroid_backward_into<B: HostAccess + ClusteredAttentionBackend>(
     [centroids, keys, values]: [FloatTensor<B>; 3],
     key_lengths: Option<IntTensor<B>>,
@@ -379,6 +398,7 @@ pub(super) fn centroid_backward_into<B: HostAccess + ClusteredAttentionBackend>(
     grad_values: FloatTensor<B>,
     grad_top_weights: Option<FloatTensor<B>>,
     (grad_keys, grad_vals): (&mut [f32], &mut [f32]),
+    dropout: Option<AttentionDropout>,
 ) -> Vec<f32> {
     let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
         dims::<B, 4>(&centroids),
@@ -480,6 +500,7 @@ pub(super) fn centroid_backward_into<B: HostAccess + ClusteredAttentionBackend>(
                                     grad_top: head_rows(grad_top, bh, clusters * k),
                                     log_sum_exp: head_rows(log_sum_exp, bh, clusters),
                                     delta: head_rows(&delta, bh, clusters),
+                                    dropout: dropout.map(|d| (d, bh as u32)),
                                 };
                                 SCRATCH.with_borrow_mut(|scores| {
                                     GRAD_SCRATCH.with_borrow_mut(|grads| {
@@ -548,7 +569,7 @@ fn head_rows(x: &[f32], bh: usize, n: usize) -> &[f32] {
 /// One `(batch, head)` of the centroid attention's backward: the scaled centroids `[C, E]`,
 /// the gradient of the rest of `Aᶜ V` `[C, D]`, the top-k indices and their weights'
 /// gradient `[C, k]` (empty without top-k), and each row's log-sum-exp of the scores and
-/// `rowsum(Aᶜ ⊙ dA)` `[C]`.
+/// `rowsum(Aᶜ ⊙ dA)` `[C]`, and the dropout with the `(batch, head)`'s index.
 struct CentroidHead<'a> {
     centroids: &'a [f32],
     grad_values: &'a [f32],
@@ -556,6 +577,7 @@ struct CentroidHead<'a> {
     grad_top: &'a [f32],
     log_sum_exp: &'a [f32],
     delta: &'a [f32],
+    dropout: Option<(AttentionDropout, u32)>,
 }
 
 /// The backward of one [`CentroidHead`] against a run of its valid keys and values, from key
@@ -607,6 +629,17 @@ fn centroid_head_backward(
                 let c = r0 + r;
                 let top = &head.top[c * k..(c + 1) * k];
                 let in_part = |t: i64| (t as usize).checked_sub(first + offset).filter(|&i| i < n);
+                // With dropout, the rest's weights are Aᶜ times the forward pass's factors: so
+                // is their gradient dA (before the top-k keys' entries), and their values' one.
+                let part_dropout = head.dropout.map(|(d, bh)| {
+                    move |x: &mut [f32]| {
+                        let stream = AttentionDropout::CLUSTER_ROWS;
+                        d.apply_row(stream, bh, c as u32, (first + offset) as u32, x)
+                    }
+                });
+                if let Some(apply) = &part_dropout {
+                    apply(g);
+                }
                 // A top-k key's weight reaches the output through the top-k weights only.
                 for (&t, &g_top) in top.iter().zip(&head.grad_top[c * k..(c + 1) * k]) {
                     if let Some(i) = in_part(t) {
@@ -614,6 +647,9 @@ fn centroid_head_backward(
                     }
                 }
                 simd::softmax_backward_part(w, g, head.log_sum_exp[c], head.delta[c]);
+                if let Some(apply) = &part_dropout {
+                    apply(w);
+                }
                 // The rest's weights for the values' gradient: Aᶜ without the top-k keys.
                 for &t in top {
                     if let Some(i) = in_part(t) {

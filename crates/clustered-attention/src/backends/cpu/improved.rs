@@ -96,6 +96,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
         values.clone(),
         key_lengths.clone(),
         topk,
+        None,
     );
     let (_, top_weights) = attention.top.as_ref().expect("topk ≥ 1 gives the top-k");
     let mass = B::with_f32(top_weights, |weights| {
@@ -216,6 +217,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
         ),
         Some(write_float::<B, 4>(grad_top, top_shape, &device, dtype)),
         (&mut g.keys, &mut g.values),
+        None,
     );
     // Each query's share of its cluster's centroid: scale / count of the centroid's gradient.
     let assignments = B::ints_to_vec(clusters.assignments);

@@ -104,22 +104,13 @@ macro_rules! host_ops {
             FloatTensor<Self>,
             Option<(IntTensor<Self>, FloatTensor<Self>)>,
         ) {
-            if dropout.is_some() {
-                return $crate::ops::reference::centroid_attention::<Self>(
-                    centroids,
-                    keys,
-                    values,
-                    key_lengths,
-                    topk,
-                    dropout,
-                );
-            }
             let attention = $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
                 values,
                 key_lengths.into_option(),
                 topk,
+                dropout,
             );
             (attention.values, attention.top)
         }
@@ -226,27 +217,13 @@ macro_rules! host_ops {
             topk: usize,
             dropout: Option<AttentionDropout>,
         ) -> CentroidAttention<Self> {
-            if dropout.is_some() {
-                let (values, top) = $crate::ops::reference::centroid_attention::<Self>(
-                    centroids,
-                    keys,
-                    values,
-                    key_lengths,
-                    topk,
-                    dropout,
-                );
-                return CentroidAttention {
-                    values,
-                    top,
-                    log_sum_exp: None,
-                };
-            }
             $crate::backends::cpu::centroid_attention::<Self>(
                 centroids,
                 keys,
                 values,
                 key_lengths.into_option(),
                 topk,
+                dropout,
             )
         }
 
@@ -261,18 +238,6 @@ macro_rules! host_ops {
             grad_top_weights: Option<FloatTensor<Self>>,
             dropout: Option<AttentionDropout>,
         ) -> CentroidAttentionGrads<Self> {
-            if dropout.is_some() {
-                return $crate::ops::reference::centroid_attention_backward::<Self>(
-                    centroids,
-                    keys,
-                    values,
-                    key_lengths,
-                    forward,
-                    grad_values,
-                    grad_top_weights,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::centroid_attention_backward::<Self>(
                 centroids,
                 keys,
@@ -281,6 +246,7 @@ macro_rules! host_ops {
                 forward,
                 grad_values,
                 grad_top_weights,
+                dropout,
             )
         }
 
