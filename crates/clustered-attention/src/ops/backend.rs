@@ -167,7 +167,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// With `dropout` (training), each weight `m̂_j · softmax_r` is multiplied by the factor of
     /// [`AttentionDropout`] on the stream [`AttentionDropout::QUERY_TOP`] at `(batch, head, i,
     /// t_r)` (rows are the queries, keys the key indices); the backward pass takes the same
-    /// `dropout`. The host loops and the CubeCL kernel run the default body then.
+    /// `dropout`. The host loops of the CPU backends draw the factors in their loops; the CubeCL
+    /// kernel runs the default body then.
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,

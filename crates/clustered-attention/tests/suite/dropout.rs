@@ -77,8 +77,9 @@ fn kept_fraction_is_one_minus_p() {
     assert_ne!(factors, other_seed);
 }
 
-/// The inputs of a case: queries, keys, values `[2, 2, L, E]`, `[2, 2, S, E]`, `[2, 2, S, D]`,
-/// the key lengths, and the outer gradient `[2, 2, L, D]`.
+/// The inputs of a case: queries, keys, values `[batch, heads, L, E]`, `[batch, heads, S, E]`,
+/// `[batch, heads, S, D]`, the key lengths (the last batch entry's 5 short), and the outer
+/// gradient `[batch, heads, L, D]`.
 struct Case {
     queries: Host4,
     keys: Host4,
@@ -88,13 +89,15 @@ struct Case {
 }
 
 impl Case {
-    fn new(len: usize, keys_len: usize, dim: usize, dim_v: usize, seed: u64) -> Self {
+    fn new([batch, heads, len, keys_len]: [usize; 4], dim: usize, dim_v: usize, seed: u64) -> Self {
+        let mut key_lengths = vec![keys_len; batch];
+        key_lengths[batch - 1] -= 5;
         Self {
-            queries: normal([2, 2, len, dim], seed),
-            keys: normal([2, 2, keys_len, dim], seed + 1),
-            values: normal([2, 2, keys_len, dim_v], seed + 2),
-            key_lengths: vec![keys_len, keys_len - 5],
-            outer: normal([2, 2, len, dim_v], seed + 3),
+            queries: normal([batch, heads, len, dim], seed),
+            keys: normal([batch, heads, keys_len, dim], seed + 1),
+            values: normal([batch, heads, keys_len, dim_v], seed + 2),
+            key_lengths,
+            outer: normal([batch, heads, len, dim_v], seed + 3),
         }
     }
 }
@@ -271,15 +274,21 @@ fn relative_diff(a: &Host4, b: &Host4) -> f64 {
 /// attention's centroid attention) against [`improved_composed`] and [`clustered_composed`],
 /// given the same factors: the outputs and the gradients of the queries, keys and values to
 /// 1e-5 (relative to the largest entry above 1; TF32's tolerance on CUDA), with padded keys,
-/// `p` 0.1 with 23 keys and 0.5 with 2,100.
+/// `p` 0.1 with 23 keys, 0.5 with 2,100 and 0.3 with 1,500 queries in one (batch, head).
 pub fn fused_dropout_matches_composition(device: &Device) {
     let device = &autodiff(device);
     let tolerance = matmul_tolerance(device, 1e-5);
     let (clusters, topk) = (4, 5);
     // The second case's keys span several of the host loops' parts and chunks, so that keys
-    // leave a cluster's top-k in a later part and the backward splits the keys.
-    for (case_seed, prob, keys_len) in [(10, 0.1, 23), (20, 0.5, 2100)] {
-        let case = Case::new(19, keys_len, 8, 6, case_seed);
+    // leave a cluster's top-k in a later part and the backward splits the keys; the third's
+    // one (batch, head) of 1,500 queries splits between threads in the top-k attention's loops.
+    let cases = [
+        (10, 0.1, [2, 2, 19, 23]),
+        (20, 0.5, [2, 2, 19, 2100]),
+        (30, 0.3, [1, 1, 1500, 700]),
+    ];
+    for (case_seed, prob, shape) in cases {
+        let case = Case::new(shape, 8, 6, case_seed);
         let scale = 1.0 / (8f64).sqrt();
         let dropout = AttentionDropout::new(prob, 0xfeed_0000 + case_seed);
         let key_lengths = lengths(&case.key_lengths, device);

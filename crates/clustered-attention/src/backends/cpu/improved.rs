@@ -9,6 +9,7 @@ use super::access::{HostAccess, dims, on_host, write_float};
 use super::centroid::{centroid_attention, centroid_backward_into};
 use super::parallel::for_each_row;
 use super::top::top_backward_buffers;
+use crate::dropout::AttentionDropout;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackend;
 use crate::ops::checks::check_query_clusters;
@@ -31,6 +32,7 @@ use crate::ops::{
 /// # Panics
 /// As [`ClusteredAttentionBackend::improved_attention`]; if an assignment is outside `0..C`
 /// and not [`NO_CLUSTER`].
+#[allow(clippy::too_many_arguments)]
 pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -39,6 +41,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
     key_lengths: Option<IntTensor<B>>,
     topk: usize,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> (FloatTensor<B>, ImprovedForward<B>) {
     let floats = [&queries, &keys, &values, &clusters.inverse_counts];
     if !floats.iter().all(|x| on_host::<B>(x)) {
@@ -50,7 +53,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
             Lengths::from(key_lengths),
             topk,
             scale,
-            None,
+            dropout,
         );
     }
     assert!(topk > 0, "topk must be at least 1, got 0");
@@ -96,7 +99,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
         values.clone(),
         key_lengths.clone(),
         topk,
-        None,
+        dropout,
     );
     let (_, top_weights) = attention.top.as_ref().expect("topk ≥ 1 gives the top-k");
     let mass = B::with_f32(top_weights, |weights| {
@@ -113,7 +116,7 @@ pub fn improved_attention_forward<B: HostAccess + ClusteredAttentionBackward>(
         attention.cluster_top(clusters.assignments, mass.clone()),
         Lengths::from(key_lengths),
         scale,
-        None,
+        dropout,
     );
     let forward = ImprovedForward {
         centroids,
@@ -143,6 +146,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     scale: f64,
     forward: ImprovedForward<B>,
     grad: FloatTensor<B>,
+    dropout: Option<AttentionDropout>,
 ) -> AttentionGrads<B> {
     let attention = &forward.centroid_attention;
     let floats = [
@@ -174,7 +178,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             scale,
             forward,
             grad,
-            None,
+            dropout,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());
@@ -196,6 +200,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
         key_lengths.clone(),
         scale,
         grad,
+        dropout,
     );
     // m̂ is the sum of the top-k weights: each weight gets the mass's gradient.
     let k = top_shape[3];
@@ -217,7 +222,7 @@ pub fn improved_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
         ),
         Some(write_float::<B, 4>(grad_top, top_shape, &device, dtype)),
         (&mut g.keys, &mut g.values),
-        None,
+        dropout,
     );
     // Each query's share of its cluster's centroid: scale / count of the centroid's gradient.
     let assignments = B::ints_to_vec(clusters.assignments);

@@ -124,17 +124,6 @@ macro_rules! host_ops {
             scale: f64,
             dropout: Option<AttentionDropout>,
         ) -> FloatTensor<Self> {
-            if dropout.is_some() {
-                return $crate::ops::reference::top_attention::<Self>(
-                    queries,
-                    keys,
-                    values,
-                    clusters,
-                    key_lengths,
-                    scale,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::top_attention::<Self>(
                 queries,
                 keys,
@@ -142,6 +131,7 @@ macro_rules! host_ops {
                 clusters,
                 key_lengths.into_option(),
                 scale,
+                dropout,
             )
         }
 
@@ -156,18 +146,6 @@ macro_rules! host_ops {
             scale: f64,
             dropout: Option<AttentionDropout>,
         ) -> FloatTensor<Self> {
-            if dropout.is_some() {
-                return $crate::ops::reference::improved_attention::<Self>(
-                    queries,
-                    keys,
-                    values,
-                    clusters,
-                    key_lengths,
-                    topk,
-                    scale,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::improved_attention_forward::<Self>(
                 queries,
                 keys,
@@ -176,6 +154,7 @@ macro_rules! host_ops {
                 key_lengths.into_option(),
                 topk,
                 scale,
+                dropout,
             )
             .0
         }
@@ -261,18 +240,6 @@ macro_rules! host_ops {
             grad: FloatTensor<Self>,
             dropout: Option<AttentionDropout>,
         ) -> TopAttentionGrads<Self> {
-            if dropout.is_some() {
-                return $crate::ops::reference::top_attention_backward::<Self>(
-                    queries,
-                    keys,
-                    values,
-                    clusters,
-                    key_lengths,
-                    scale,
-                    grad,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::top_attention_backward::<Self>(
                 queries,
                 keys,
@@ -281,6 +248,7 @@ macro_rules! host_ops {
                 key_lengths.into_option(),
                 scale,
                 grad,
+                dropout,
             )
         }
 
@@ -295,18 +263,6 @@ macro_rules! host_ops {
             scale: f64,
             dropout: Option<AttentionDropout>,
         ) -> (FloatTensor<Self>, ImprovedForward<Self>) {
-            if dropout.is_some() {
-                return $crate::ops::reference::improved_attention_forward::<Self>(
-                    queries,
-                    keys,
-                    values,
-                    clusters,
-                    key_lengths,
-                    topk,
-                    scale,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::improved_attention_forward::<Self>(
                 queries,
                 keys,
@@ -315,6 +271,7 @@ macro_rules! host_ops {
                 key_lengths.into_option(),
                 topk,
                 scale,
+                dropout,
             )
         }
 
@@ -330,19 +287,6 @@ macro_rules! host_ops {
             grad: FloatTensor<Self>,
             dropout: Option<AttentionDropout>,
         ) -> AttentionGrads<Self> {
-            if dropout.is_some() {
-                return $crate::ops::reference::improved_attention_backward::<Self>(
-                    queries,
-                    keys,
-                    values,
-                    clusters,
-                    key_lengths,
-                    scale,
-                    forward,
-                    grad,
-                    dropout,
-                );
-            }
             $crate::backends::cpu::improved_attention_backward::<Self>(
                 queries,
                 keys,
@@ -352,6 +296,7 @@ macro_rules! host_ops {
                 scale,
                 forward,
                 grad,
+                dropout,
             )
         }
     };

@@ -237,6 +237,10 @@ pub(crate) struct ClusterBlock<'a> {
     pub mass: f32,
     /// Multiplies the dot products.
     pub scale: f32,
+    /// With attention dropout: the dropout, the `(batch, head)`'s index, the index of the
+    /// query of member 0 (`ids` are relative to it) and the cluster's `k` top key indices; each
+    /// member's weights are multiplied by their factors.
+    pub dropout: Option<(crate::dropout::AttentionDropout, u32, u32, &'a [i64])>,
 }
 
 /// [`attend_members`] for `G` rows: the scores in `scratch` (`[G, kp]`), softmaxed in place.
@@ -262,6 +266,14 @@ fn attend_group<const FMA: bool, const G: usize>(
     }
     for row in scratch.chunks_exact_mut(kp).take(G) {
         softmax_scaled::<FMA>(row, cluster.mass);
+    }
+    if let Some((dropout, bh, first, top)) = cluster.dropout {
+        let stream = crate::dropout::AttentionDropout::QUERY_TOP;
+        for (row, &i) in scratch.chunks_exact_mut(kp).zip(ids).take(G) {
+            for (w, &key) in row.iter_mut().zip(top) {
+                *w *= dropout.factor(stream, bh, first + i, key as u32);
+            }
+        }
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
     for c in (0..dp).step_by(LANES) {

@@ -10,6 +10,7 @@ use super::gemm::{matmul_add, matmul_into};
 use super::parallel::{DisjointRows, PARALLEL_THRESHOLD, head_splits};
 use super::simd::{self, padded};
 use super::sparse::{MEMBER_CHUNK, Members, Sparse, add_block_rows, gather_rows, prefetch_ahead};
+use crate::dropout::AttentionDropout;
 use crate::ops::checks::check_top_attention;
 use crate::ops::{
     ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward, Lengths, TopAttentionGrads,
@@ -53,6 +54,7 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
     clusters: ClusterTop<B>,
     key_lengths: Option<IntTensor<B>>,
     scale: f64,
+    dropout: Option<AttentionDropout>,
 ) -> FloatTensor<B> {
     let floats = [&queries, &keys, &values, &clusters.mass, &clusters.rest];
     if !floats.iter().all(|x| on_host::<B>(x)) {
@@ -63,7 +65,7 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
             clusters,
             key_lengths.into(),
             scale,
-            None,
+            dropout,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());
@@ -126,6 +128,9 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
                                     dv: dim_v,
                                     mass: mass[c],
                                     scale: scale as f32,
+                                    dropout: dropout.map(|d| {
+                                        (d, row as u32, run.start as u32, sparse.top(row, j))
+                                    }),
                                 };
                                 simd::attend_members(
                                     queries,
@@ -179,6 +184,8 @@ struct TopHead<'a> {
     values: &'a [f32],
     dim: usize,
     dim_v: usize,
+    /// The attention dropout: each weight times its factor (the forward pass's).
+    dropout: Option<AttentionDropout>,
 }
 
 /// A task's blocks for [`TopHead::cluster`]: the cluster's top keys and values transposed
@@ -197,6 +204,7 @@ struct TopScratch {
     grad_rows: Vec<f32>,
     probs: Vec<f32>,
     grad_scores: Vec<f32>,
+    factors: Vec<f32>,
     positions: Vec<u32>,
     grad_queries: Vec<f32>,
     grad_keys: Vec<f32>,
@@ -216,6 +224,7 @@ impl TopScratch {
             grad_rows: vec![0.0; most * dp],
             probs: vec![0.0; most * k],
             grad_scores: vec![0.0; most * k],
+            factors: vec![0.0; most * k],
             positions: (0..most as u32).collect(),
             grad_queries: vec![0.0; most * dim],
             grad_keys: vec![0.0; k * ep],
@@ -288,6 +297,21 @@ impl TopHead<'_> {
                     (s.value_t.as_ptr(), 1, kp as isize),
                 );
             }
+            // With dropout, the weights are `m̂ · p` times the forward pass's factors: so is
+            // the gradient of `p` (before the softmax's Jacobian), and the values' weights.
+            let factors = &mut s.factors[..n * k];
+            if let Some(dropout) = self.dropout {
+                let stream = AttentionDropout::QUERY_TOP;
+                for (f, &i) in factors.chunks_exact_mut(k).zip(run) {
+                    for (f, &key) in f.iter_mut().zip(top) {
+                        *f = dropout.factor(stream, row as u32, i, key as u32);
+                    }
+                }
+                grad_scores
+                    .iter_mut()
+                    .zip(&*factors)
+                    .for_each(|(g, f)| *g *= f);
+            }
             grad_mass += simd::softmax_backward_members(
                 probs,
                 grad_scores,
@@ -296,6 +320,9 @@ impl TopHead<'_> {
                 self.scale,
                 self.mass[j],
             );
+            if self.dropout.is_some() {
+                probs.iter_mut().zip(&*factors).for_each(|(p, f)| *p *= f);
+            }
             let grad_queries = &mut s.grad_queries[..n * dim];
             // Queries: dS · top keys; keys: dSᵀ · q; values: Wᵀ · g; rest: Σ_i g_i.
             unsafe {
@@ -357,6 +384,7 @@ struct TopPart {
 /// clusters when there are fewer `(batch, head)`s than threads and enough work) and per cluster
 /// (one pass over its members); the keys' and values' gradients of each cluster are added to their
 /// rows in cluster order, so the result does not depend on the split.
+#[allow(clippy::too_many_arguments)]
 pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -365,6 +393,7 @@ pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
     key_lengths: Option<IntTensor<B>>,
     scale: f64,
     grad: FloatTensor<B>,
+    dropout: Option<AttentionDropout>,
 ) -> TopAttentionGrads<B> {
     let floats = [&queries, &keys, &values, &clusters.mass, &grad];
     if !floats.iter().all(|x| on_host::<B>(x)) {
@@ -376,14 +405,23 @@ pub fn top_attention_backward<B: HostAccess + ClusteredAttentionBackward>(
             Lengths::from(key_lengths),
             scale,
             grad,
-            None,
+            dropout,
         );
     }
     let (device, dtype) = (queries.device(), queries.dtype());
     let [batch, heads, len, dim] = dims::<B, 4>(&queries);
     let [_, _, keys_len, dim_v] = dims::<B, 4>(&values);
     let clusters_len = dims::<B, 4>(&clusters.mass)[2];
-    let g = top_backward_buffers::<B>(queries, keys, values, clusters, key_lengths, scale, grad);
+    let g = top_backward_buffers::<B>(
+        queries,
+        keys,
+        values,
+        clusters,
+        key_lengths,
+        scale,
+        grad,
+        dropout,
+    );
     TopAttentionGrads {
         queries: write_float::<B, 4>(g.queries, [batch, heads, len, dim], &device, dtype),
         keys: write_float::<B, 4>(g.keys, [batch, heads, keys_len, dim], &device, dtype),
@@ -405,6 +443,7 @@ pub(super) struct TopGradBuffers {
 }
 
 /// The body of [`top_attention_backward`] once its inputs are known to be on the host.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn top_backward_buffers<B: HostAccess + ClusteredAttentionBackend>(
     queries: FloatTensor<B>,
     keys: FloatTensor<B>,
@@ -413,6 +452,7 @@ pub(super) fn top_backward_buffers<B: HostAccess + ClusteredAttentionBackend>(
     key_lengths: Option<IntTensor<B>>,
     scale: f64,
     grad: FloatTensor<B>,
+    dropout: Option<AttentionDropout>,
 ) -> TopGradBuffers {
     let ([batch, heads, len, dim], [_, _, keys_len, dim_v]) =
         checked_dims::<B>(&queries, &keys, &values, &clusters);
@@ -459,6 +499,7 @@ pub(super) fn top_backward_buffers<B: HostAccess + ClusteredAttentionBackend>(
                             values: &values[row * keys_len * dim_v..(row + 1) * keys_len * dim_v],
                             dim,
                             dim_v,
+                            dropout,
                         };
                         // A whole head per task: the gradients go straight to their rows.
                         let work = |(row, ((dq, dk), (dv, (dm, dr)))): (usize, GradRows)| {
