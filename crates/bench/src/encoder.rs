@@ -104,7 +104,7 @@ pub fn run(args: &Args, machine: &Machine) -> Result<()> {
                     heads: args.heads(),
                     d_ff: args.d_ff,
                     batch: args.batch,
-                    dropout: args.dropout,
+                    dropout: args.dropout(),
                     step_s: None,
                     peak_mib: None,
                     memory: None,
@@ -222,7 +222,7 @@ fn run_child(
         .args(["--layers", &args.layers.to_string()])
         .args(["--d-model", &args.d_model.to_string()])
         .args(["--d-ff", &args.d_ff.to_string()])
-        .args(["--dropout", &args.dropout.to_string()])
+        .args(["--dropout", &args.dropout().to_string()])
         .args(["--clusters", &args.clusters.to_string()])
         .args(["--topk", &args.topk.to_string()])
         .args(["--bits", &args.bits.to_string()])
@@ -327,7 +327,7 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
         "burn-nn" => {
             let model =
                 TransformerEncoderConfig::new(args.d_model, args.d_ff, args.heads(), args.layers)
-                    .with_dropout(args.dropout)
+                    .with_dropout(args.dropout())
                     .init(&device);
             train(args, &device, model, x, sample, |m, x| {
                 m.forward(TransformerEncoderInput::new(x))
@@ -352,7 +352,7 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
                 args.layers,
                 attention,
             )
-            .with_dropout(args.dropout)
+            .with_dropout(args.dropout())
             .with_bits(args.bits)
             .with_iterations(args.iterations)
             .init(&device);
@@ -465,7 +465,7 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
         args.heads(),
         args.d_ff,
         args.batch,
-        args.dropout,
+        args.dropout(),
         args.clusters,
         args.clusters,
         args.topk,

@@ -66,9 +66,12 @@ pub struct Args {
     /// `--mode encoder`: the feed-forward network's hidden width.
     #[arg(long, default_value_t = 1024)]
     pub d_ff: usize,
-    /// `--mode encoder`: dropout of the encoders (burn-nn's default, 0.1).
-    #[arg(long, default_value_t = 0.1)]
-    pub dropout: f64,
+    /// Attention dropout, in `[0, 1)`: with `--mode encoder` the encoders' (default 0.1,
+    /// burn-nn's), with `--mode train` the attentions' on their weights (default 0; Burn's
+    /// `fused` attention, which has none, is left out above 0). Refused with `--mode forward`,
+    /// which does not train.
+    #[arg(long)]
+    pub dropout: Option<f64>,
     /// Runs one measurement of `--mode encoder` as a child process (the parent starts it).
     #[arg(long, hide = true)]
     pub encoder_child: Option<String>,
@@ -132,6 +135,12 @@ pub enum Mode {
 }
 
 impl Args {
+    /// The dropout: `--dropout`, or 0.1 with `--mode encoder` (burn-nn's default) and 0 else.
+    pub fn dropout(&self) -> f64 {
+        self.dropout
+            .unwrap_or(if self.mode == Mode::Encoder { 0.1 } else { 0.0 })
+    }
+
     /// Attention heads: `--heads`, or 4 (8 with `--mode encoder`, as a Burn user's encoder).
     pub fn heads(&self) -> usize {
         self.heads
@@ -231,6 +240,12 @@ fn main() -> Result<()> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         launches::enable()?;
     }
+    if !(0.0..1.0).contains(&args.dropout()) {
+        bail!("--dropout must be in [0, 1), got {}", args.dropout());
+    }
+    if args.mode == Mode::Forward && args.dropout.is_some() {
+        bail!("--dropout applies in training (--mode train or encoder), not with --mode forward");
+    }
     let machine = report::Machine::detect();
     eprintln!("machine: {}", machine.describe());
     if args.mode == Mode::Encoder {
@@ -240,9 +255,6 @@ fn main() -> Result<()> {
                 args.d_model,
                 args.heads()
             );
-        }
-        if !(0.0..1.0).contains(&args.dropout) {
-            bail!("--dropout must be in [0, 1), got {}", args.dropout);
         }
         return encoder::run(&args, &machine);
     }

@@ -43,6 +43,8 @@ pub struct Record {
     pub topk: usize,
     pub bits: usize,
     pub iterations: usize,
+    /// The attention dropout (`--mode train`; 0 in the forward pass).
+    pub dropout: f64,
     /// Timed runs behind the figures: at least `--runs`, more while the timed seconds are
     /// under `--min-time-s`; 0 for a skipped measurement.
     pub runs: usize,
@@ -87,6 +89,8 @@ fn selected(args: &Args) -> Vec<&'static str> {
     };
     ops.iter()
         .copied()
+        // Burn's fused attention has no dropout.
+        .filter(|&op| op != "fused" || args.dropout() == 0.0)
         .filter(|op| args.only.is_empty() || args.only.iter().any(|o| o == op))
         .collect()
 }
@@ -266,7 +270,9 @@ fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Te
     let clusters = clustering(args);
     let input = AttentionInput::new(q, k, v);
     match op {
-        "full" => FullAttention::new().forward(input),
+        "full" => FullAttention::new()
+            .with_dropout(args.dropout())
+            .forward(input),
         "fused" => attention(
             input.queries,
             input.keys,
@@ -277,9 +283,11 @@ fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Te
         ),
         "clustered" => ClusteredAttention::new(args.clusters)
             .with_clustering(clusters)
+            .with_dropout(args.dropout())
             .forward(input),
         "improved" => ImprovedClusteredAttention::new(args.clusters, args.topk)
             .with_clustering(clusters)
+            .with_dropout(args.dropout())
             .forward(input),
         _ => unreachable!(),
     }
@@ -431,6 +439,7 @@ fn run_all(
                 topk: args.topk,
                 bits: args.bits,
                 iterations: args.iterations,
+                dropout: args.dropout(),
                 runs: 0,
                 median_s: None,
                 min_s: None,

@@ -122,7 +122,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             _ => "no".into(),
         };
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}; median of {} timed runs{}{}{}. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}{}; median of {} timed runs{}{}{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -132,6 +132,11 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             r.bits,
             r.iterations,
             r.dtype,
+            if r.dropout > 0.0 {
+                format!(", attention dropout {}", r.dropout)
+            } else {
+                String::new()
+            },
             runs,
             if records.iter().any(|r| r.peak_device_mib.is_some()) {
                 "; in parentheses, the device memory held by the backend's pools (a bound on the peak, inputs included)"
