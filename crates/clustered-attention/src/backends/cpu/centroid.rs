@@ -249,7 +249,7 @@ fn centroid_rows_forward(
                 let cluster = r0 + r as u32;
                 let stream = AttentionDropout::CLUSTER_ROWS;
                 evicted.retain(|&(_, key)| d.factor(stream, bh, cluster, key) != 0.0);
-                d.apply_row(stream, bh, cluster, offset as u32, row);
+                simd::dropout_run(&d, [stream, bh, cluster, offset as u32], row);
             }
             // Keys of earlier parts that left the top-k join the rest now.
             if !evicted.is_empty() {
@@ -596,6 +596,8 @@ fn centroid_head_backward(
 ) {
     let clusters = head.log_sum_exp.len();
     let valid = keys.len() / dim;
+    // A row's dropout factors for one part of the keys.
+    let mut factors = vec![1f32; KEY_PART];
     for r0 in (0..clusters).step_by(CENTROID_ROWS) {
         let rows = (clusters - r0).min(CENTROID_ROWS);
         let centroids = &head.centroids[r0 * dim..(r0 + rows) * dim];
@@ -631,14 +633,13 @@ fn centroid_head_backward(
                 let in_part = |t: i64| (t as usize).checked_sub(first + offset).filter(|&i| i < n);
                 // With dropout, the rest's weights are Aᶜ times the forward pass's factors: so
                 // is their gradient dA (before the top-k keys' entries), and their values' one.
-                let part_dropout = head.dropout.map(|(d, bh)| {
-                    move |x: &mut [f32]| {
-                        let stream = AttentionDropout::CLUSTER_ROWS;
-                        d.apply_row(stream, bh, c as u32, (first + offset) as u32, x)
-                    }
-                });
-                if let Some(apply) = &part_dropout {
-                    apply(g);
+                let factors = &mut factors[..n];
+                if let Some((d, bh)) = head.dropout {
+                    let stream = AttentionDropout::CLUSTER_ROWS;
+                    factors.fill(1.0);
+                    let first = (first + offset) as u32;
+                    simd::dropout_run(&d, [stream, bh, c as u32, first], factors);
+                    g.iter_mut().zip(&*factors).for_each(|(g, f)| *g *= f);
                 }
                 // A top-k key's weight reaches the output through the top-k weights only.
                 for (&t, &g_top) in top.iter().zip(&head.grad_top[c * k..(c + 1) * k]) {
@@ -647,8 +648,8 @@ fn centroid_head_backward(
                     }
                 }
                 simd::softmax_backward_part(w, g, head.log_sum_exp[c], head.delta[c]);
-                if let Some(apply) = &part_dropout {
-                    apply(w);
+                if head.dropout.is_some() {
+                    w.iter_mut().zip(&*factors).for_each(|(w, f)| *w *= f);
                 }
                 // The rest's weights for the values' gradient: Aᶜ without the top-k keys.
                 for &t in top {

@@ -267,12 +267,10 @@ fn attend_group<const FMA: bool, const G: usize>(
     for row in scratch.chunks_exact_mut(kp).take(G) {
         softmax_scaled::<FMA>(row, cluster.mass);
     }
-    if let Some((dropout, bh, first, top)) = cluster.dropout {
+    if let Some((dropout, bh, first, top)) = &cluster.dropout {
         let stream = crate::dropout::AttentionDropout::QUERY_TOP;
         for (row, &i) in scratch.chunks_exact_mut(kp).zip(ids).take(G) {
-            for (w, &key) in row.iter_mut().zip(top) {
-                *w *= dropout.factor(stream, bh, first + i, key as u32);
-            }
+            dropout_keys(dropout, [stream, *bh, first + i], top, &mut row[..k]);
         }
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
@@ -927,6 +925,110 @@ mod tests {
                     let avx512 = not_below::<true, true>(&chunk, threshold);
                     assert_eq!(avx512, expected, "AVX-512, {chunk:?} against {threshold}");
                 }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention dropout
+
+/// Philox4x32-10 ([`crate::dropout::philox4x32_10`]) of [`LANES`] counters at once, lane by
+/// lane on arrays so that the compiler keeps each word in a vector register (the 32 × 32-bit
+/// products as the vector unit's widening multiplies).
+#[inline(always)]
+fn philox_lanes(counters: [[u32; LANES]; 4], key: [u32; 2]) -> [[u32; LANES]; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    const W0: u32 = 0x9E37_79B9;
+    const W1: u32 = 0xBB67_AE85;
+    let [mut c0, mut c1, mut c2, mut c3] = counters;
+    let [mut k0, mut k1] = key;
+    for round in 0..10 {
+        if round > 0 {
+            k0 = k0.wrapping_add(W0);
+            k1 = k1.wrapping_add(W1);
+        }
+        let mut next = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            let p0 = M0 * c0[l] as u64;
+            let p1 = M1 * c2[l] as u64;
+            next[0][l] = (p1 >> 32) as u32 ^ c1[l] ^ k0;
+            next[1][l] = p1 as u32;
+            next[2][l] = (p0 >> 32) as u32 ^ c3[l] ^ k1;
+            next[3][l] = p0 as u32;
+        }
+        [c0, c1, c2, c3] = next;
+    }
+    [c0, c1, c2, c3]
+}
+
+multiversion! {
+    /// [`AttentionDropout::apply_row`](crate::dropout::AttentionDropout::apply_row) with
+    /// [`LANES`] Philox counters (`4 · LANES` keys) at a time: `weights[i]` times the factor of
+    /// key `first + i` of `(stream, bh, row)`, `coordinates = [stream, bh, row, first]`.
+    pub(crate) fn dropout_run<FMA>(
+        dropout: &crate::dropout::AttentionDropout,
+        coordinates: [u32; 4],
+        weights: &mut [f32],
+    ) {
+        let [stream, bh, row, first] = coordinates;
+        let (threshold, scale, key) = (dropout.threshold(), dropout.scale(), dropout.key());
+        // Blocks of 4 · LANES keys from the multiple of 4 at or below `first`; the first block
+        // skips `first mod 4` keys.
+        let (mut counter, mut skip, mut i) = (first >> 2, (first & 3) as usize, 0);
+        while i < weights.len() {
+            let c0: [u32; LANES] = std::array::from_fn(|l| counter.wrapping_add(l as u32));
+            let words = philox_lanes([c0, [row; LANES], [bh; LANES], [stream; LANES]], key);
+            // The factors in key order: key 4·l + w is word w of counter l.
+            let mut factors = [0f32; 4 * LANES];
+            for l in 0..LANES {
+                for w in 0..4 {
+                    factors[4 * l + w] = if words[w][l] < threshold { 0.0 } else { scale };
+                }
+            }
+            let n = (4 * LANES - skip).min(weights.len() - i);
+            for (x, f) in weights[i..i + n].iter_mut().zip(&factors[skip..skip + n]) {
+                *x *= f;
+            }
+            i += n;
+            skip = 0;
+            counter = counter.wrapping_add(LANES as u32);
+        }
+    }
+}
+
+multiversion! {
+    /// `weights[r]` times the factor of key `keys[r]` of `(stream, bh, row)`
+    /// ([`AttentionDropout::factor`](crate::dropout::AttentionDropout::factor)), [`LANES`]
+    /// keys' Philox blocks at a time; `coordinates = [stream, bh, row]`.
+    ///
+    /// # Panics
+    /// If `keys` is shorter than `weights`.
+    pub(crate) fn dropout_keys<FMA>(
+        dropout: &crate::dropout::AttentionDropout,
+        coordinates: [u32; 3],
+        keys: &[i64],
+        weights: &mut [f32],
+    ) {
+        let [stream, bh, row] = coordinates;
+        let (threshold, scale, key) = (dropout.threshold(), dropout.scale(), dropout.key());
+        for (keys, weights) in keys[..weights.len()].chunks(LANES).zip(weights.chunks_mut(LANES)) {
+            let c0: [u32; LANES] =
+                std::array::from_fn(|l| keys.get(l).map_or(0, |&k| (k as u32) >> 2));
+            let words = philox_lanes([c0, [row; LANES], [bh; LANES], [stream; LANES]], key);
+            let factors: [f32; LANES] = std::array::from_fn(|l| {
+                let k = keys.get(l).map_or(0, |&k| k & 3);
+                let word = match k {
+                    0 => words[0][l],
+                    1 => words[1][l],
+                    2 => words[2][l],
+                    _ => words[3][l],
+                };
+                if word < threshold { 0.0 } else { scale }
+            });
+            for (w, f) in weights.iter_mut().zip(factors) {
+                *w *= f;
             }
         }
     }

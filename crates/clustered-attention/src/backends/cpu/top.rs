@@ -302,10 +302,9 @@ impl TopHead<'_> {
             let factors = &mut s.factors[..n * k];
             if let Some(dropout) = self.dropout {
                 let stream = AttentionDropout::QUERY_TOP;
+                factors.fill(1.0);
                 for (f, &i) in factors.chunks_exact_mut(k).zip(run) {
-                    for (f, &key) in f.iter_mut().zip(top) {
-                        *f = dropout.factor(stream, row as u32, i, key as u32);
-                    }
+                    simd::dropout_keys(&dropout, [stream, row as u32, i], top, f);
                 }
                 grad_scores
                     .iter_mut()
