@@ -119,10 +119,10 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
     });
     let top = stage("topk", &device, || topk_indices(scores.clone(), topk));
     stage("centroid attention", &device, || {
-        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, 0)
+        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, 0, None)
     });
     stage("centroid attention + topk", &device, || {
-        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk)
+        centroid_attention(centroids.clone(), k.clone(), v.clone(), None, topk, None)
     });
     let dots = stage("sparse_dot", &device, || {
         sparse_dot(q.clone(), k.clone(), top.clone(), assignments.clone())
@@ -152,14 +152,21 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
             cluster_values.clone(),
             None,
             0.125,
+            None,
         )
     });
     let float = |x: &Tensor<4>| B::float_primitive(x.clone());
     let int = |x: &Tensor<4, Int>| B::int_primitive(x.clone());
     let normal =
         |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0., 1.), &device);
-    let forward =
-        B::centroid_attention_forward(float(&centroids), float(&k), float(&v), Lengths::All, topk);
+    let forward = B::centroid_attention_forward(
+        float(&centroids),
+        float(&k),
+        float(&v),
+        Lengths::All,
+        topk,
+        None,
+    );
     let (grad_rest, grad_top_weights) = (
         normal([1, heads, clusters, dim]),
         normal([1, heads, clusters, topk]),
@@ -177,6 +184,7 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
             },
             float(&grad_rest),
             Some(float(&grad_top_weights)),
+            None,
         )
     });
     let grad = normal(shape);
@@ -194,6 +202,7 @@ fn run<B: ClusteredAttentionBackward>(len: usize, device: &Device) {
             Lengths::All,
             0.125,
             float(&grad),
+            None,
         )
     });
     stage("clustered (whole)", &device, || {
