@@ -104,9 +104,11 @@ fn keep_mask(rng: &mut Xoshiro256PlusPlus, n: usize, prob: f64) -> Vec<f32> {
 ///
 /// The function is Philox4x32-10 (Salmon, Moraes, Dror, Shaw, *Parallel random numbers: as
 /// easy as 1, 2, 3*, SC 2011; [`philox4x32_10`]) keyed by the seed, on the counter
-/// `[key / 4, row, batch · heads + head, stream]`; its word `key mod 4` is the draw. A weight
-/// is dropped when its draw is below `round(prob · 2³²)` and otherwise scaled by
-/// `1 / (1 − prob)`.
+/// `[key / 8, row, batch · heads + head, stream]`: its four 32-bit words give eight 16-bit
+/// draws, key `8n + 2w + h` taking half `h` (0 the low, 1 the high) of word `w`, as
+/// FlashAttention takes 8-bit ones. A weight is dropped when its draw is below
+/// `round(prob · 2¹⁶)` and otherwise scaled by `1 / (1 − prob)` (`prob` rounded to a multiple of
+/// 2⁻¹⁶ for the drawing: within 8 · 10⁻⁶ of it).
 ///
 /// The streams ([`AttentionDropout::CLUSTER_ROWS`], [`AttentionDropout::QUERY_TOP`]) keep the
 /// two sets of weights of improved clustered attention apart: the clusters' weights `Aᶜ` (rows
@@ -172,9 +174,10 @@ impl AttentionDropout {
         Some(Self::new(prob, seed))
     }
 
-    /// A weight is dropped when its draw is below this: `round(prob · 2³²)`.
+    /// A weight is dropped when its 16-bit draw is below this: `round(prob · 2¹⁶)`, at most
+    /// `2¹⁶ − 1`.
     pub fn threshold(&self) -> u32 {
-        (self.prob * 4_294_967_296.0).round().min(u32::MAX as f64) as u32
+        (self.prob * 65_536.0).round().min(65_535.0) as u32
     }
 
     /// The factor of a kept weight, `1 / (1 − prob)`.
@@ -187,9 +190,11 @@ impl AttentionDropout {
         [self.seed as u32, (self.seed >> 32) as u32]
     }
 
-    /// The 32-bit draw of the weight at `(stream, bh, row, key)`, `bh = batch · heads + head`.
+    /// The 16-bit draw of the weight at `(stream, bh, row, key)`, `bh = batch · heads + head`.
     pub fn draw(&self, stream: u32, bh: u32, row: u32, key: u32) -> u32 {
-        philox4x32_10([key >> 2, row, bh, stream], self.key())[(key & 3) as usize]
+        let word =
+            philox4x32_10([key >> 3, row, bh, stream], self.key())[((key >> 1) & 3) as usize];
+        (word >> (16 * (key & 1))) & 0xFFFF
     }
 
     /// The factor of the weight at `(stream, bh, row, key)`: 0 (dropped) or `1 / (1 − prob)`.
@@ -202,19 +207,19 @@ impl AttentionDropout {
     }
 
     /// Multiplies `weights[i]` by the factor of key `first + i` of `(stream, bh, row)`, one
-    /// Philox call per four keys.
+    /// Philox call per eight keys.
     pub fn apply_row(&self, stream: u32, bh: u32, row: u32, first: u32, weights: &mut [f32]) {
         let (threshold, scale, key) = (self.threshold(), self.scale(), self.key());
         let mut i = 0;
         while i < weights.len() {
             let k = first + i as u32;
-            let words = philox4x32_10([k >> 2, row, bh, stream], key);
-            let start = (k & 3) as usize;
-            for &word in &words[start..] {
+            let words = philox4x32_10([k >> 3, row, bh, stream], key);
+            let draws = words.iter().flat_map(|&w| [w & 0xFFFF, w >> 16]);
+            for draw in draws.skip((k & 7) as usize) {
                 if i == weights.len() {
                     break;
                 }
-                weights[i] *= if word < threshold { 0.0 } else { scale };
+                weights[i] *= if draw < threshold { 0.0 } else { scale };
                 i += 1;
             }
         }

@@ -63,8 +63,8 @@ fn kept_fraction_is_one_minus_p() {
         "kept {kept} of {n} weights, 1 − p = {} (bound {bound})",
         1.0 - prob
     );
-    for first in 0..5u32 {
-        let mut row = vec![1f32; 11];
+    for first in 0..9u32 {
+        let mut row = vec![1f32; 19];
         dropout.apply_row(AttentionDropout::QUERY_TOP, 3, 7, first, &mut row);
         for (i, &f) in row.iter().enumerate() {
             let alone = dropout.factor(AttentionDropout::QUERY_TOP, 3, 7, first + i as u32);

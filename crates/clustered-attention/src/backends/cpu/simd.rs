@@ -965,7 +965,7 @@ fn philox_lanes(counters: [[u32; LANES]; 4], key: [u32; 2]) -> [[u32; LANES]; 4]
 
 multiversion! {
     /// [`AttentionDropout::apply_row`](crate::dropout::AttentionDropout::apply_row) with
-    /// [`LANES`] Philox counters (`4 · LANES` keys) at a time: `weights[i]` times the factor of
+    /// [`LANES`] Philox counters (`8 · LANES` keys) at a time: `weights[i]` times the factor of
     /// key `first + i` of `(stream, bh, row)`, `coordinates = [stream, bh, row, first]`.
     pub(crate) fn dropout_run<FMA>(
         dropout: &crate::dropout::AttentionDropout,
@@ -974,20 +974,23 @@ multiversion! {
     ) {
         let [stream, bh, row, first] = coordinates;
         let (threshold, scale, key) = (dropout.threshold(), dropout.scale(), dropout.key());
-        // Blocks of 4 · LANES keys from the multiple of 4 at or below `first`; the first block
-        // skips `first mod 4` keys.
-        let (mut counter, mut skip, mut i) = (first >> 2, (first & 3) as usize, 0);
+        // Blocks of 8 · LANES keys from the multiple of 8 at or below `first`; the first block
+        // skips `first mod 8` keys.
+        let (mut counter, mut skip, mut i) = (first >> 3, (first & 7) as usize, 0);
         while i < weights.len() {
             let c0: [u32; LANES] = std::array::from_fn(|l| counter.wrapping_add(l as u32));
             let words = philox_lanes([c0, [row; LANES], [bh; LANES], [stream; LANES]], key);
-            // The factors in key order: key 4·l + w is word w of counter l.
-            let mut factors = [0f32; 4 * LANES];
+            // The factors in key order: key 8·l + 2·w + h is half h of word w of counter l.
+            let mut factors = [0f32; 8 * LANES];
             for l in 0..LANES {
                 for w in 0..4 {
-                    factors[4 * l + w] = if words[w][l] < threshold { 0.0 } else { scale };
+                    for h in 0..2 {
+                        let draw = (words[w][l] >> (16 * h)) & 0xFFFF;
+                        factors[8 * l + 2 * w + h] = if draw < threshold { 0.0 } else { scale };
+                    }
                 }
             }
-            let n = (4 * LANES - skip).min(weights.len() - i);
+            let n = (8 * LANES - skip).min(weights.len() - i);
             for (x, f) in weights[i..i + n].iter_mut().zip(&factors[skip..skip + n]) {
                 *x *= f;
             }
@@ -1015,17 +1018,18 @@ multiversion! {
         let (threshold, scale, key) = (dropout.threshold(), dropout.scale(), dropout.key());
         for (keys, weights) in keys[..weights.len()].chunks(LANES).zip(weights.chunks_mut(LANES)) {
             let c0: [u32; LANES] =
-                std::array::from_fn(|l| keys.get(l).map_or(0, |&k| (k as u32) >> 2));
+                std::array::from_fn(|l| keys.get(l).map_or(0, |&k| (k as u32) >> 3));
             let words = philox_lanes([c0, [row; LANES], [bh; LANES], [stream; LANES]], key);
             let factors: [f32; LANES] = std::array::from_fn(|l| {
-                let k = keys.get(l).map_or(0, |&k| k & 3);
-                let word = match k {
+                let k = keys.get(l).map_or(0, |&k| k as u32 & 7);
+                let word = match k >> 1 {
                     0 => words[0][l],
                     1 => words[1][l],
                     2 => words[2][l],
                     _ => words[3][l],
                 };
-                if word < threshold { 0.0 } else { scale }
+                let draw = (word >> (16 * (k & 1))) & 0xFFFF;
+                if draw < threshold { 0.0 } else { scale }
             });
             for (w, f) in weights.iter_mut().zip(factors) {
                 *w *= f;
