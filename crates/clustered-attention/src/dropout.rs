@@ -112,8 +112,10 @@ fn keep_mask(rng: &mut Xoshiro256PlusPlus, n: usize, prob: f64) -> Vec<f32> {
 ///
 /// The streams ([`AttentionDropout::CLUSTER_ROWS`], [`AttentionDropout::QUERY_TOP`]) keep the
 /// two sets of weights of improved clustered attention apart: the clusters' weights `Aᶜ` (rows
-/// are clusters), and each query's weights on its cluster's top-k keys (rows are queries, keys
-/// the key indices, not their rank in the top-k).
+/// are clusters, keys the key indices), and each query's weights on its cluster's top-k keys
+/// (rows are queries, keys the ranks `0..k` in the cluster's top-k, best first: eight per
+/// Philox counter; the top-k order is the one every backend gives, by score, ties to the lower
+/// key).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionDropout {
     /// The probability of dropping a weight, in `(0, 1)`.
@@ -126,7 +128,7 @@ impl AttentionDropout {
     /// The stream of the clusters' weights `Aᶜ` (paper eqs. 4 and 10, second case).
     pub const CLUSTER_ROWS: u32 = 0;
     /// The stream of each query's weights on its cluster's top-k keys (paper eq. 10, first
-    /// case).
+    /// case), keyed by their ranks in the top-k.
     pub const QUERY_TOP: u32 = 1;
 
     /// Dropout with probability `prob` and the Philox key `seed`.

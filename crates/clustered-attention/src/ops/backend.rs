@@ -165,8 +165,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// [`ClusteredAttentionBackward::top_attention_backward`] backward.
     ///
     /// With `dropout` (training), each weight `m̂_j · softmax_r` is multiplied by the factor of
-    /// [`AttentionDropout`] on the stream [`AttentionDropout::QUERY_TOP`] at `(batch, head, i,
-    /// t_r)` (rows are the queries, keys the key indices); the backward pass takes the same
+    /// [`AttentionDropout`] on the stream [`AttentionDropout::QUERY_TOP`] at `(batch, head, i, r)`
+    /// (rows are the queries, keys the ranks in the top-k); the backward pass takes the same
     /// `dropout`. The host loops of the CPU backends draw the factors in their loops; the CubeCL
     /// kernel runs the default body then.
     ///

@@ -162,7 +162,7 @@ fn gather_rows(x: Tensor<4>, index: Tensor<4, Int>) -> Tensor<5> {
 /// Improved clustered attention with dropout composed of Burn's ops (matmul, softmax, topk,
 /// gather, scatter), given the factors of `dropout`: `Aᶜ ⊙ F₁` outside each cluster's top-k
 /// times the values, plus each query's `m̂ · softmax(q · k_top) ⊙ F₂` times its top-k values;
-/// `F₂` at the key indices, from [`AttentionDropout::factor`] on the host.
+/// `F₂` at the ranks in the top-k.
 fn improved_composed(
     [queries, keys, values]: [Tensor<4>; 3],
     (assignments, one_hot, inverse): (&Tensor<3, Int>, &Tensor<4>, &Tensor<4>),
@@ -198,20 +198,12 @@ fn improved_composed(
         .expand([batch, heads, len, topk]);
     let query_top = top.gather(2, index); // [batch, heads, L, k]
     let top_keys = gather_rows(keys, query_top.clone());
-    let top_values = gather_rows(values, query_top.clone());
+    let top_values = gather_rows(values, query_top);
     let top_scores: Tensor<4> = (queries.unsqueeze_dim::<5>(3) * top_keys)
         .sum_dim(4)
         .squeeze_dim(4);
     let probs = softmax(top_scores.mul_scalar(scale), 3);
-    let key_index = host_ints(query_top);
-    let factors: Vec<f32> = key_index
-        .iter()
-        .enumerate()
-        .map(|(n, &key)| {
-            let (bh, i) = ((n / topk) / len, (n / topk) % len);
-            dropout.factor(AttentionDropout::QUERY_TOP, bh as u32, i as u32, key as u32)
-        })
-        .collect();
+    let factors = dropout.factors(AttentionDropout::QUERY_TOP, [batch, heads, len, topk]);
     let factors = Tensor::from_data(TensorData::new(factors, [batch, heads, len, topk]), &device);
     let top_weights = probs * members.clone().matmul(mass) * factors;
     let top_out: Tensor<4> = (top_weights.unsqueeze_dim::<5>(4) * top_values)

@@ -237,10 +237,10 @@ pub(crate) struct ClusterBlock<'a> {
     pub mass: f32,
     /// Multiplies the dot products.
     pub scale: f32,
-    /// With attention dropout: the dropout, the `(batch, head)`'s index, the index of the
-    /// query of member 0 (`ids` are relative to it) and the cluster's `k` top key indices; each
-    /// member's weights are multiplied by their factors.
-    pub dropout: Option<(crate::dropout::AttentionDropout, u32, u32, &'a [i64])>,
+    /// With attention dropout: the dropout, the `(batch, head)`'s index and the index of the
+    /// query of member 0 (`ids` are relative to it); each member's weights are multiplied by
+    /// their factors (keys: the ranks in the top-k).
+    pub dropout: Option<(crate::dropout::AttentionDropout, u32, u32)>,
 }
 
 /// [`attend_members`] for `G` rows: the scores in `scratch` (`[G, kp]`), softmaxed in place.
@@ -267,10 +267,10 @@ fn attend_group<const FMA: bool, const G: usize>(
     for row in scratch.chunks_exact_mut(kp).take(G) {
         softmax_scaled::<FMA>(row, cluster.mass);
     }
-    if let Some((dropout, bh, first, top)) = &cluster.dropout {
+    if let Some((dropout, bh, first)) = &cluster.dropout {
         let stream = crate::dropout::AttentionDropout::QUERY_TOP;
         for (row, &i) in scratch.chunks_exact_mut(kp).zip(ids).take(G) {
-            dropout_keys(dropout, [stream, *bh, first + i], top, &mut row[..k]);
+            dropout_run(dropout, [stream, *bh, first + i, 0], &mut row[..k]);
         }
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
@@ -997,43 +997,6 @@ multiversion! {
             i += n;
             skip = 0;
             counter = counter.wrapping_add(LANES as u32);
-        }
-    }
-}
-
-multiversion! {
-    /// `weights[r]` times the factor of key `keys[r]` of `(stream, bh, row)`
-    /// ([`AttentionDropout::factor`](crate::dropout::AttentionDropout::factor)), [`LANES`]
-    /// keys' Philox blocks at a time; `coordinates = [stream, bh, row]`.
-    ///
-    /// # Panics
-    /// If `keys` is shorter than `weights`.
-    pub(crate) fn dropout_keys<FMA>(
-        dropout: &crate::dropout::AttentionDropout,
-        coordinates: [u32; 3],
-        keys: &[i64],
-        weights: &mut [f32],
-    ) {
-        let [stream, bh, row] = coordinates;
-        let (threshold, scale, key) = (dropout.threshold(), dropout.scale(), dropout.key());
-        for (keys, weights) in keys[..weights.len()].chunks(LANES).zip(weights.chunks_mut(LANES)) {
-            let c0: [u32; LANES] =
-                std::array::from_fn(|l| keys.get(l).map_or(0, |&k| (k as u32) >> 3));
-            let words = philox_lanes([c0, [row; LANES], [bh; LANES], [stream; LANES]], key);
-            let factors: [f32; LANES] = std::array::from_fn(|l| {
-                let k = keys.get(l).map_or(0, |&k| k as u32 & 7);
-                let word = match k >> 1 {
-                    0 => words[0][l],
-                    1 => words[1][l],
-                    2 => words[2][l],
-                    _ => words[3][l],
-                };
-                let draw = (word >> (16 * (k & 1))) & 0xFFFF;
-                if draw < threshold { 0.0 } else { scale }
-            });
-            for (w, f) in weights.iter_mut().zip(factors) {
-                *w *= f;
-            }
         }
     }
 }

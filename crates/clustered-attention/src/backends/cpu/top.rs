@@ -128,9 +128,7 @@ pub fn top_attention<B: HostAccess + ClusteredAttentionBackend>(
                                     dv: dim_v,
                                     mass: mass[c],
                                     scale: scale as f32,
-                                    dropout: dropout.map(|d| {
-                                        (d, row as u32, run.start as u32, sparse.top(row, j))
-                                    }),
+                                    dropout: dropout.map(|d| (d, row as u32, run.start as u32)),
                                 };
                                 simd::attend_members(
                                     queries,
@@ -304,7 +302,7 @@ impl TopHead<'_> {
                 let stream = AttentionDropout::QUERY_TOP;
                 factors.fill(1.0);
                 for (f, &i) in factors.chunks_exact_mut(k).zip(run) {
-                    simd::dropout_keys(&dropout, [stream, row as u32, i], top, f);
+                    simd::dropout_run(&dropout, [stream, row as u32, i, 0], f);
                 }
                 grad_scores
                     .iter_mut()

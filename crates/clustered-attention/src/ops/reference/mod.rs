@@ -81,29 +81,10 @@ pub(super) fn cluster_dropout(dropout: &AttentionDropout, like: &Tensor<4>) -> T
 }
 
 /// The factors of `dropout` for each query's weights on its cluster's top-k keys, `[batch,
-/// heads, L, k]` like `like`, on the stream [`AttentionDropout::QUERY_TOP`] at the key indices
-/// `topk[b, h, assignments[b, h, i], r]` (read back to the host); 1 for padded queries.
-pub(super) fn top_dropout(
-    dropout: &AttentionDropout,
-    topk: &Tensor<4, Int>,
-    assignments: &Tensor<3, Int>,
-    like: &Tensor<4>,
-) -> Tensor<4> {
+/// heads, L, k]` like `like`, on the stream [`AttentionDropout::QUERY_TOP`] (row `i`, key the
+/// rank `r` in the cluster's top-k).
+pub(super) fn top_dropout(dropout: &AttentionDropout, like: &Tensor<4>) -> Tensor<4> {
     let shape = like.dims();
-    let [batch, heads, len, k] = shape;
-    let clusters = topk.dims()[2];
-    let top: Vec<i64> = topk.to_data().iter::<i64>().collect();
-    let assigned: Vec<i64> = assignments.to_data().iter::<i64>().collect();
-    let mut factors = vec![1f32; batch * heads * len * k];
-    for (row, out) in factors.chunks_exact_mut(k.max(1)).enumerate() {
-        let (bh, i) = (row / len, row % len);
-        let Ok(cluster) = usize::try_from(assigned[row]) else {
-            continue;
-        };
-        let keys = &top[(bh * clusters + cluster) * k..][..k];
-        for (o, &key) in out.iter_mut().zip(keys) {
-            *o = dropout.factor(AttentionDropout::QUERY_TOP, bh as u32, i as u32, key as u32);
-        }
-    }
+    let factors = dropout.factors(AttentionDropout::QUERY_TOP, shape);
     Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
 }

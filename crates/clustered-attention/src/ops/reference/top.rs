@@ -95,7 +95,7 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     let mut weights =
         top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
     if let Some(dropout) = &dropout {
-        weights = weights.clone() * top_dropout(dropout, &topk, &assignments, &weights);
+        weights = weights.clone() * top_dropout(dropout, &weights);
     }
     let top = sparse_weighted_sum(weights, values, topk, assignments);
     B::float_primitive(top + groups.broadcast(rest))
@@ -146,9 +146,7 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
     let mut grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
     // The same factors as the forward pass, on the weights and their gradient.
-    let factors = dropout
-        .as_ref()
-        .map(|dropout| top_dropout(dropout, &topk, &assignments, &probs));
+    let factors = dropout.as_ref().map(|dropout| top_dropout(dropout, &probs));
     if let Some(factors) = &factors {
         grad_weights = grad_weights * factors.clone();
     }
