@@ -114,8 +114,9 @@ fn keep_mask(rng: &mut Xoshiro256PlusPlus, n: usize, prob: f64) -> Vec<f32> {
 /// two sets of weights of improved clustered attention apart: the clusters' weights `Aᶜ` (rows
 /// are clusters, keys the key indices), and each query's weights on its cluster's top-k keys
 /// (rows are queries, keys the ranks `0..k` in the cluster's top-k, best first: eight per
-/// Philox counter; the top-k order is the one every backend gives, by score, ties to the lower
-/// key).
+/// Philox counter). A rank names the same key on every backend where the top-k lists agree,
+/// as they must for the outputs to: by score, descending; among equal scores the host loops
+/// and the CubeCL kernels take the lower key first, the default body's sort may not.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionDropout {
     /// The probability of dropping a weight, in `(0, 1)`.
