@@ -80,6 +80,10 @@ pub struct AttentionOptions {
     /// - improved clustered: one per (query, key) on the cluster's top-k keys (computed per
     ///   query, eq. 10) and one per (cluster, key) on the other keys (kept from `Aᶜ`).
     ///
+    /// Clustered and improved clustered attention draw their masks inside their fused ops,
+    /// from a counter-based generator ([`crate::dropout::AttentionDropout`]), and draw them
+    /// again in the backward pass instead of storing them.
+    ///
     /// Proposition 2 bounds the attention without dropout, hence the expected attention, not
     /// the attention of one draw.
     #[config(default = 0.0)]
