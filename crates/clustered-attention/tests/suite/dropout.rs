@@ -171,7 +171,6 @@ fn improved_composed(
 ) -> Tensor<4> {
     let device = queries.device();
     let [batch, heads, len, _] = queries.dims();
-    let clusters = one_hot.dims()[2];
     let centroids = one_hot.clone().matmul(queries.clone()) * inverse.clone();
     let scores = centroids
         .mul_scalar(scale)
@@ -209,7 +208,6 @@ fn improved_composed(
     let top_out: Tensor<4> = (top_weights.unsqueeze_dim::<5>(4) * top_values)
         .sum_dim(3)
         .squeeze_dim(3);
-    let _ = clusters;
     top_out + members.matmul(rest)
 }
 
@@ -262,6 +260,24 @@ fn relative_diff(a: &Host4, b: &Host4) -> f64 {
         / largest
 }
 
+/// Asserts that the output and the three gradients of [`run_with_gradients`] agree within
+/// `tolerance` ([`relative_diff`]).
+fn assert_agree(case: &str, fused: &[Host4; 4], composed: &[Host4; 4], tolerance: f64) {
+    let names = [
+        "output",
+        "queries' gradient",
+        "keys' gradient",
+        "values' gradient",
+    ];
+    for (name, (a, b)) in names.iter().zip(fused.iter().zip(composed)) {
+        let diff = relative_diff(a, b);
+        assert!(
+            diff <= tolerance,
+            "{case}: the {name} is {diff} from the composition's"
+        );
+    }
+}
+
 /// The fused ops with dropout on `device` (improved attention's whole op, and clustered
 /// attention's centroid attention) against [`improved_composed`] and [`clustered_composed`],
 /// given the same factors: the outputs and the gradients of the queries, keys and values to
@@ -307,21 +323,12 @@ pub fn fused_dropout_matches_composition(device: &Device) {
                 (topk, scale, &dropout),
             )
         });
-        for (name, (a, b)) in [
-            "output",
-            "queries' gradient",
-            "keys' gradient",
-            "values' gradient",
-        ]
-        .iter()
-        .zip(fused.iter().zip(&composed))
-        {
-            let diff = relative_diff(a, b);
-            assert!(
-                diff <= tolerance,
-                "improved, p = {prob}: the {name} is {diff} from the composition's"
-            );
-        }
+        assert_agree(
+            &format!("improved, p = {prob}"),
+            &fused,
+            &composed,
+            tolerance,
+        );
         let fused = run_with_gradients(&case, device, |[q, k, v]| {
             let centroids = (one_hot.clone().matmul(q) * inverse.clone()).mul_scalar(scale);
             let out =
@@ -336,21 +343,12 @@ pub fn fused_dropout_matches_composition(device: &Device) {
                 (scale, &dropout),
             )
         });
-        for (name, (a, b)) in [
-            "output",
-            "queries' gradient",
-            "keys' gradient",
-            "values' gradient",
-        ]
-        .iter()
-        .zip(fused.iter().zip(&composed))
-        {
-            let diff = relative_diff(a, b);
-            assert!(
-                diff <= tolerance,
-                "clustered, p = {prob}: the {name} is {diff} from the composition's"
-            );
-        }
+        assert_agree(
+            &format!("clustered, p = {prob}"),
+            &fused,
+            &composed,
+            tolerance,
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 
-use super::{cluster_dropout, device_ints, padded_keys};
+use super::{device_ints, dropout_factors, padded_keys};
 use crate::dropout::AttentionDropout;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackward;
@@ -55,7 +55,9 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
     });
     // The top-k weights (the mass) are the undropped ones; the rest is dropped.
     let dropped = match &dropout {
-        Some(dropout) => weights.clone() * cluster_dropout(dropout, &weights),
+        Some(dropout) => {
+            weights.clone() * dropout_factors(dropout, AttentionDropout::CLUSTER_ROWS, &weights)
+        }
         None => weights,
     };
     let values = match &top {
@@ -138,7 +140,7 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     let mut rest = weights.clone();
     // The same factors as the forward pass: the rest's weights and their gradient.
     if let Some(dropout) = &dropout {
-        let factors = cluster_dropout(dropout, &weights);
+        let factors = dropout_factors(dropout, AttentionDropout::CLUSTER_ROWS, &weights);
         grad_weights = grad_weights * factors.clone();
         rest = rest * factors;
     }

@@ -71,20 +71,16 @@ pub(super) fn padded_keys(lengths: Tensor<1, Int>, keys: Tensor<4, Int>) -> Tens
     keys.greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape))
 }
 
-/// The factors ([`AttentionDropout::factors`]) of `dropout` for the weights of every cluster row,
-/// `[batch, heads, C, S]` on the stream [`AttentionDropout::CLUSTER_ROWS`], as a tensor like
-/// `like`.
-pub(super) fn cluster_dropout(dropout: &AttentionDropout, like: &Tensor<4>) -> Tensor<4> {
+/// The factors ([`AttentionDropout::factors`]) of `dropout` on `stream` for weights shaped like
+/// `like`, `[batch, heads, rows, keys]`, as a tensor like it: rows are clusters and keys key
+/// indices on [`AttentionDropout::CLUSTER_ROWS`], rows queries and keys ranks in the top-k on
+/// [`AttentionDropout::QUERY_TOP`].
+pub(super) fn dropout_factors(
+    dropout: &AttentionDropout,
+    stream: u32,
+    like: &Tensor<4>,
+) -> Tensor<4> {
     let shape = like.dims();
-    let factors = dropout.factors(AttentionDropout::CLUSTER_ROWS, shape);
-    Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
-}
-
-/// The factors of `dropout` for each query's weights on its cluster's top-k keys, `[batch,
-/// heads, L, k]` like `like`, on the stream [`AttentionDropout::QUERY_TOP`] (row `i`, key the
-/// rank `r` in the cluster's top-k).
-pub(super) fn top_dropout(dropout: &AttentionDropout, like: &Tensor<4>) -> Tensor<4> {
-    let shape = like.dims();
-    let factors = dropout.factors(AttentionDropout::QUERY_TOP, shape);
+    let factors = dropout.factors(stream, shape);
     Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
 }

@@ -3,7 +3,7 @@
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Int, Tensor};
 
-use super::{device_ints, padded_keys, top_dropout};
+use super::{device_ints, dropout_factors, padded_keys};
 use crate::dropout::AttentionDropout;
 #[cfg(doc)]
 use crate::ops::ClusteredAttentionBackward;
@@ -95,7 +95,7 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     let mut weights =
         top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
     if let Some(dropout) = &dropout {
-        weights = weights.clone() * top_dropout(dropout, &weights);
+        weights = weights.clone() * dropout_factors(dropout, AttentionDropout::QUERY_TOP, &weights);
     }
     let top = sparse_weighted_sum(weights, values, topk, assignments);
     B::float_primitive(top + groups.broadcast(rest))
@@ -146,7 +146,9 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     // grad_i · values[t_r], [batch, heads, L, k] (zero for padded queries).
     let mut grad_weights = sparse_dot(grad.clone(), values, topk.clone(), assignments.clone());
     // The same factors as the forward pass, on the weights and their gradient.
-    let factors = dropout.as_ref().map(|dropout| top_dropout(dropout, &probs));
+    let factors = dropout
+        .as_ref()
+        .map(|dropout| dropout_factors(dropout, AttentionDropout::QUERY_TOP, &probs));
     if let Some(factors) = &factors {
         grad_weights = grad_weights * factors.clone();
     }
