@@ -123,8 +123,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// by the factors of [`AttentionDropout`] on the stream [`AttentionDropout::CLUSTER_ROWS`]
     /// (rows are the clusters); the top-k weights are returned undropped (they make the mass).
     /// The backward pass takes the same `dropout` and draws the same factors again. The host
-    /// loops of the CPU backends draw them inside their loops; the CubeCL kernels run the default
-    /// body then.
+    /// loops of the CPU backends and the CubeCL kernels draw them where they compute the
+    /// weights, forward and backward.
     ///
     /// # Shapes
     /// - `centroids`: `[batch, heads, C, E]`, `keys`: `[batch, heads, S, E]`,
@@ -167,8 +167,8 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
     /// With `dropout` (training), each weight `m̂_j · softmax_r` is multiplied by the factor of
     /// [`AttentionDropout`] on the stream [`AttentionDropout::QUERY_TOP`] at `(batch, head, i, r)`
     /// (rows are the queries, keys the ranks in the top-k); the backward pass takes the same
-    /// `dropout`. The host loops of the CPU backends draw the factors in their loops; the CubeCL
-    /// kernel runs the default body then.
+    /// `dropout`. The host loops of the CPU backends and the CubeCL kernel draw the factors
+    /// where they compute the weights.
     ///
     /// # Shapes
     /// - `queries`: `[batch, heads, L, E]`, `keys`: `[batch, heads, S, E]`,

@@ -289,15 +289,17 @@ pub fn fused_dropout_matches_composition(device: &Device) {
     let (clusters, topk) = (4, 5);
     // The second case's keys span several of the host loops' parts and chunks, so that keys
     // leave a cluster's top-k in a later part and the backward splits the keys; the third's
-    // one (batch, head) of 1,500 queries splits between threads in the top-k attention's loops.
+    // one (batch, head) of 1,500 queries splits between threads in the top-k attention's loops;
+    // the fourth's wide rows split over several units in the CubeCL kernels.
     let cases = [
-        (10, 0.1, [2, 2, 19, 23]),
-        (20, 0.5, [2, 2, 19, 2100]),
-        (30, 0.3, [1, 1, 1500, 700]),
+        (10, 0.1, [2, 2, 19, 23], [8, 6]),
+        (20, 0.5, [2, 2, 19, 2100], [8, 6]),
+        (30, 0.3, [1, 1, 1500, 700], [8, 6]),
+        (40, 0.2, [1, 2, 40, 300], [96, 80]),
     ];
-    for (case_seed, prob, shape) in cases {
-        let case = Case::new(shape, 8, 6, case_seed);
-        let scale = 1.0 / (8f64).sqrt();
+    for (case_seed, prob, shape, [dim, dim_v]) in cases {
+        let case = Case::new(shape, dim, dim_v, case_seed);
+        let scale = 1.0 / (dim as f64).sqrt();
         let dropout = AttentionDropout::new(prob, 0xfeed_0000 + case_seed);
         let key_lengths = lengths(&case.key_lengths, device);
         let (assignments, one_hot, inverse) =

@@ -56,8 +56,10 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::device_properties;
+use super::dropout::{CLUSTER_ROWS, KernelDropout, RowDraws, kernel_dropout};
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
 use super::{MAX_DIM, SHARED_FLOATS, linear};
+use crate::dropout::AttentionDropout;
 use crate::ops::CentroidAttention;
 use crate::ops::checks::check_centroid_attention;
 
@@ -356,7 +358,9 @@ fn centroid_merge_kernel<F: Float, I: Int>(
 /// Pass 3. Grid as [`centroid_scan_kernel`] (its own chunks), `group` units per row.
 /// `partial[row, chunk]` = `Σ exp(s − M) · values[key]` over the chunk's valid keys outside the
 /// row's top-k: the units hold the next top-k key at or past the current one (from
-/// `top_ascending`) and skip the key that equals it.
+/// `top_ascending`) and skip the key that equals it. With `dropout` on, each weight times its
+/// factor on [`AttentionDropout::CLUSTER_ROWS`] (rows the clusters, keys the key indices), a
+/// Philox block drawn per eight keys.
 ///
 /// With `group = 1` each unit owns a row, scored as [`centroid_scan_kernel`] scores it (by the
 /// same code, or the same cooperative-matrix tiles). With `group > 1` (multiply-adds only) the
@@ -378,6 +382,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     stats: &Tensor<f32>,
     top_ascending: &Tensor<u32>,
     partial: &mut Tensor<f32>,
+    dropout: KernelDropout,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
     #[comptime] topk: usize,
@@ -429,6 +434,8 @@ fn centroid_rest_kernel<F: Float, I: Int>(
     for d in 0..comptime!(dim_v.div_ceil(group)) {
         sums[d] = 0.0f32;
     }
+    let mut draws = RowDraws::new();
+    let stream = u32::new(CLUSTER_ROWS as i64);
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
@@ -472,7 +479,9 @@ fn centroid_rest_kernel<F: Float, I: Int>(
                         } else {
                             tile_dot(&query, &shared_keys, key - start, 0usize, dim, 1usize)
                         };
-                        let weight = (score - maximum).exp();
+                        let factor = dropout
+                            .row_factor(&mut draws, stream, bh as u32, row as u32, key as u32);
+                        let weight = (score - maximum).exp() * factor;
                         tile_add(
                             &mut sums,
                             weight,
@@ -736,8 +745,9 @@ fn scan_and_merge(
 
 /// Centroid attention by the four kernels: see the module docs, and
 /// [`ClusteredAttentionBackend::centroid_attention`](crate::ClusteredAttentionBackend::centroid_attention)
-/// for the contract. The top-k indices are of dtype `int_dtype` (`key_lengths`, when given, is
-/// cast to it). Call only when [`supported`].
+/// for the contract (with `dropout`, the rest's weights are dropped in the `rest` pass; the
+/// top-k weights are not). The top-k indices are of dtype `int_dtype` (`key_lengths`, when
+/// given, is cast to it). Call only when [`supported`].
 pub(super) fn centroid_attention(
     centroids: CubeTensor,
     keys: CubeTensor,
@@ -745,6 +755,7 @@ pub(super) fn centroid_attention(
     key_lengths: Option<CubeTensor>,
     topk: usize,
     int_dtype: DType,
+    dropout: Option<AttentionDropout>,
 ) -> CentroidAttention<CubeBackend> {
     let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
         centroids.shape().dims(),
@@ -813,6 +824,7 @@ pub(super) fn centroid_attention(
         linear(stats.clone()),
         linear(top_ascending),
         linear(partial.clone()),
+        kernel_dropout(dropout),
         dim,
         dim_v,
         topk,

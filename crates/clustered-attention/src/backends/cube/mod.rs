@@ -65,6 +65,7 @@ macro_rules! launch {
 }
 
 mod centroid;
+mod dropout;
 mod fusion;
 mod hash;
 mod kmeans;
@@ -192,7 +193,7 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         let [batch, heads, len, dim] = queries.shape().dims();
         let dim_v = values.shape()[3];
         let [_, _, num_clusters, k] = clusters.topk.shape().dims();
-        if dropout.is_some() || !top::supported(dim, dim_v, k, num_clusters) {
+        if !top::supported(dim, dim_v, k, num_clusters) {
             return reference::top_attention::<Self>(
                 queries,
                 keys,
@@ -214,7 +215,8 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
             Some(clusters.rest),
             key_lengths.into_option(),
         ];
-        let scalars = vec![ScalarIr::Float(scale)];
+        let mut scalars = vec![ScalarIr::Float(scale)];
+        scalars.extend(dropout_scalars(dropout));
         defer(
             TOP_ATTENTION,
             inputs,
@@ -233,7 +235,7 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
                 ] = inputs;
                 let sorted = top::Sorted::new(assignments?, num_clusters);
                 let output = top::top_attention(
-                    queries?, keys?, values?, topk?, mass?, rest?, lengths, scale, &sorted,
+                    queries?, keys?, values?, topk?, mass?, rest?, lengths, scale, &sorted, dropout,
                 );
                 Some(vec![output])
             },
@@ -359,7 +361,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             values.shape().dims(),
             topk,
         );
-        if dropout.is_some() || !centroid::supported(dim, dim_v, topk) {
+        if !centroid::supported(dim, dim_v, topk) {
             // Rows too wide for registers, or a top-k list too long: the default body.
             let (values, top) = reference::centroid_attention::<Self>(
                 centroids,
@@ -387,14 +389,17 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             Some(values),
             key_lengths.into_option(),
         ];
+        let mut scalars = vec![uint(topk)];
+        scalars.extend(dropout_scalars(dropout));
         let mut outputs = defer(
             CENTROID_ATTENTION,
             inputs,
             outputs,
-            vec![uint(topk)],
+            scalars,
             move |[centroids, keys, values, lengths]| {
-                let attention =
-                    centroid::centroid_attention(centroids?, keys?, values?, lengths, topk, int);
+                let attention = centroid::centroid_attention(
+                    centroids?, keys?, values?, lengths, topk, int, dropout,
+                );
                 let top = attention.top.into_iter().flat_map(|(i, w)| [i, w]);
                 Some([attention.values].into_iter().chain(top).collect())
             },
@@ -436,7 +441,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
         let empty = [&centroids, &keys]
             .iter()
             .any(|x| x.shape().num_elements() == 0);
-        if empty || dropout.is_some() || !centroid::supported(dim, dim_v, topk) {
+        if empty || !centroid::supported(dim, dim_v, topk) {
             return reference::centroid_attention_backward::<Self>(
                 centroids,
                 keys,
@@ -468,8 +473,8 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             CENTROID_ATTENTION_BACKWARD,
             inputs,
             outputs,
-            vec![],
-            |inputs| {
+            dropout_scalars(dropout),
+            move |inputs| {
                 let [c, k, v, lengths, forward, top, weights, grad, grad_top] = inputs;
                 let forward = CentroidAttention {
                     values: forward?,
@@ -477,7 +482,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
                     log_sum_exp: None,
                 };
                 let grads = centroid::centroid_attention_backward(
-                    c?, k?, v?, lengths, forward, grad?, grad_top,
+                    c?, k?, v?, lengths, forward, grad?, grad_top, dropout,
                 );
                 Some(vec![grads.centroids, grads.keys, grads.values])
             },
@@ -511,9 +516,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             [batch, heads, keys_len, dim_v],
             topk,
         );
-        if dropout.is_some()
-            || !top::supported(dim, dim_v, topk, num_clusters)
-            || !centroid::supported(dim, dim_v, topk)
+        if !top::supported(dim, dim_v, topk, num_clusters) || !centroid::supported(dim, dim_v, topk)
         {
             return reference::improved_attention_forward::<Self>(
                 queries,
@@ -536,7 +539,8 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
             (shape(num_clusters, topk), float),
             (shape(num_clusters, 1), float),
         ];
-        let scalars = vec![uint(topk), ScalarIr::Float(scale)];
+        let mut scalars = vec![uint(topk), ScalarIr::Float(scale)];
+        scalars.extend(dropout_scalars(dropout));
         let QueryClusters {
             assignments,
             inverse_counts,
@@ -561,7 +565,7 @@ impl ClusteredAttentionBackward for Fusion<CubeBackend> {
                     inverse_counts: inverse_counts?,
                 };
                 let (output, forward) = improved_forward(
-                    queries?, keys?, values?, clusters, lengths, topk, scale, int,
+                    queries?, keys?, values?, clusters, lengths, topk, scale, int, dropout,
                 );
                 let (indices, weights) = forward.centroid_attention.top?;
                 Some(vec![
@@ -609,6 +613,14 @@ fn defer_sparse_product(
     .output()
 }
 
+/// The scalars a custom operation's result depends on through `dropout`: its probability and
+/// seed (none without dropout).
+fn dropout_scalars(dropout: Option<AttentionDropout>) -> Vec<ScalarIr> {
+    dropout
+        .map(|dropout| vec![ScalarIr::Float(dropout.prob), ScalarIr::UInt(dropout.seed)])
+        .unwrap_or_default()
+}
+
 /// The names of the custom operations ([`fusion::defer`]).
 const LSH_HASH: &str = "clustered_attention::lsh_hash";
 const HAMMING_KMEANS: &str = "clustered_attention::hamming_kmeans";
@@ -635,6 +647,7 @@ fn improved_forward(
     topk: usize,
     scale: f64,
     int_dtype: DType,
+    dropout: Option<AttentionDropout>,
 ) -> (CubeTensor, ImprovedForward<CubeBackend>) {
     let num_clusters = clusters.inverse_counts.meta.shape()[2];
     // One sort of the queries by cluster serves the cluster means and the top-k attention,
@@ -656,6 +669,7 @@ fn improved_forward(
         key_lengths.clone(),
         topk,
         int_dtype,
+        dropout,
     );
     let rest = attention.values;
     let (top, top_weights) = attention.top.expect("topk ≥ 1 gives the top-k");
@@ -670,6 +684,7 @@ fn improved_forward(
         key_lengths,
         scale,
         &sorted,
+        dropout,
     );
     let forward = ImprovedForward {
         centroids,

@@ -13,9 +13,9 @@
 //! the launchers plan differently: `f32`, `f16` and `bf16`, the scores on cooperative matrices
 //! on and off, at the cases of [`cases`] (every width a quarter of the most the kernels take,
 //! rows of 4,096 to 65,536 keys, top-k 0, 32 and 64, clusters on each side of the launchers'
-//! limits), and the K-means launcher by each of its plans ([`kmeans_cases`]). The kernels
-//! expected are every `#[cube(launch, ..)]` function found in the crate's `src/`, walked: a
-//! kernel that no configuration reaches fails the test.
+//! limits; the attention kernels with dropout off and on), and the K-means launcher by each of
+//! its plans ([`kmeans_cases`]). The kernels expected are every `#[cube(launch, ..)]` function
+//! found in the crate's `src/`, walked: a kernel that no configuration reaches fails the test.
 //!
 //! With `CUDA_KERNELS_DIR` set, the sources are written there (`sm_80/*.cu`, `sm_90/*.cu`) with
 //! `kernels.tsv`, one line per source: `scripts/cuda-offline.sh` compiles them with NVRTC
@@ -48,6 +48,7 @@ use cubecl_cpp::shared::{
 use cubecl_cpp::target::Cuda;
 
 use super::kmeans::{self, KmeansPlan};
+use crate::dropout::AttentionDropout;
 use crate::ops::{CentroidAttention, QueryClusters};
 
 /// The kernels the launchers built while a capture was open on the thread, in place of
@@ -434,8 +435,8 @@ fn run_topk(dtype: DType, k: usize, device: &CubeDevice) {
 }
 
 /// Runs every attention launcher of the crate (hashing, top-k, centroid attention forward and
-/// backward, the improved attention's forward, the sparse products), as the ops call them, at
-/// `case` in `dtype` on `device`. Nothing is read back: the kernels are captured, and the
+/// backward and the improved attention's forward without attention dropout, the sparse
+/// products), as the ops call them, at `case` in `dtype` on `device`. Nothing is read back: the kernels are captured, and the
 /// tensors between them hold whatever Burn's allocation left (zeros or garbage, which the
 /// launchers never read on the host).
 fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
@@ -454,6 +455,46 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
     let scores = floats([BATCH, HEADS, clusters, len], dtype, device);
     let _ = super::topk::topk_indices(scores, topk, int);
 
+    run_attention_ops(dtype, case, None, device);
+
+    let indices = ints([BATCH, HEADS, clusters, topk], device);
+    let assignments = ints([BATCH, HEADS, len], device);
+    let weights = floats([BATCH, HEADS, len, topk], dtype, device);
+    let weights = || weights.clone();
+    let _ = super::sparse::sparse_dot(queries(), queries(), indices.clone(), assignments.clone());
+    let _ = super::sparse::sparse_weighted_sum(
+        weights(),
+        queries(),
+        indices.clone(),
+        assignments.clone(),
+    );
+    let _ = super::sparse::sparse_scatter(weights(), queries(), indices, assignments, len);
+}
+
+/// Runs the launchers that take attention dropout (the centroid attention forward and
+/// backward, the improved attention's forward) with dropout 0.1 at `case` in `dtype` on
+/// `device`, as [`run_ops`] runs them without.
+fn run_dropout_ops(dtype: DType, case: Case, device: &CubeDevice) {
+    run_attention_ops(dtype, case, Some(AttentionDropout::new(0.1, 7)), device);
+}
+
+/// The centroid attention forward and backward (top-k 0 and `case.topk`) and the improved
+/// attention's forward, with `dropout`, at `case` in `dtype` on `device`.
+fn run_attention_ops(
+    dtype: DType,
+    case: Case,
+    dropout: Option<AttentionDropout>,
+    device: &CubeDevice,
+) {
+    let Case {
+        dim,
+        len,
+        clusters,
+        topk,
+    } = case;
+    let int = DType::I32;
+    let rows = floats([BATCH, HEADS, len, dim], dtype, device);
+    let queries = || rows.clone();
     let centroids = floats([BATCH, HEADS, clusters, dim], dtype, device);
     for topk in [0, topk] {
         assert!(super::centroid::supported(dim, dim, topk));
@@ -464,6 +505,7 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
             None,
             topk,
             int,
+            dropout,
         );
         let grad_top = forward
             .top
@@ -481,6 +523,7 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
             },
             floats([BATCH, HEADS, clusters, dim], dtype, device),
             grad_top,
+            dropout,
         );
     }
     if super::top::supported(dim, dim, topk, clusters) {
@@ -501,21 +544,9 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
             topk,
             0.125,
             int,
+            dropout,
         );
     }
-
-    let indices = ints([BATCH, HEADS, clusters, topk], device);
-    let assignments = ints([BATCH, HEADS, len], device);
-    let weights = floats([BATCH, HEADS, len, topk], dtype, device);
-    let weights = || weights.clone();
-    let _ = super::sparse::sparse_dot(queries(), queries(), indices.clone(), assignments.clone());
-    let _ = super::sparse::sparse_weighted_sum(
-        weights(),
-        queries(),
-        indices.clone(),
-        assignments.clone(),
-    );
-    let _ = super::sparse::sparse_scatter(weights(), queries(), indices, assignments, len);
 }
 
 /// The kernels of the crate: every `#[cube(launch, ..)]` function of its source tree (`src/`,
@@ -598,13 +629,15 @@ fn canonical(source: &str) -> String {
     out
 }
 
-/// What built a source: the float type, the scores' products (`cmma` or `fma`) and the case,
-/// or the K-means plan with its rows.
+/// What built a source: the float type, the scores' products (`cmma` or `fma`), attention
+/// dropout and the case, or the K-means plan with its rows.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Config {
     Attention {
         dtype: String,
         products: &'static str,
+        /// Whether the attention kernels drop weights (`p=0.1`; `p=0` without).
+        dropout: bool,
         case: Case,
     },
     Kmeans {
@@ -637,11 +670,11 @@ fn dtype_name(dtype: DType) -> String {
     format!("{dtype:?}").to_lowercase()
 }
 
-/// `configs` in a line: each field's values, e.g. `f16, bf16 · cmma, fma · E=64, 128 · L=4096
-/// · C=100 · k=32`, or the K-means plans with their rows.
+/// `configs` in a line: each field's values, e.g. `f16, bf16 · cmma, fma · p=0, p=0.1 · E=64, 128
+/// · L=4096 · C=100 · k=32` (`p` the attention dropout), or the K-means plans with their rows.
 fn summary(configs: &BTreeSet<Config>) -> String {
-    // The float types and the products, then E, L, C and k.
-    let mut names: [BTreeSet<String>; 2] = Default::default();
+    // The float types, the products and the dropout, then E, L, C and k.
+    let mut names: [BTreeSet<String>; 3] = Default::default();
     let mut sizes: [BTreeSet<usize>; 4] = Default::default();
     let mut plans = Vec::new();
     for config in configs {
@@ -649,10 +682,12 @@ fn summary(configs: &BTreeSet<Config>) -> String {
             Config::Attention {
                 dtype,
                 products,
+                dropout,
                 case,
             } => {
                 names[0].insert(dtype.clone());
                 names[1].insert(products.to_string());
+                names[2].insert(if *dropout { "p=0.1" } else { "p=0" }.to_string());
                 for (field, value) in
                     sizes
                         .iter_mut()
@@ -721,14 +756,21 @@ fn cuda_sources_compile_for_sm_80_and_sm_90() {
     let mut runs: Vec<Run> = Vec::new();
     for dtype in DTYPES {
         for cmma in [false, true] {
-            for case in cases() {
+            for (case, dropout) in cases().into_iter().flat_map(|c| [(c, false), (c, true)]) {
                 let config = Config::Attention {
                     dtype: dtype_name(dtype),
                     products: if cmma { "cmma" } else { "fma" },
+                    dropout,
                     case,
                 };
                 let device = device.clone();
-                runs.push((config, Box::new(move || run_ops(dtype, case, &device))));
+                runs.push((
+                    config,
+                    Box::new(move || match dropout {
+                        false => run_ops(dtype, case, &device),
+                        true => run_dropout_ops(dtype, case, &device),
+                    }),
+                ));
             }
         }
     }

@@ -21,7 +21,10 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use crate::dropout::AttentionDropout;
+
 use super::device_properties;
+use super::dropout::{KernelDropout, QUERY_TOP, RowDraws, kernel_dropout};
 use super::mma::{Mma, mma_shape, score_tile};
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
 use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
@@ -55,6 +58,7 @@ fn top_attention_kernel<F: Float, I: Int>(
     starts: &Tensor<u32>,
     output: &mut Tensor<F>,
     scale: f32,
+    dropout: KernelDropout,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
     #[comptime] k: usize,
@@ -181,6 +185,9 @@ fn top_attention_kernel<F: Float, I: Int>(
                     cluster_mass,
                     row,
                     (bh * len + index) * dim_v,
+                    &dropout,
+                    bh as u32,
+                    index as u32,
                     unit,
                     units,
                     k,
@@ -224,6 +231,9 @@ fn top_attention_kernel<F: Float, I: Int>(
                 cluster_mass,
                 row,
                 (bh * len + index) * dim_v,
+                &dropout,
+                bh as u32,
+                index as u32,
                 unit,
                 units,
                 k,
@@ -236,6 +246,9 @@ fn top_attention_kernel<F: Float, I: Int>(
 
 /// One query's output row at `out_base`: `m̂ · Σ_r p_r v_r + rest[row]`, with `p_r` the softmax
 /// of the unit's scores (`scores[r · units + unit]`, maximum `maximum`) over the valid slots.
+/// With `dropout` on, each `p_r v_r` times the factor of rank `r` of query `query` of `bh` on
+/// [`AttentionDropout::QUERY_TOP`] (the softmax's denominator undropped), a Philox block drawn
+/// per eight ranks.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn weighted_sum<F: Float>(
@@ -248,6 +261,9 @@ fn weighted_sum<F: Float>(
     cluster_mass: f32,
     row: usize,
     out_base: usize,
+    dropout: &KernelDropout,
+    bh: u32,
+    query: u32,
     unit: usize,
     #[comptime] units: usize,
     #[comptime] k: usize,
@@ -259,13 +275,16 @@ fn weighted_sum<F: Float>(
         sums[d] = 0.0f32;
     }
     let mut total = 0.0f32;
+    let mut draws = RowDraws::new();
+    let stream = u32::new(QUERY_TOP as i64);
     for r in 0..k {
         if valid_slot[r] != 0 {
             let weight = (scores[r * units + unit] - maximum).exp();
             total += weight;
+            let kept = weight * dropout.row_factor(&mut draws, stream, bh, query, r as u32);
             #[unroll]
             for d in 0..dim_v {
-                sums[d] += weight * values[r * dim_v + d];
+                sums[d] += kept * values[r * dim_v + d];
             }
         }
     }
@@ -423,7 +442,8 @@ pub(super) fn cluster_means(
 }
 
 /// [`ClusteredAttentionBackend::top_attention`](crate::ClusteredAttentionBackend::top_attention)
-/// by [`top_attention_kernel`], given the queries sorted by cluster. The kernel reads the
+/// by [`top_attention_kernel`], given the queries sorted by cluster (with `dropout`, the top-k
+/// weights dropped in the kernel). The kernel reads the
 /// lengths as `topk`'s int type (`key_lengths`, when given, is cast to it). The shapes are
 /// checked by the caller; call only when [`supported`].
 #[allow(clippy::too_many_arguments)]
@@ -437,6 +457,7 @@ pub(super) fn top_attention(
     key_lengths: Option<CubeTensor>,
     scale: f64,
     sorted: &Sorted,
+    dropout: Option<AttentionDropout>,
 ) -> CubeTensor {
     let [batch, heads, len, dim] = queries.shape().dims();
     let [_, _, keys_len, dim_v] = values.shape().dims();
@@ -469,6 +490,7 @@ pub(super) fn top_attention(
         linear(sorted.starts.clone()),
         linear(output.clone()),
         scale as f32,
+        kernel_dropout(dropout),
         dim,
         dim_v,
         k,

@@ -12,12 +12,14 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::super::dropout::{CLUSTER_ROWS, KernelDropout, kernel_dropout};
 use super::super::linear;
 use super::{
     EMPTY, Scan, centroid_finish_kernel, group_sum, load_row, load_tile, row_group, row_units,
     scan_and_merge, split_tile, store_row, supported, tile_add, tile_dot, tiles_per_chunk,
     top_slot,
 };
+use crate::dropout::AttentionDropout;
 use crate::ops::checks::check_centroid_attention;
 use crate::ops::{CentroidAttention, CentroidAttentionGrads};
 
@@ -105,7 +107,9 @@ fn centroid_grad_prepare_kernel<F: Float, I: Int>(
 /// parts of each key's score and of `grad_values · value` to shared memory, then, after a
 /// barrier, each sums its group's parts ([`group_sum`]) and recomputes
 /// `Aᶜ = exp(s − (M + ln Z))` key by key; `dA = grad_values · value` outside the row's top-k and
-/// the top-k weight's gradient at it, `dS = Aᶜ (dA − δ)`.
+/// the top-k weight's gradient at it, `dS = Aᶜ (dA − δ)`; with `dropout` on, `dA` outside
+/// the top-k times the weight's factor, drawn again as the forward's `rest` pass draws it (for
+/// a tile of keys at once into shared memory, `[tile, units]`, before the keys' loop).
 /// `partial[row, chunk] = Σ dS · key` over the chunk's valid keys.
 ///
 /// - `row_stats`, `kth_keys`: from [`centroid_grad_prepare_kernel`]
@@ -124,6 +128,7 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
     row_stats: &Tensor<f32>,
     kth_keys: &Tensor<u32>,
     partial: &mut Tensor<f32>,
+    dropout: KernelDropout,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
     #[comptime] topk: usize,
@@ -161,19 +166,47 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
 
     let mut shared_keys = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut shared_values = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
-    // Each unit's parts of the tile's scores, then of its `grad_values · value`.
-    let mut parts = Shared::<[f32]>::new_slice(comptime!(2 * tile * units * group));
+    // Each unit's parts of the tile's scores, then of its `grad_values · value`; with dropout,
+    // then the factors of the tile's keys at the cube's rows, `[tile, units]`: the rows' Philox
+    // blocks drawn once per cube rather than by every unit of a row's group (in the same
+    // buffer: a second one, even of one float, would pass the shared memory the tile fills).
+    let on = comptime!(dropout.on);
+    let factors = comptime!(2 * tile * units * group);
+    let mut parts =
+        Shared::<[f32]>::new_slice(comptime!(factors + if on { tile * units } else { 0 }));
     let mut sums = Array::<f32>::new(comptime!(dim.div_ceil(group)));
     #[unroll]
     for e in 0..comptime!(dim.div_ceil(group)) {
         sums[e] = 0.0f32;
     }
     let first = chunk * comptime!(tile * tiles);
+    let stream = u32::new(CLUSTER_ROWS as i64);
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
             load_tile::<F>(keys, &mut shared_keys, bh, start, tile, dim);
             load_tile::<F>(values, &mut shared_values, bh, start, tile, dim_v);
+            if on {
+                // The tile's Philox blocks (`tile` and `start` are multiples of 8 with dropout)
+                // for each of the cube's rows.
+                let mut i = unit;
+                while i < comptime!(tile / 8 * units) {
+                    let (b, local_row) = (i / units, i % units);
+                    let factor_row = CUBE_POS_Y as usize * units + local_row;
+                    if factor_row < clusters {
+                        dropout.block_factors(
+                            &mut parts,
+                            stream,
+                            bh as u32,
+                            factor_row as u32,
+                            (start / 8 + b) as u32,
+                            factors + b * comptime!(8 * units) + local_row,
+                            units,
+                        );
+                    }
+                    i += CUBE_DIM_X as usize;
+                }
+            }
             sync_cube();
             let end = min(min(start + tile, keys_len), valid);
             if active {
@@ -199,7 +232,12 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
                     if slot != u32::new(EMPTY as i64) {
                         grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                     } else {
-                        grad_weight += group_sum(&parts, at + tile, local * group, cube, group);
+                        let mut factor = 1.0f32;
+                        if on {
+                            factor = parts[factors + at * units + local];
+                        }
+                        grad_weight +=
+                            factor * group_sum(&parts, at + tile, local * group, cube, group);
                     }
                     let grad_score = weight * (grad_weight - delta);
                     tile_add(&mut sums, grad_score, &shared_keys, at, lane, dim, group);
@@ -227,7 +265,9 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
 /// with their log-sum-exps, `δ`s and k-th scores and keys; the parts of the scores and of
 /// `grad_values · value` go through shared memory as in [`centroid_grad_rows_kernel`], which
 /// this recomputes `Aᶜ`, `dA` and `dS` as; a row's top-k keys take no part in its `R`. Keys
-/// at or past `key_lengths[b]` get zeros.
+/// at or past `key_lengths[b]` get zeros. With `dropout` on, `dA` and `R` outside the top-k
+/// take each weight's factor, which the cube draws for a tile of rows at once into shared
+/// memory (`[tile, units]`, one Philox block per row and eight keys) before the rows' loop.
 ///
 /// - `grad_keys`: `[B, H, S, E]`, `grad_vals`: `[B, H, S, D]`
 /// - cube: `units · group` units over `units` keys
@@ -245,6 +285,7 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     kth_keys: &Tensor<u32>,
     grad_keys: &mut Tensor<F>,
     grad_vals: &mut Tensor<F>,
+    dropout: KernelDropout,
     #[comptime] dim: usize,
     #[comptime] dim_v: usize,
     #[comptime] topk: usize,
@@ -279,7 +320,14 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     let mut shared_grads = Shared::<[f32]>::new_slice(comptime!(tile * dim_v));
     let mut shared_rows = Shared::<[f32]>::new_slice(comptime!(tile * 3));
     let mut shared_kth_keys = Shared::<[u32]>::new_slice(tile);
-    let mut parts = Shared::<[f32]>::new_slice(comptime!(2 * tile * units * group));
+    // The parts of the scores and of `grad_values · value`; with dropout, then the factors of
+    // the tile's rows at the cube's keys, `[tile, units]` (one buffer, as in
+    // `centroid_grad_rows_kernel`).
+    let on = comptime!(dropout.on);
+    let factors = comptime!(2 * tile * units * group);
+    let mut parts =
+        Shared::<[f32]>::new_slice(comptime!(factors + if on { tile * units } else { 0 }));
+    let stream = u32::new(CLUSTER_ROWS as i64);
     let mut start = 0usize;
     while start < clusters {
         load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
@@ -295,6 +343,26 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
                 shared_kth_keys[i] = kth_keys[flat];
             }
             i += CUBE_DIM_X as usize;
+        }
+        if on {
+            // One Philox block per row and eight keys (`units` is a multiple of 8).
+            let blocks = comptime!(units / 8);
+            let mut i = unit;
+            while i < comptime!(tile * units / 8) {
+                let (at, b) = (i / blocks, i % blocks);
+                if start + at < clusters {
+                    dropout.block_factors(
+                        &mut parts,
+                        stream,
+                        bh as u32,
+                        (start + at) as u32,
+                        (block * blocks + b) as u32,
+                        factors + at * units + b * 8,
+                        1usize,
+                    );
+                }
+                i += CUBE_DIM_X as usize;
+            }
         }
         sync_cube();
         let end = min(start + tile, clusters);
@@ -323,8 +391,21 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
                 if slot != u32::new(EMPTY as i64) {
                     grad_weight = f32::cast_from(grad_top[flat * topk + slot as usize]);
                 } else {
-                    grad_weight += group_sum(&parts, at + tile, local * group, cube, group);
-                    tile_add(&mut sums_v, weight, &shared_grads, at, lane, dim_v, group);
+                    let mut factor = 1.0f32;
+                    if on {
+                        factor = parts[factors + at * units + local];
+                    }
+                    grad_weight +=
+                        factor * group_sum(&parts, at + tile, local * group, cube, group);
+                    tile_add(
+                        &mut sums_v,
+                        weight * factor,
+                        &shared_grads,
+                        at,
+                        lane,
+                        dim_v,
+                        group,
+                    );
                 }
                 let grad_score = weight * (grad_weight - shared_rows[at * 3 + 1]);
                 tile_add(
@@ -384,6 +465,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
     forward: CentroidAttention<CubeBackend>,
     grad_values: CubeTensor,
     grad_top_weights: Option<CubeTensor>,
+    dropout: Option<AttentionDropout>,
 ) -> CentroidAttentionGrads<CubeBackend> {
     let ([batch, heads, clusters, dim], [_, _, keys_len, dim_v]) = check_centroid_attention(
         centroids.shape().dims(),
@@ -484,7 +566,12 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
     let group = row_group([dim, dim_v], 2, GRAD_REGISTERS);
     let units = row_units(clusters).min(GRAD_UNITS / group);
     let row_blocks = clusters.div_ceil(units);
-    let tile = split_tile(dim + dim_v, 2 * units * group);
+    // Each key's key and value, the parts, and with dropout its factors at the cube's rows,
+    // whole Philox blocks of eight keys a tile.
+    let tile = match dropout {
+        Some(_) => (split_tile(dim + dim_v + units, 2 * units * group) / 8 * 8).max(8),
+        None => split_tile(dim + dim_v, 2 * units * group),
+    };
     let tiles = tiles_per_chunk(keys_len, tile, row_blocks * batch * heads);
     let chunks = keys_len.div_ceil(tile * tiles);
     let partial = empty(vec![rows, chunks * dim], DType::F32);
@@ -502,6 +589,7 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         linear(row_stats.clone()),
         linear(kth_keys.clone()),
         linear(partial.clone()),
+        kernel_dropout(dropout),
         dim,
         dim_v,
         topk,
@@ -527,6 +615,11 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
     let grad_keys = empty(vec![batch, heads, keys_len, dim], float_dtype);
     let grad_vals = empty(vec![batch, heads, keys_len, dim_v], float_dtype);
     let key_units = KEY_UNITS.min(GRAD_UNITS / group);
+    debug_assert!(key_units.is_multiple_of(8), "a Philox block per eight keys");
+    // Each row's centroid, gradient, three statistics and k-th key, and with dropout its
+    // factors at the cube's keys.
+    let dropped_keys = if dropout.is_some() { key_units } else { 0 };
+    let key_tile = split_tile(dim + dim_v + 4 + dropped_keys, 2 * key_units * group);
     launch!(centroid_grad_keys_kernel(
         &client,
         super::super::cube_count(keys_len.div_ceil(key_units), batch * heads),
@@ -542,11 +635,11 @@ pub(in crate::backends::cube) fn centroid_attention_backward(
         linear(kth_keys),
         linear(grad_keys.clone()),
         linear(grad_vals.clone()),
+        kernel_dropout(dropout),
         dim,
         dim_v,
         topk,
-        // Each row's centroid, gradient, three statistics and k-th key.
-        split_tile(dim + dim_v + 4, 2 * key_units * group),
+        key_tile,
         key_units,
         group,
         dtypes,
