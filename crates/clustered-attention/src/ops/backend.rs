@@ -105,6 +105,27 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         Self::softmax(x, last)
     }
 
+    /// The factors of the attention dropout `dropout` on `stream` for weights shaped like
+    /// `like` (`[batch, heads, rows, keys]`): 0 (dropped) or `1 / (1 − p)`, as
+    /// [`AttentionDropout::factors`] gives them (Philox4x32-10 on `[key / 8, row, batch · heads
+    /// + head, stream]`), in `like`'s float type and on its device; `like`'s values are not
+    /// read. The default bodies of the fused ops multiply their weights by them where a backend
+    /// has no kernel for an op with dropout (the CubeCL backends: the top-k attention's
+    /// backward). Carries no gradient.
+    ///
+    /// The default body draws them on the host and uploads them; the CubeCL backends draw them
+    /// on the device, one unit per eight keys of a row.
+    ///
+    /// # Shapes
+    /// - `like`: `[batch, heads, rows, keys]`, output of the same shape
+    fn attention_dropout_factors(
+        dropout: AttentionDropout,
+        stream: u32,
+        like: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::attention_dropout_factors::<Self>(dropout, stream, like)
+    }
+
     /// The centroid attention of clustered and improved clustered attention in one op (paper
     /// eqs. 4–5 and 9–10): `Aᶜ = softmax(centroids · keysᵀ)` over the keys, with the keys at
     /// or past `key_lengths[b]` masked out, and `Aᶜ · values`; with `topk > 0` also the

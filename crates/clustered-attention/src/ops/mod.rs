@@ -77,8 +77,9 @@ pub use backend::{ClusteredAttentionBackend, ClusteredAttentionBackward};
 pub use conversion::TensorConversion;
 pub use seeding::initial_centroid_positions;
 pub use tensor::{
-    attention_softmax, centroid_attention, hamming_kmeans, improved_attention, lsh_hash,
-    score_products, sparse_dot, sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
+    attention_dropout_factors, attention_softmax, centroid_attention, hamming_kmeans,
+    improved_attention, lsh_hash, score_products, sparse_dot, sparse_scatter, sparse_weighted_sum,
+    top_attention, topk_indices,
 };
 pub use types::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, Clusters,

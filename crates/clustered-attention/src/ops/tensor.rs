@@ -79,6 +79,26 @@ pub fn attention_softmax(x: Tensor<4>) -> Tensor<4> {
     ))
 }
 
+/// The factors of the attention dropout `dropout` on `stream` for weights shaped like `like`
+/// (see [`ClusteredAttentionBackend::attention_dropout_factors`]): 0 or `1 / (1 − p)`, drawn
+/// on `like`'s device, in its float type. No gradient.
+///
+/// # Shapes
+/// - `like`: `[batch, heads, rows, keys]`, output of the same shape
+pub fn attention_dropout_factors(
+    dropout: AttentionDropout,
+    stream: u32,
+    like: &Tensor<4>,
+) -> Tensor<4> {
+    Tensor::from_dispatch(
+        <Dispatch as ClusteredAttentionBackend>::attention_dropout_factors(
+            dropout,
+            stream,
+            like.clone().detach().into_dispatch(),
+        ),
+    )
+}
+
 /// Indices of the `k` largest scores of every row, in descending order of score. No gradient.
 ///
 /// # Shapes

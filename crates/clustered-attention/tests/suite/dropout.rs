@@ -4,9 +4,9 @@
 //! the masks of one seed on every backend.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, Device, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use clustered_attention::dropout::{AttentionDropout, philox4x32_10};
-use clustered_attention::ops::{centroid_attention, improved_attention};
+use clustered_attention::ops::{attention_dropout_factors, centroid_attention, improved_attention};
 use clustered_attention::{
     AttentionInput, ClusteredAttention, ClusteringOptions, ImprovedClusteredAttention,
     cluster_queries, with_dropout_seed,
@@ -406,6 +406,39 @@ pub fn masks_agree_with_ndarray(device: &Device) {
     }
 }
 
+/// The factors the backend draws on its device for the default bodies
+/// (`attention_dropout_factors`, a kernel on the CubeCL backends) equal
+/// `AttentionDropout::factors` on the host, exactly: both streams, rows of keys that end
+/// inside a Philox block, in `f32` and `f16`.
+pub fn device_factors_match_the_host(device: &Device) {
+    for (n, shape) in [[2, 3, 5, 19], [1, 2, 70, 32], [1, 1, 3, 1]]
+        .into_iter()
+        .enumerate()
+    {
+        let dropout = AttentionDropout::new(0.1 + 0.2 * n as f64, 0x5eed_0000 + n as u64);
+        for stream in [AttentionDropout::CLUSTER_ROWS, AttentionDropout::QUERY_TOP] {
+            let expected = dropout.factors(stream, shape);
+            for dtype in [DType::F32, DType::F16] {
+                let like = Tensor::<4>::zeros(shape, (device, dtype));
+                let got: Vec<f32> = attention_dropout_factors(dropout, stream, &like)
+                    .cast(DType::F32)
+                    .into_data()
+                    .iter::<f32>()
+                    .collect();
+                assert_eq!(got.len(), expected.len());
+                for (i, (&x, &y)) in got.iter().zip(&expected).enumerate() {
+                    // In `f16` the scale 1 / (1 − p) is rounded: 11 bits.
+                    let tolerance = if dtype == DType::F16 { y * 1e-3 } else { 0.0 };
+                    assert!(
+                        (x - y).abs() <= tolerance,
+                        "{shape:?}, stream {stream}, {dtype:?}: factor {i} is {x}, the host's {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ndarray_fused_dropout_matches_composition() {
     fused_dropout_matches_composition(&ndarray());
@@ -431,4 +464,10 @@ fn wgpu_fused_dropout_matches_composition() {
 #[test]
 fn wgpu_masks_agree_with_ndarray() {
     masks_agree_with_ndarray(&wgpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_device_factors_match_the_host() {
+    device_factors_match_the_host(&wgpu());
 }

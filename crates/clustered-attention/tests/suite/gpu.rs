@@ -527,12 +527,14 @@ mod cuda {
     }
 
     /// The fused ops with dropout against Burn's ops given the same factors
-    /// (`dropout.rs`), and the masks of one seed against NdArray's.
+    /// (`dropout.rs`), the masks of one seed against NdArray's, and the factors the device
+    /// draws against the host's.
     #[test]
     #[ignore = "needs an NVIDIA GPU: run with --ignored"]
     fn dropout_matches_composition_and_ndarray() {
         crate::dropout::fused_dropout_matches_composition(&cuda());
         crate::dropout::masks_agree_with_ndarray(&cuda());
+        crate::dropout::device_factors_match_the_host(&cuda());
     }
 
     /// The layer trains one batch to near-zero loss in `bf16`.

@@ -6,9 +6,17 @@
 //! threshold and the kept weights' scale at run time, whether it is on at expansion: a kernel
 //! without dropout expands to the code it had before). A unit that walks a row's keys in order
 //! keeps the Philox block of the current eight keys in a [`RowDraws`] and draws a block once
-//! per eight keys ([`KernelDropout::row_factor`]); a kernel whose units hold keys and walk rows
-//! draws a tile's factors into shared memory ([`KernelDropout::block_factors`]).
+//! per eight keys ([`KernelDropout::row_factor`]: the centroid attention's `rest` pass, the
+//! top-k attention); a kernel that splits a row over several units, or whose units hold keys
+//! and walk rows, draws a tile's factors into shared memory first, each block once per cube
+//! ([`KernelDropout::block_factors`]: the centroid attention's backward). [`dropout_factors`]
+//! writes the factors as a tensor, for the default bodies that multiply their weights by them
+//! (the top-k attention's backward).
 
+use burn::backend::TensorMetadata;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use crate::dropout::AttentionDropout;
@@ -180,3 +188,68 @@ impl KernelDropout {
 pub(super) const CLUSTER_ROWS: u32 = AttentionDropout::CLUSTER_ROWS;
 /// The stream of the per-query top-k weights, [`AttentionDropout::QUERY_TOP`].
 pub(super) const QUERY_TOP: u32 = AttentionDropout::QUERY_TOP;
+
+/// The factors of `dropout` on `stream` of every weight of `factors` (`[batch, heads, rows,
+/// keys]`, contiguous), as [`AttentionDropout::factors`] gives them: one unit per Philox block
+/// (eight keys of a row), in the grid's X (and Y) over the blocks of every row.
+#[cube(launch, create_dummy_kernel)]
+fn dropout_factors_kernel<F: Float>(
+    factors: &mut Tensor<F>,
+    dropout: KernelDropout,
+    stream: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let (rows, keys) = (factors.shape(2), factors.shape(3));
+    let blocks = keys.div_ceil(8);
+    let all_rows = factors.shape(0) * factors.shape(1) * rows;
+    let id = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
+    if id >= all_rows * blocks {
+        terminate!();
+    }
+    let (flat, block) = (id / blocks, id % blocks);
+    let (bh, row) = (flat / rows, flat % rows);
+    let (w0, w1, w2, w3) = philox(
+        block as u32,
+        row as u32,
+        bh as u32,
+        stream,
+        dropout.key0,
+        dropout.key1,
+    );
+    #[unroll]
+    for j in 0..8usize {
+        let key = block * 8 + j;
+        if key < keys {
+            factors[flat * keys + key] = F::cast_from(dropout.pick(w0, w1, w2, w3, j as u32));
+        }
+    }
+}
+
+/// Units per cube of [`dropout_factors_kernel`].
+const FACTOR_UNITS: usize = 256;
+
+/// [`AttentionDropout::factors`] on the device: the factors of `dropout` on `stream` for
+/// weights shaped like `like` (`[batch, heads, rows, keys]`; its values are not read), in its
+/// float type, by [`dropout_factors_kernel`].
+pub(super) fn dropout_factors(
+    like: CubeTensor,
+    dropout: AttentionDropout,
+    stream: u32,
+) -> CubeTensor {
+    let shape = like.shape();
+    let [batch, heads, rows, keys] = shape.dims();
+    let factors =
+        empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, like.dtype);
+    let units = batch * heads * rows * keys.div_ceil(8);
+    launch!(dropout_factors_kernel(
+        &like.client,
+        super::cube_count(units.div_ceil(FACTOR_UNITS), 1),
+        CubeDim::new_1d(FACTOR_UNITS as u32),
+        super::linear(factors.clone()),
+        kernel_dropout(Some(dropout)),
+        stream,
+        dtype_to_storage_type(like.dtype),
+    ));
+    factors
+}

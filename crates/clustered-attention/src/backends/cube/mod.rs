@@ -267,6 +267,27 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
         .0
     }
 
+    fn attention_dropout_factors(
+        dropout: AttentionDropout,
+        stream: u32,
+        like: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if !matches!(like.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return reference::attention_dropout_factors::<Self>(dropout, stream, like);
+        }
+        let output = (like.shape(), like.dtype);
+        let mut scalars = vec![ScalarIr::UInt(stream as u64)];
+        scalars.extend(dropout_scalars(Some(dropout)));
+        defer(
+            DROPOUT_FACTORS,
+            [Some(like)],
+            vec![output],
+            scalars,
+            move |[like]| Some(vec![dropout::dropout_factors(like?, dropout, stream)]),
+        )
+        .output()
+    }
+
     fn topk_indices(scores: FloatTensor<Self>, k: usize) -> IntTensor<Self> {
         let [batch, heads, rows, len] = scores.shape().dims();
         check_topk(k, len);
@@ -632,6 +653,7 @@ const CENTROID_ATTENTION: &str = "clustered_attention::centroid_attention";
 const CENTROID_ATTENTION_BACKWARD: &str = "clustered_attention::centroid_attention_backward";
 const TOP_ATTENTION: &str = "clustered_attention::top_attention";
 const IMPROVED_ATTENTION_FORWARD: &str = "clustered_attention::improved_attention_forward";
+const DROPOUT_FACTORS: &str = "clustered_attention::attention_dropout_factors";
 
 /// The improved attention's forward by the kernels: the cluster means, the centroid attention
 /// with the top-k (indices of dtype `int_dtype`) and the top-k attention, over one sort of the

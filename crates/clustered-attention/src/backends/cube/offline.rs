@@ -473,9 +473,12 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
 
 /// Runs the launchers that take attention dropout (the centroid attention forward and
 /// backward, the improved attention's forward) with dropout 0.1 at `case` in `dtype` on
-/// `device`, as [`run_ops`] runs them without.
+/// `device`, as [`run_ops`] runs them without, and the dropout factors of the top-k weights.
 fn run_dropout_ops(dtype: DType, case: Case, device: &CubeDevice) {
-    run_attention_ops(dtype, case, Some(AttentionDropout::new(0.1, 7)), device);
+    let dropout = AttentionDropout::new(0.1, 7);
+    run_attention_ops(dtype, case, Some(dropout), device);
+    let weights = floats([BATCH, HEADS, case.len, case.topk], dtype, device);
+    let _ = super::dropout::dropout_factors(weights, dropout, AttentionDropout::QUERY_TOP);
 }
 
 /// The centroid attention forward and backward (top-k 0 and `case.topk`) and the improved

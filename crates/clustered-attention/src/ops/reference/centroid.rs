@@ -56,7 +56,8 @@ pub fn centroid_attention<B: ClusteredAttentionBackend>(
     // The top-k weights (the mass) are the undropped ones; the rest is dropped.
     let dropped = match &dropout {
         Some(dropout) => {
-            weights.clone() * dropout_factors(dropout, AttentionDropout::CLUSTER_ROWS, &weights)
+            weights.clone()
+                * dropout_factors::<B>(dropout, AttentionDropout::CLUSTER_ROWS, &weights)
         }
         None => weights,
     };
@@ -140,7 +141,7 @@ pub fn centroid_attention_backward<B: ClusteredAttentionBackend>(
     let mut rest = weights.clone();
     // The same factors as the forward pass: the rest's weights and their gradient.
     if let Some(dropout) = &dropout {
-        let factors = dropout_factors(dropout, AttentionDropout::CLUSTER_ROWS, &weights);
+        let factors = dropout_factors::<B>(dropout, AttentionDropout::CLUSTER_ROWS, &weights);
         grad_weights = grad_weights * factors.clone();
         rest = rest * factors;
     }

@@ -41,8 +41,10 @@ pub use sparse::{sparse_dot, sparse_scatter, sparse_weighted_sum};
 pub use top::{top_attention, top_attention_backward};
 pub use topk::topk_indices;
 
+use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
+use super::ClusteredAttentionBackend;
 use crate::dropout::AttentionDropout;
 
 /// `x` in the int type of its device's settings (`i32` on Flex and `Cube`, `i64` on NdArray,
@@ -71,16 +73,37 @@ pub(super) fn padded_keys(lengths: Tensor<1, Int>, keys: Tensor<4, Int>) -> Tens
     keys.greater_equal(lengths.reshape([batch, 1, 1, 1]).expand(shape))
 }
 
-/// The factors ([`AttentionDropout::factors`]) of `dropout` on `stream` for weights shaped like
-/// `like`, `[batch, heads, rows, keys]`, as a tensor like it: rows are clusters and keys key
+/// The factors of `dropout` on `stream` for weights shaped like `like`, `[batch, heads, rows,
+/// keys]`, as a tensor like it, by the backend's
+/// [`ClusteredAttentionBackend::attention_dropout_factors`]: rows are clusters and keys key
 /// indices on [`AttentionDropout::CLUSTER_ROWS`], rows queries and keys ranks in the top-k on
 /// [`AttentionDropout::QUERY_TOP`].
-pub(super) fn dropout_factors(
+pub(super) fn dropout_factors<B: ClusteredAttentionBackend>(
     dropout: &AttentionDropout,
     stream: u32,
     like: &Tensor<4>,
 ) -> Tensor<4> {
+    B::float_tensor::<4>(B::attention_dropout_factors(
+        *dropout,
+        stream,
+        B::float_primitive(like.clone()),
+    ))
+}
+
+/// Default body of [`ClusteredAttentionBackend::attention_dropout_factors`]:
+/// [`AttentionDropout::factors`] on the host, uploaded to `like`'s device in its float type.
+///
+/// # Panics
+/// If `like` is not 4-dimensional.
+pub fn attention_dropout_factors<B: ClusteredAttentionBackend>(
+    dropout: AttentionDropout,
+    stream: u32,
+    like: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let like = B::float_tensor::<4>(like);
     let shape = like.dims();
     let factors = dropout.factors(stream, shape);
-    Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype())
+    let factors =
+        Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype());
+    B::float_primitive(factors)
 }

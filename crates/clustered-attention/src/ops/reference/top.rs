@@ -95,7 +95,8 @@ pub fn top_attention<B: ClusteredAttentionBackend>(
     let mut weights =
         top_softmax(queries, keys, &topk, &groups, key_lengths, scale) * groups.broadcast(mass);
     if let Some(dropout) = &dropout {
-        weights = weights.clone() * dropout_factors(dropout, AttentionDropout::QUERY_TOP, &weights);
+        weights =
+            weights.clone() * dropout_factors::<B>(dropout, AttentionDropout::QUERY_TOP, &weights);
     }
     let top = sparse_weighted_sum(weights, values, topk, assignments);
     B::float_primitive(top + groups.broadcast(rest))
@@ -148,7 +149,7 @@ pub fn top_attention_backward<B: ClusteredAttentionBackend>(
     // The same factors as the forward pass, on the weights and their gradient.
     let factors = dropout
         .as_ref()
-        .map(|dropout| dropout_factors(dropout, AttentionDropout::QUERY_TOP, &probs));
+        .map(|dropout| dropout_factors::<B>(dropout, AttentionDropout::QUERY_TOP, &probs));
     if let Some(factors) = &factors {
         grad_weights = grad_weights * factors.clone();
     }
