@@ -8,7 +8,9 @@
 //!   `centroid/backward.rs`, flash-style (no `[C, S]` tensor);
 //!   `top.rs`: `top_attention` and the cluster means, over the queries sorted by cluster, which
 //!   the improved attention's forward sorts once for both; `mma.rs`: the score tiles of both
-//!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`).
+//!   attention ops on cooperative matrices (`cmma` feature, `f16` and `bf16`); `dropout.rs`:
+//!   the attention-dropout masks in the kernels (Philox4x32-10, the host's bit for bit) and
+//!   `attention_dropout_factors`.
 //! - This file: the crate's traits for `Fusion<CubeBackend>`, each op with a kernel registered
 //!   on the Fusion stream by `fusion.rs`'s `defer` and run by its launcher when the stream
 //!   executes (`CubeBackend` itself is not a backend that Burn's `Dispatch` reaches when fusion
