@@ -56,7 +56,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::device_properties;
-use super::dropout::{CLUSTER_ROWS, KernelDropout, RowDraws, kernel_dropout};
+use super::dropout::{KernelDropout, RowDraws, kernel_dropout};
 use super::mma::{Mma, MmaTiles, centroid_tile, mma_shape};
 use super::{MAX_DIM, SHARED_FLOATS, linear};
 use crate::dropout::AttentionDropout;
@@ -435,7 +435,7 @@ fn centroid_rest_kernel<F: Float, I: Int>(
         sums[d] = 0.0f32;
     }
     let mut draws = RowDraws::new();
-    let stream = u32::new(CLUSTER_ROWS as i64);
+    let stream = u32::new(AttentionDropout::CLUSTER_ROWS as i64);
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {

@@ -4,7 +4,7 @@
 //!
 //! A kernel that drops weights takes a [`KernelDropout`] launch argument (the Philox key, the
 //! threshold and the kept weights' scale at run time, whether it is on at expansion: a kernel
-//! without dropout expands to the code it had before). A unit that walks a row's keys in order
+//! without dropout draws nothing, its factors the constant 1). A unit that walks a row's keys in order
 //! keeps the Philox block of the current eight keys in a [`RowDraws`] and draws a block once
 //! per eight keys ([`KernelDropout::row_factor`]: the centroid attention's `rest` pass, the
 //! top-k attention); a kernel that splits a row over several units, or whose units hold keys
@@ -183,11 +183,6 @@ impl KernelDropout {
         }
     }
 }
-
-/// The stream of the clusters' weights, [`AttentionDropout::CLUSTER_ROWS`].
-pub(super) const CLUSTER_ROWS: u32 = AttentionDropout::CLUSTER_ROWS;
-/// The stream of the per-query top-k weights, [`AttentionDropout::QUERY_TOP`].
-pub(super) const QUERY_TOP: u32 = AttentionDropout::QUERY_TOP;
 
 /// The factors of `dropout` on `stream` of every weight of `factors` (`[batch, heads, rows,
 /// keys]`, contiguous), as [`AttentionDropout::factors`] gives them: one unit per Philox block

@@ -434,12 +434,14 @@ fn run_topk(dtype: DType, k: usize, device: &CubeDevice) {
     let _ = super::topk::topk_indices(scores, k, DType::I32);
 }
 
-/// Runs every attention launcher of the crate (hashing, top-k, centroid attention forward and
-/// backward and the improved attention's forward without attention dropout, the sparse
-/// products), as the ops call them, at `case` in `dtype` on `device`. Nothing is read back: the kernels are captured, and the
-/// tensors between them hold whatever Burn's allocation left (zeros or garbage, which the
+/// Runs every attention launcher of the crate as the ops call them, at `case` in `dtype` on
+/// `device`: without `dropout`, hashing, top-k, the centroid attention forward and backward,
+/// the improved attention's forward and the sparse products; with it, the launchers that take
+/// it (the centroid attention forward and backward, the improved attention's forward) and the
+/// dropout factors of the top-k weights. Nothing is read back: the kernels are captured, and
+/// the tensors between them hold whatever Burn's allocation left (zeros or garbage, which the
 /// launchers never read on the host).
-fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
+fn run_ops(dtype: DType, case: Case, dropout: Option<AttentionDropout>, device: &CubeDevice) {
     let Case {
         dim,
         len,
@@ -450,54 +452,13 @@ fn run_ops(dtype: DType, case: Case, device: &CubeDevice) {
     // One tensor for every `[B, H, L, E]` operand: nothing runs, so they may alias.
     let rows = floats([BATCH, HEADS, len, dim], dtype, device);
     let queries = || rows.clone();
-    let planes = CubeBackend::float_zeros(Shape::new([32, dim + 1]), device, dtype.into());
-    let _ = super::hash::lsh_hash(queries(), planes, int);
-    let scores = floats([BATCH, HEADS, clusters, len], dtype, device);
-    let _ = super::topk::topk_indices(scores, topk, int);
+    if dropout.is_none() {
+        let planes = CubeBackend::float_zeros(Shape::new([32, dim + 1]), device, dtype.into());
+        let _ = super::hash::lsh_hash(queries(), planes, int);
+        let scores = floats([BATCH, HEADS, clusters, len], dtype, device);
+        let _ = super::topk::topk_indices(scores, topk, int);
+    }
 
-    run_attention_ops(dtype, case, None, device);
-
-    let indices = ints([BATCH, HEADS, clusters, topk], device);
-    let assignments = ints([BATCH, HEADS, len], device);
-    let weights = floats([BATCH, HEADS, len, topk], dtype, device);
-    let weights = || weights.clone();
-    let _ = super::sparse::sparse_dot(queries(), queries(), indices.clone(), assignments.clone());
-    let _ = super::sparse::sparse_weighted_sum(
-        weights(),
-        queries(),
-        indices.clone(),
-        assignments.clone(),
-    );
-    let _ = super::sparse::sparse_scatter(weights(), queries(), indices, assignments, len);
-}
-
-/// Runs the launchers that take attention dropout (the centroid attention forward and
-/// backward, the improved attention's forward) with dropout 0.1 at `case` in `dtype` on
-/// `device`, as [`run_ops`] runs them without, and the dropout factors of the top-k weights.
-fn run_dropout_ops(dtype: DType, case: Case, device: &CubeDevice) {
-    let dropout = AttentionDropout::new(0.1, 7);
-    run_attention_ops(dtype, case, Some(dropout), device);
-    let weights = floats([BATCH, HEADS, case.len, case.topk], dtype, device);
-    let _ = super::dropout::dropout_factors(weights, dropout, AttentionDropout::QUERY_TOP);
-}
-
-/// The centroid attention forward and backward (top-k 0 and `case.topk`) and the improved
-/// attention's forward, with `dropout`, at `case` in `dtype` on `device`.
-fn run_attention_ops(
-    dtype: DType,
-    case: Case,
-    dropout: Option<AttentionDropout>,
-    device: &CubeDevice,
-) {
-    let Case {
-        dim,
-        len,
-        clusters,
-        topk,
-    } = case;
-    let int = DType::I32;
-    let rows = floats([BATCH, HEADS, len, dim], dtype, device);
-    let queries = || rows.clone();
     let centroids = floats([BATCH, HEADS, clusters, dim], dtype, device);
     for topk in [0, topk] {
         assert!(super::centroid::supported(dim, dim, topk));
@@ -550,6 +511,23 @@ fn run_attention_ops(
             dropout,
         );
     }
+
+    let weights = floats([BATCH, HEADS, len, topk], dtype, device);
+    if let Some(dropout) = dropout {
+        let _ = super::dropout::dropout_factors(weights, dropout, AttentionDropout::QUERY_TOP);
+        return;
+    }
+    let indices = ints([BATCH, HEADS, clusters, topk], device);
+    let assignments = ints([BATCH, HEADS, len], device);
+    let weights = || weights.clone();
+    let _ = super::sparse::sparse_dot(queries(), queries(), indices.clone(), assignments.clone());
+    let _ = super::sparse::sparse_weighted_sum(
+        weights(),
+        queries(),
+        indices.clone(),
+        assignments.clone(),
+    );
+    let _ = super::sparse::sparse_scatter(weights(), queries(), indices, assignments, len);
 }
 
 /// The kernels of the crate: every `#[cube(launch, ..)]` function of its source tree (`src/`,
@@ -767,12 +745,10 @@ fn cuda_sources_compile_for_sm_80_and_sm_90() {
                     case,
                 };
                 let device = device.clone();
+                let dropout = dropout.then(|| AttentionDropout::new(0.1, 7));
                 runs.push((
                     config,
-                    Box::new(move || match dropout {
-                        false => run_ops(dtype, case, &device),
-                        true => run_dropout_ops(dtype, case, &device),
-                    }),
+                    Box::new(move || run_ops(dtype, case, dropout, &device)),
                 ));
             }
         }

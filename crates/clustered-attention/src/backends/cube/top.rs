@@ -24,7 +24,7 @@ use cubecl::prelude::*;
 use crate::dropout::AttentionDropout;
 
 use super::device_properties;
-use super::dropout::{KernelDropout, QUERY_TOP, RowDraws, kernel_dropout};
+use super::dropout::{KernelDropout, RowDraws, kernel_dropout};
 use super::mma::{Mma, mma_shape, score_tile};
 use super::sparse::{SORT_CLUSTERS, sort_by_cluster};
 use super::{MAX_DIM, MAX_SHARED_BYTES, SHARED_FLOATS, linear};
@@ -276,7 +276,7 @@ fn weighted_sum<F: Float>(
     }
     let mut total = 0.0f32;
     let mut draws = RowDraws::new();
-    let stream = u32::new(QUERY_TOP as i64);
+    let stream = u32::new(AttentionDropout::QUERY_TOP as i64);
     for r in 0..k {
         if valid_slot[r] != 0 {
             let weight = (scores[r * units + unit] - maximum).exp();

@@ -12,7 +12,7 @@ use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::dropout::{CLUSTER_ROWS, KernelDropout, kernel_dropout};
+use super::super::dropout::{KernelDropout, kernel_dropout};
 use super::super::linear;
 use super::{
     EMPTY, Scan, centroid_finish_kernel, group_sum, load_row, load_tile, row_group, row_units,
@@ -180,7 +180,7 @@ fn centroid_grad_rows_kernel<F: Float, I: Int>(
         sums[e] = 0.0f32;
     }
     let first = chunk * comptime!(tile * tiles);
-    let stream = u32::new(CLUSTER_ROWS as i64);
+    let stream = u32::new(AttentionDropout::CLUSTER_ROWS as i64);
     for t in 0..tiles {
         let start = first + t * tile;
         if start < keys_len {
@@ -327,7 +327,7 @@ fn centroid_grad_keys_kernel<F: Float, I: Int>(
     let factors = comptime!(2 * tile * units * group);
     let mut parts =
         Shared::<[f32]>::new_slice(comptime!(factors + if on { tile * units } else { 0 }));
-    let stream = u32::new(CLUSTER_ROWS as i64);
+    let stream = u32::new(AttentionDropout::CLUSTER_ROWS as i64);
     let mut start = 0usize;
     while start < clusters {
         load_tile::<F>(centroids, &mut shared_centroids, bh, start, tile, dim);
