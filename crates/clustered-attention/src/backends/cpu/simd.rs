@@ -269,9 +269,8 @@ fn attend_group<const FMA: bool, const G: usize>(
     }
     if let Some((dropout, bh, first)) = &cluster.dropout {
         let stream = crate::dropout::AttentionDropout::QUERY_TOP;
-        for (row, &i) in scratch.chunks_exact_mut(kp).zip(ids).take(G) {
-            dropout_run(dropout, [stream, *bh, first + i, 0], &mut row[..k]);
-        }
+        let rows = &ids[..G.min(ids.len())];
+        dropout_rows(dropout, [stream, *bh, *first], rows, (kp, k), scratch);
     }
     let weights: [&[f32]; G] = std::array::from_fn(|g| &scratch[g * kp..g * kp + k]);
     for c in (0..dp).step_by(LANES) {
@@ -934,4 +933,4 @@ mod tests {
 // Attention dropout
 
 mod dropout;
-pub(crate) use dropout::dropout_run;
+pub(crate) use dropout::{dropout_rows, dropout_run};

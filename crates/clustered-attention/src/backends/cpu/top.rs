@@ -301,9 +301,7 @@ impl TopHead<'_> {
             if let Some(dropout) = self.dropout {
                 let stream = AttentionDropout::QUERY_TOP;
                 factors.fill(1.0);
-                for (f, &i) in factors.chunks_exact_mut(k).zip(run) {
-                    simd::dropout_run(&dropout, [stream, row as u32, i, 0], f);
-                }
+                simd::dropout_rows(&dropout, [stream, row as u32, 0], run, (k, k), factors);
                 grad_scores
                     .iter_mut()
                     .zip(&*factors)
