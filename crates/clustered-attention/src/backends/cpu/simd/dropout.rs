@@ -244,35 +244,52 @@ mod wide {
     #[inline(always)]
     pub(super) unsafe fn dropout_rows(
         dropout: &AttentionDropout,
+        coordinates: [u32; 3],
+        rows: &[u32],
+        shape: (usize, usize),
+        weights: &mut [f32],
+    ) {
+        debug_assert!(shape.1 <= 32);
+        // SAFETY: the caller's.
+        unsafe {
+            match shape.1.div_ceil(8) {
+                0 | 1 => rows_of::<1>(dropout, coordinates, rows, shape, weights),
+                2 => rows_of::<2>(dropout, coordinates, rows, shape, weights),
+                3 => rows_of::<3>(dropout, coordinates, rows, shape, weights),
+                _ => rows_of::<4>(dropout, coordinates, rows, shape, weights),
+            }
+        }
+    }
+
+    /// [`dropout_rows`] for rows of `B` blocks (the lanes' rows and blocks known at compile
+    /// time).
+    ///
+    /// # Safety
+    /// As [`dropout_rows`]; `k ≤ 8 · B`.
+    #[inline(always)]
+    unsafe fn rows_of<const B: usize>(
+        dropout: &AttentionDropout,
         [stream, bh, first]: [u32; 3],
         rows: &[u32],
         (stride, k): (usize, usize),
         weights: &mut [f32],
     ) {
-        let blocks = k.div_ceil(8).max(1);
-        debug_assert!(blocks <= 4);
-        let per_call = 16 / blocks;
         // SAFETY: the caller's.
         unsafe {
-            for (c, group) in rows.chunks(per_call).enumerate() {
-                // Lane l: block l % blocks of row l / blocks (lanes past the group's rows
-                // repeat its last row; their bits are not read).
-                let (mut c0, mut c1) = ([0u32; 16], [0u32; 16]);
-                for l in 0..16 {
-                    let r = (l / blocks).min(group.len() - 1);
-                    c0[l] = (l % blocks) as u32;
-                    c1[l] = first.wrapping_add(group[r]);
-                }
+            for (c, group) in rows.chunks(16 / B).enumerate() {
+                // Lane l: block l % B of row l / B (lanes past the group's rows repeat its
+                // last row; their bits are not read).
+                let c0: [u32; 16] = std::array::from_fn(|l| (l % B) as u32);
+                let c1: [u32; 16] = std::array::from_fn(|l| {
+                    first.wrapping_add(group[(l / B).min(group.len() - 1)])
+                });
                 let c0 = _mm512_loadu_si512(c0.as_ptr().cast());
                 let c1 = _mm512_loadu_si512(c1.as_ptr().cast());
                 let dropped = dropped(dropout, [c0, c1], [bh, stream]);
                 for r in 0..group.len() {
-                    let at = (c * per_call + r) * stride;
-                    apply(
-                        dropped >> (8 * blocks * r),
-                        dropout.scale(),
-                        &mut weights[at..at + k],
-                    );
+                    let at = (c * (16 / B) + r) * stride;
+                    let row = &mut weights[at..at + k];
+                    apply(dropped >> (8 * B * r), dropout.scale(), row);
                 }
             }
         }
