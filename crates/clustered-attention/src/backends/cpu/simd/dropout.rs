@@ -222,13 +222,13 @@ mod wide {
         // SAFETY: the caller's.
         unsafe {
             let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let (c1, scale) = (_mm512_set1_epi32(row as i32), dropout.scale());
             let (mut counter, mut skip, mut i) = (first >> 3, (first & 7) as usize, 0);
             while i < weights.len() {
                 let c0 = _mm512_add_epi32(_mm512_set1_epi32(counter as i32), lanes);
-                let c1 = _mm512_set1_epi32(row as i32);
                 let dropped = dropped(dropout, [c0, c1], [bh, stream]) >> skip;
                 let n = (128 - skip).min(weights.len() - i);
-                apply(dropped, dropout.scale(), &mut weights[i..i + n]);
+                apply(dropped, scale, &mut weights[i..i + n]);
                 i += n;
                 counter = counter.wrapping_add(((skip + n) / 8) as u32);
                 skip = 0;
@@ -274,6 +274,7 @@ mod wide {
         (stride, k): (usize, usize),
         weights: &mut [f32],
     ) {
+        let scale = dropout.scale();
         // SAFETY: the caller's.
         unsafe {
             for (c, group) in rows.chunks(16 / B).enumerate() {
@@ -289,7 +290,7 @@ mod wide {
                 for r in 0..group.len() {
                     let at = (c * (16 / B) + r) * stride;
                     let row = &mut weights[at..at + k];
-                    apply(dropped >> (8 * B * r), dropout.scale(), row);
+                    apply(dropped >> (8 * B * r), scale, row);
                 }
             }
         }
@@ -347,19 +348,24 @@ multiversion! {
 mod tests {
     use super::*;
 
-    /// Each weight times [`AttentionDropout::factor`] of its key, one scalar Philox call per key.
+    /// The test rows' weights: 1 + i / 64.
+    fn weights(n: usize) -> Vec<f32> {
+        (0..n).map(|i| 1.0 + i as f32 / 64.0).collect()
+    }
+
+    /// [`weights`] times [`AttentionDropout::factor`] of each key, one scalar Philox call per
+    /// key.
     fn expected(
         dropout: &AttentionDropout,
         [stream, bh, row, first]: [u32; 4],
         n: usize,
     ) -> Vec<f32> {
-        (0..n as u32)
-            .map(|i| (1.0 + i as f32 / 64.0) * dropout.factor(stream, bh, row, first + i))
+        let factor = |i: usize| dropout.factor(stream, bh, row, first + i as u32);
+        weights(n)
+            .iter()
+            .enumerate()
+            .map(|(i, w)| w * factor(i))
             .collect()
-    }
-
-    fn weights(n: usize) -> Vec<f32> {
-        (0..n).map(|i| 1.0 + i as f32 / 64.0).collect()
     }
 
     /// The AVX-512 versions, compiled for it, where the CPU has it.
@@ -384,13 +390,7 @@ mod tests {
     }
 
     fn has_avx512() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
+        super::super::detected_level() == SimdLevel::Avx512
     }
 
     /// Every version of a row's factors (the arrays' loop, AVX-512 where the CPU has it, and
