@@ -1,6 +1,7 @@
 //! The attention dropout's masks in the host loops: Philox4x32-10 for [`LANES`] counters at
 //! once, in each vector version (the `multiversion!` macro); with AVX-512, in its registers
-//! by intrinsics, and several short rows (the top-k's) at once.
+//! by intrinsics, up to four groups of 16 counters with their rounds interleaved, and several
+//! short rows (the top-k's) in one group.
 
 use super::{LANES, SimdLevel, simd_level};
 use crate::dropout::AttentionDropout;
@@ -93,9 +94,11 @@ fn run_lanes(dropout: &AttentionDropout, coordinates: [u32; 4], weights: &mut [f
     }
 }
 
-/// The AVX-512 versions: Philox4x32-10 of 16 counters in four registers, the products' halves
-/// put back in place by masked blends (the arrays' version spends most of its time widening
-/// and narrowing them), the drop decisions as bit masks, applied 16 weights at a time.
+/// The AVX-512 versions: Philox4x32-10 of 16 counters in four registers, up to four such
+/// groups with their rounds interleaved (one round waits on its multiplies' latency), the
+/// products' halves put back in place by masked word swaps (the arrays' version spends most
+/// of its time widening and narrowing them), the drop decisions as bit masks, applied 16
+/// weights at a time.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::x86_64::*;
@@ -118,7 +121,9 @@ mod wide {
     };
 
     /// The high and low words of the 32 × 32-bit products of `x`'s 16 lanes by `m` (in the
-    /// low half of each 64-bit lane of `m`).
+    /// low half of each 64-bit lane of `m`). The halves are put in place by swapping the two
+    /// 32-bit words of each 64-bit lane (`vpshufd`, a shuffle port), not by shifts, which share
+    /// the multiplier's port.
     ///
     /// # Safety
     /// Only in a function compiled with AVX-512F.
@@ -127,25 +132,30 @@ mod wide {
         // SAFETY: the caller's.
         unsafe {
             let even = _mm512_mul_epu32(x, m);
-            let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(x), m);
-            let high = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64::<32>(even), odd);
-            let low = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64::<32>(odd));
+            let odd = _mm512_mul_epu32(_mm512_shuffle_epi32::<0xB1>(x), m);
+            // Even lanes: the even products' high words, swapped down; odd lanes: the odd
+            // products' high words, in place.
+            let high = _mm512_mask_shuffle_epi32::<0xB1>(odd, 0x5555, even);
+            // Even lanes: the even products' low words, in place; odd lanes: the odd
+            // products' low words, swapped up.
+            let low = _mm512_mask_shuffle_epi32::<0xB1>(even, 0xAAAA, odd);
             (high, low)
         }
     }
 
-    /// Bit `8l + 2w + h` set where the draw of half `h` of word `w` of Philox4x32-10 of
-    /// counter `[c0[l], c1[l], bh, stream]` is below the threshold: the dropped keys of the 16
-    /// blocks, in key order.
+    /// Bit `8l + 2w + h` of element `g` set where the draw of half `h` of word `w` of
+    /// Philox4x32-10 of counter `[c0[g][l], c1[g][l], bh, stream]` is below the threshold: the
+    /// dropped keys of `G` groups of 16 blocks, each in key order. The groups' rounds are
+    /// interleaved, so that one group's multiplies run while another's wait for theirs.
     ///
     /// # Safety
     /// Only in a function compiled with AVX-512F.
     #[inline(always)]
-    unsafe fn dropped(
+    unsafe fn dropped<const G: usize>(
         dropout: &AttentionDropout,
-        [c0, c1]: [__m512i; 2],
+        counters: [[__m512i; 2]; G],
         [bh, stream]: [u32; 2],
-    ) -> u128 {
+    ) -> [u128; G] {
         // SAFETY: the caller's.
         unsafe {
             let [mut k0, mut k1] = dropout.key();
@@ -153,35 +163,49 @@ mod wide {
                 _mm512_set1_epi64(0xD251_1F53),
                 _mm512_set1_epi64(0xCD9E_8D57),
             );
-            let [mut c0, mut c1] = [c0, c1];
-            let mut c2 = _mm512_set1_epi32(bh as i32);
-            let mut c3 = _mm512_set1_epi32(stream as i32);
+            let (c2, c3) = (
+                _mm512_set1_epi32(bh as i32),
+                _mm512_set1_epi32(stream as i32),
+            );
+            // No closures below: one would be compiled without AVX-512, and each intrinsic in
+            // it called instead of inlined.
+            let mut words = [[c2; 4]; G];
+            for (words, [c0, c1]) in words.iter_mut().zip(counters) {
+                *words = [c0, c1, c2, c3];
+            }
             for round in 0..10 {
                 if round > 0 {
                     k0 = k0.wrapping_add(0x9E37_79B9);
                     k1 = k1.wrapping_add(0xBB67_AE85);
                 }
-                let (high0, low0) = products(c0, m0);
-                let (high1, low1) = products(c2, m1);
-                c0 = _mm512_ternarylogic_epi32::<0x96>(high1, c1, _mm512_set1_epi32(k0 as i32));
-                c2 = _mm512_ternarylogic_epi32::<0x96>(high0, c3, _mm512_set1_epi32(k1 as i32));
-                [c1, c3] = [low1, low0];
-            }
-            let threshold = _mm512_set1_epi32(dropout.threshold() as i32);
-            let (mut low, mut high) = (0u64, 0u64);
-            for (w, word) in [c0, c1, c2, c3].into_iter().enumerate() {
-                let halves = [
-                    _mm512_and_si512(word, _mm512_set1_epi32(0xFFFF)),
-                    _mm512_srli_epi32::<16>(word),
-                ];
-                for (h, draws) in halves.into_iter().enumerate() {
-                    // Bit l: block l's key 2w + h is dropped.
-                    let bits = _mm512_cmplt_epu32_mask(draws, threshold);
-                    low |= SPREAD[(bits & 0xFF) as usize] << (2 * w + h);
-                    high |= SPREAD[(bits >> 8) as usize] << (2 * w + h);
+                let (k0, k1) = (_mm512_set1_epi32(k0 as i32), _mm512_set1_epi32(k1 as i32));
+                for [c0, c1, c2, c3] in words.iter_mut() {
+                    let (high0, low0) = products(*c0, m0);
+                    let (high1, low1) = products(*c2, m1);
+                    *c0 = _mm512_ternarylogic_epi32::<0x96>(high1, *c1, k0);
+                    *c2 = _mm512_ternarylogic_epi32::<0x96>(high0, *c3, k1);
+                    [*c1, *c3] = [low1, low0];
                 }
             }
-            low as u128 | (high as u128) << 64
+            let threshold = _mm512_set1_epi32(dropout.threshold() as i32);
+            let mut dropped = [0u128; G];
+            for (dropped, words) in dropped.iter_mut().zip(words) {
+                let (mut low, mut high) = (0u64, 0u64);
+                for (w, word) in words.into_iter().enumerate() {
+                    let halves = [
+                        _mm512_and_si512(word, _mm512_set1_epi32(0xFFFF)),
+                        _mm512_srli_epi32::<16>(word),
+                    ];
+                    for (h, draws) in halves.into_iter().enumerate() {
+                        // Bit l: block l's key 2w + h is dropped.
+                        let bits = _mm512_cmplt_epu32_mask(draws, threshold);
+                        low |= SPREAD[(bits & 0xFF) as usize] << (2 * w + h);
+                        high |= SPREAD[(bits >> 8) as usize] << (2 * w + h);
+                    }
+                }
+                *dropped = low as u128 | (high as u128) << 64;
+            }
+            dropped
         }
     }
 
@@ -209,7 +233,11 @@ mod wide {
         }
     }
 
-    /// [`super::dropout_run`] with AVX-512.
+    /// Groups of 16 Philox counters whose rounds one call interleaves: four cover a part of
+    /// 512 keys, and keep 16 of the 32 vector registers busy.
+    const GROUPS: usize = 4;
+
+    /// [`super::dropout_run`] with AVX-512, up to [`GROUPS`] groups of 16 counters at a time.
     ///
     /// # Safety
     /// Only in a function compiled with AVX-512F.
@@ -219,20 +247,64 @@ mod wide {
         [stream, bh, row, first]: [u32; 4],
         weights: &mut [f32],
     ) {
+        let scale = dropout.scale();
+        let (mut counter, mut skip, mut i) = (first >> 3, (first & 7) as usize, 0);
+        while i < weights.len() {
+            let (at, rest) = ((counter, skip), &mut weights[i..]);
+            let coordinates = [stream, bh, row];
+            // SAFETY: the caller's.
+            let n = unsafe {
+                match (skip + rest.len()).div_ceil(128) {
+                    1 => run_groups::<1>(dropout, scale, coordinates, at, rest),
+                    2 => run_groups::<2>(dropout, scale, coordinates, at, rest),
+                    3 => run_groups::<3>(dropout, scale, coordinates, at, rest),
+                    _ => run_groups::<GROUPS>(dropout, scale, coordinates, at, rest),
+                }
+            };
+            i += n;
+            counter = counter.wrapping_add(((skip + n) / 8) as u32);
+            skip = 0;
+        }
+    }
+
+    /// `weights` (at most `128 · G − skip` of them) times the factors of the `16 · G` blocks
+    /// from `counter` of `(stream, bh, row)`, the first block's first `skip` keys skipped;
+    /// returns how many weights it covered.
+    ///
+    /// # Safety
+    /// Only in a function compiled with AVX-512F.
+    #[inline(always)]
+    unsafe fn run_groups<const G: usize>(
+        dropout: &AttentionDropout,
+        scale: f32,
+        [stream, bh, row]: [u32; 3],
+        (counter, skip): (u32, usize),
+        weights: &mut [f32],
+    ) -> usize {
         // SAFETY: the caller's.
         unsafe {
             let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let (c1, scale) = (_mm512_set1_epi32(row as i32), dropout.scale());
-            let (mut counter, mut skip, mut i) = (first >> 3, (first & 7) as usize, 0);
-            while i < weights.len() {
-                let c0 = _mm512_add_epi32(_mm512_set1_epi32(counter as i32), lanes);
-                let dropped = dropped(dropout, [c0, c1], [bh, stream]) >> skip;
-                let n = (128 - skip).min(weights.len() - i);
-                apply(dropped, scale, &mut weights[i..i + n]);
-                i += n;
-                counter = counter.wrapping_add(((skip + n) / 8) as u32);
-                skip = 0;
+            let c1 = _mm512_set1_epi32(row as i32);
+            let mut counters = [[c1; 2]; G];
+            for (g, [c0, _]) in counters.iter_mut().enumerate() {
+                let first = counter.wrapping_add(16 * g as u32);
+                *c0 = _mm512_add_epi32(_mm512_set1_epi32(first as i32), lanes);
             }
+            let dropped = dropped::<G>(dropout, counters, [bh, stream]);
+            let n = (128 * G - skip).min(weights.len());
+            // Group g's keys are the call's 128g..128(g + 1): the weights from 128g − skip on
+            // (the first group's from 0, its bits shifted by `skip`) to 128(g + 1) − skip.
+            for (g, dropped) in dropped.into_iter().enumerate() {
+                let (start, end) = (
+                    (128 * g).saturating_sub(skip),
+                    (128 * (g + 1) - skip).min(n),
+                );
+                let dropped = if g == 0 { dropped >> skip } else { dropped };
+                if start < end {
+                    apply(dropped, scale, &mut weights[start..end]);
+                }
+            }
+            n
         }
     }
 
@@ -262,36 +334,71 @@ mod wide {
     }
 
     /// [`dropout_rows`] for rows of `B` blocks (the lanes' rows and blocks known at compile
-    /// time).
+    /// time), [`GROUPS`] groups of `16 / B` rows at a time, the rest a group at a time.
     ///
     /// # Safety
     /// As [`dropout_rows`]; `k ≤ 8 · B`.
     #[inline(always)]
     unsafe fn rows_of<const B: usize>(
         dropout: &AttentionDropout,
-        [stream, bh, first]: [u32; 3],
+        coordinates: [u32; 3],
         rows: &[u32],
+        shape: (usize, usize),
+        weights: &mut [f32],
+    ) {
+        let (scale, per_group) = (dropout.scale(), 16 / B);
+        let mut chunks = rows.chunks_exact(GROUPS * per_group);
+        let mut at = 0;
+        // SAFETY: the caller's.
+        unsafe {
+            for chunk in &mut chunks {
+                let end = at + chunk.len();
+                row_groups::<B, GROUPS>(dropout, scale, coordinates, (at, chunk), shape, weights);
+                at = end;
+            }
+            for group in chunks.remainder().chunks(per_group) {
+                let end = at + group.len();
+                row_groups::<B, 1>(dropout, scale, coordinates, (at, group), shape, weights);
+                at = end;
+            }
+        }
+    }
+
+    /// The rows `rows` (`G` groups of `16 / B`, or one group of fewer) of [`rows_of`], the
+    /// first of them its `at`-th.
+    ///
+    /// # Safety
+    /// As [`rows_of`].
+    #[inline(always)]
+    unsafe fn row_groups<const B: usize, const G: usize>(
+        dropout: &AttentionDropout,
+        scale: f32,
+        [stream, bh, first]: [u32; 3],
+        (at, rows): (usize, &[u32]),
         (stride, k): (usize, usize),
         weights: &mut [f32],
     ) {
-        let scale = dropout.scale();
+        let per_group = 16 / B;
         // SAFETY: the caller's.
         unsafe {
-            for (c, group) in rows.chunks(16 / B).enumerate() {
-                // Lane l: block l % B of row l / B (lanes past the group's rows repeat its
-                // last row; their bits are not read).
-                let c0: [u32; 16] = std::array::from_fn(|l| (l % B) as u32);
-                let c1: [u32; 16] = std::array::from_fn(|l| {
-                    first.wrapping_add(group[(l / B).min(group.len() - 1)])
+            // Lane l of group g: block l % B of the group's row l / B (lanes past the last row
+            // repeat it; their bits are not read).
+            let c0: [u32; 16] = std::array::from_fn(|l| (l % B) as u32);
+            let c0 = _mm512_loadu_si512(c0.as_ptr().cast());
+            let mut counters = [[c0; 2]; G];
+            for (g, [_, c1]) in counters.iter_mut().enumerate() {
+                let rows: [u32; 16] = std::array::from_fn(|l| {
+                    let r = (g * per_group + l / B).min(rows.len() - 1);
+                    first.wrapping_add(rows[r])
                 });
-                let c0 = _mm512_loadu_si512(c0.as_ptr().cast());
-                let c1 = _mm512_loadu_si512(c1.as_ptr().cast());
-                let dropped = dropped(dropout, [c0, c1], [bh, stream]);
-                for r in 0..group.len() {
-                    let at = (c * (16 / B) + r) * stride;
-                    let row = &mut weights[at..at + k];
-                    apply(dropped >> (8 * B * r), scale, row);
-                }
+                *c1 = _mm512_loadu_si512(rows.as_ptr().cast());
+            }
+            let dropped = dropped::<G>(dropout, counters, [bh, stream]);
+            for r in 0..rows.len() {
+                let (g, r_in) = (r / per_group, r % per_group);
+                let start = (at + r) * stride;
+                let row = &mut weights[start..start + k];
+                apply(dropped[g] >> (8 * B * r_in), scale, row);
             }
         }
     }
@@ -448,7 +555,9 @@ mod tests {
     fn several_rows_match_the_scalar_factors() {
         let dropout = AttentionDropout::new(0.3, 42);
         let (stream, bh, first) = (AttentionDropout::QUERY_TOP, 9, 1000);
-        let rows = [3u32, 0, 17, 4, 900, 5, 6, 7, 8, 1, 2, 11, 12];
+        // 150 rows in no order: with every k, groups of four Philox calls and single ones,
+        // and a partial last group.
+        let rows: Vec<u32> = (0..150).map(|j| (j * 37 + 3) % 1009).collect();
         for k in [1, 5, 8, 9, 24, 31, 32, 33, 40] {
             let stride = k + 3;
             let base = weights(rows.len() * stride);
