@@ -4,8 +4,10 @@
 # Flex (medians of at least 1 s of runs) and on WGPU (lavapipe without a GPU: 3 runs, no minimum
 # time), one process per cell, the two dropouts alternated within each round. With BEFORE set
 # to another build's bench binary, the first two rounds run it too, with dropout 0.1. It
-# resumes: a cell with its output is skipped. Run it on a quiet machine (about 25 minutes on 2
-# cores, 4 rounds).
+# resumes: a cell with its output is skipped. A cell with dropout 0.1 of a bench built from
+# this tree also times a step without dropout beside each timed step (before and after it in
+# turn), in the same process ("dropout N×" in its table): the measure to read where processes differ more than
+# the dropout costs. Run it on a quiet machine (about 35 minutes on 2 cores, 4 rounds).
 #
 # Usage: scripts/dropout-bench.sh [OUT_DIR] (default runs/dropout-bench). Environment:
 # BENCH_BIN (a bench binary to use instead of building one), BEFORE (a bench binary of the code

@@ -68,8 +68,9 @@ pub struct Args {
     pub d_ff: usize,
     /// Attention dropout, in `[0, 1)`: with `--mode encoder` the encoders' (default 0.1,
     /// burn-nn's), with `--mode train` the attentions' on their weights (default 0; Burn's
-    /// `fused` attention, which has none, is left out above 0). Refused with `--mode forward`,
-    /// which does not train.
+    /// `fused` attention, which has none, is left out above 0; above 0, a step without dropout
+    /// is timed beside each timed step, before and after it in turn, and the table gives the
+    /// time over its median after "dropout"). Refused with `--mode forward`, which does not train.
     #[arg(long)]
     pub dropout: Option<f64>,
     /// Runs one measurement of `--mode encoder` as a child process (the parent starts it).

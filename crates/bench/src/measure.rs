@@ -67,6 +67,11 @@ pub struct Record {
     /// the same run (each timed forward pass right before a timed forward + backward), so that
     /// `median_s / forward_median_s` compares the two under the same conditions.
     pub forward_median_s: Option<f64>,
+    /// `--mode train` with `--dropout` above 0: the median wall time of a forward + backward
+    /// pass without dropout, in seconds, timed in the same run (each beside a timed forward +
+    /// backward with dropout, before it and after it in turn), so that `median_s /
+    /// no_dropout_median_s` is what the dropout costs a step under the same conditions.
+    pub no_dropout_median_s: Option<f64>,
     /// `--count-launches` on a Cube backend: the kernel launches of one run (the forward
     /// pass, or in `--mode train` the forward + backward pass), counted by CubeCL's profiling
     /// logger after the timed runs ([`crate::launches`]).
@@ -165,6 +170,8 @@ struct Stats {
     max: f64,
     /// The forward pass's median where it was timed beside (`--mode train`).
     forward_median: Option<f64>,
+    /// The median of the train step without dropout where it was timed beside.
+    no_dropout_median: Option<f64>,
     /// Kernel launches of one run, and of the forward pass alone in `--mode train`, where
     /// counted.
     launches: Option<usize>,
@@ -180,6 +187,7 @@ fn stats(mut times: Vec<f64>) -> Stats {
         min: times[0],
         max: times[times.len() - 1],
         forward_median: None,
+        no_dropout_median: None,
         launches: None,
         forward_launches: None,
     }
@@ -235,26 +243,42 @@ fn time_and_count<R>(device: &Device, args: &Args, gpu: bool, mut f: impl FnMut(
 }
 
 /// [`time`] for `train`, with `forward` timed right before each run of it (and warmed up
-/// likewise): the train statistics, with the forward pass's median. `--min-time-s` counts the
-/// forward + backward runs only.
+/// likewise), and `baseline` (the step without dropout, where given) beside it, before it in
+/// one run and after it in the next, so that neither gains from following the other: the
+/// train statistics, with the forward pass's and the baseline's medians. `--min-time-s` counts
+/// the forward + backward runs of `train` only.
 fn time_beside<R, S>(
     device: &Device,
     args: &Args,
     mut forward: impl FnMut() -> R,
+    mut baseline: Option<impl FnMut() -> S>,
     mut train: impl FnMut() -> S,
 ) -> Stats {
     for _ in 0..args.warmup {
         time_once(device, &mut forward);
+        if let Some(baseline) = &mut baseline {
+            time_once(device, baseline);
+        }
         time_once(device, &mut train);
     }
-    let (mut forward_times, mut train_times) = (Vec::new(), Vec::new());
+    let (mut forward_times, mut baseline_times, mut train_times) =
+        (Vec::new(), Vec::new(), Vec::new());
     repeat(args, || {
         forward_times.push(time_once(device, &mut forward));
-        train_times.push(time_once(device, &mut train));
-        train_times[train_times.len() - 1]
+        let first = forward_times.len() % 2 == 1;
+        if let Some(baseline) = baseline.as_mut().filter(|_| first) {
+            baseline_times.push(time_once(device, baseline));
+        }
+        let time = time_once(device, &mut train);
+        if let Some(baseline) = baseline.as_mut().filter(|_| !first) {
+            baseline_times.push(time_once(device, baseline));
+        }
+        train_times.push(time);
+        time
     });
     Stats {
         forward_median: Some(stats(forward_times).median),
+        no_dropout_median: (!baseline_times.is_empty()).then(|| stats(baseline_times).median),
         ..stats(train_times)
     }
 }
@@ -265,14 +289,19 @@ fn clustering(args: &Args) -> ClusteringOptions {
         .with_iterations(args.iterations)
 }
 
-/// One attention forward pass.
-fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+/// One attention forward pass, with attention dropout `dropout` (in training).
+fn attend(
+    op: &str,
+    args: &Args,
+    dropout: f64,
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+) -> Tensor<4> {
     let clusters = clustering(args);
     let input = AttentionInput::new(q, k, v);
     match op {
-        "full" => FullAttention::new()
-            .with_dropout(args.dropout())
-            .forward(input),
+        "full" => FullAttention::new().with_dropout(dropout).forward(input),
         "fused" => attention(
             input.queries,
             input.keys,
@@ -283,11 +312,11 @@ fn attend(op: &str, args: &Args, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Te
         ),
         "clustered" => ClusteredAttention::new(args.clusters)
             .with_clustering(clusters)
-            .with_dropout(args.dropout())
+            .with_dropout(dropout)
             .forward(input),
         "improved" => ImprovedClusteredAttention::new(args.clusters, args.topk)
             .with_clustering(clusters)
-            .with_dropout(args.dropout())
+            .with_dropout(dropout)
             .forward(input),
         _ => unreachable!(),
     }
@@ -449,6 +478,7 @@ fn run_all(
                 peak_device_mib: None,
                 peak_rss_mib: None,
                 forward_median_s: None,
+                no_dropout_median_s: None,
                 launches: None,
                 forward_launches: None,
                 score_products: products.to_string(),
@@ -487,13 +517,17 @@ fn run_all(
                     .as_ref()
                     .map(|memory| (memory.reserved)() as f64 / 1024f64.powi(2));
                 eprintln!(
-                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}{}{}",
+                    "{backend:>8} L={len:<6} {op:<15} median {:.4} s (min {:.4}, max {:.4}){}{}{}{}",
                     stats.median,
                     stats.min,
                     stats.max,
                     stats
                         .forward_median
                         .map(|f| format!(", forward alone {f:.4} s"))
+                        .unwrap_or_default(),
+                    stats
+                        .no_dropout_median
+                        .map(|b| format!(", without dropout {b:.4} s"))
                         .unwrap_or_default(),
                     match (stats.launches, stats.forward_launches) {
                         (Some(n), Some(f)) => format!(", {n} kernel launches ({f} forward)"),
@@ -513,6 +547,7 @@ fn run_all(
                 record.min_s = Some(stats.min);
                 record.max_s = Some(stats.max);
                 record.forward_median_s = stats.forward_median;
+                record.no_dropout_median_s = stats.no_dropout_median;
                 record.launches = stats.launches;
                 record.forward_launches = stats.forward_launches;
                 record.gflops_per_s = Some(flops / stats.median / 1e9);
@@ -555,7 +590,7 @@ pub fn run_forward(
                 })
             }
             _ => time_and_count(&device, args, gpu, || {
-                attend(op, args, q.clone(), k.clone(), v.clone())
+                attend(op, args, 0.0, q.clone(), k.clone(), v.clone())
             }),
         }
     }))
@@ -563,7 +598,7 @@ pub fn run_forward(
 
 /// `--mode train`: forward and backward of `sum(attention(q, k, v))` with respect to q, k, v,
 /// each run right after a run of the forward pass alone (inputs not tracked, so no autodiff
-/// graph is built).
+/// graph is built) and, with `--dropout` above 0, beside a run of the step without dropout.
 pub fn run_train(
     backend: &str,
     device: Device,
@@ -579,17 +614,19 @@ pub fn run_train(
             cache = Some((len, inputs(args, len, &device)));
         }
         let [q, k, v] = cache.as_ref().unwrap().1.clone();
-        let mut forward = || attend(op, args, q.clone(), k.clone(), v.clone());
-        let mut train = || {
+        let dropout = args.dropout();
+        let mut forward = || attend(op, args, dropout, q.clone(), k.clone(), v.clone());
+        let step = |dropout: f64| {
             let [q, k, v] = [&q, &k, &v].map(|x| x.clone().require_grad());
-            attend(op, args, q, k, v).sum().backward()
+            attend(op, args, dropout, q, k, v).sum().backward()
         };
-        let stats = time_beside(&device, args, &mut forward, &mut train);
+        let baseline = (dropout > 0.0).then_some(|| step(0.0));
+        let stats = time_beside(&device, args, &mut forward, baseline, || step(dropout));
         if !gpu {
             return stats;
         }
         Stats {
-            launches: launches::count(&device, train),
+            launches: launches::count(&device, || step(dropout)),
             forward_launches: launches::count(&device, forward),
             ..stats
         }

@@ -94,6 +94,10 @@ fn cell(record: Option<&Record>) -> String {
                     Some(forward) => format!("{time}, {:.2}×", t / forward),
                     None => time,
                 };
+                let time = match r.no_dropout_median_s {
+                    Some(baseline) => format!("{time}, dropout {:.2}×", t / baseline),
+                    None => time,
+                };
                 match (r.launches, r.forward_launches) {
                     (Some(n), Some(f)) => format!("{time}; {n} launches ({f} forward)"),
                     (Some(n), None) => format!("{time}; {n} launches"),
@@ -122,7 +126,7 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             _ => "no".into(),
         };
         out += &format!(
-            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}{}; median of {} timed runs{}{}{}. Machine: {}.\n\n",
+            "{:?} pass, batch {}, {} heads, E = D = {}, C = {}, topk = {}, {} bits, {} iterations, {}{}; median of {} timed runs{}{}{}{}. Machine: {}.\n\n",
             r.mode,
             r.batch,
             r.heads,
@@ -147,6 +151,11 @@ pub fn markdown(machine: &Machine, records: &[Record]) -> String {
             },
             if records.iter().any(|r| r.forward_median_s.is_some()) {
                 "; after the comma, the time over the forward pass's median, the forward pass timed in the same run right before each forward + backward"
+            } else {
+                ""
+            },
+            if records.iter().any(|r| r.no_dropout_median_s.is_some()) {
+                "; after \"dropout\", the time over the median of the step without dropout, timed in the same run beside each step with it (before it and after it in turn)"
             } else {
                 ""
             },
