@@ -308,8 +308,8 @@ mod wide {
         }
     }
 
-    /// [`super::dropout_rows`] with AVX-512, for rows of at most 4 blocks (`k ≤ 32`): the rows
-    /// `16 / blocks` at a time, one block per lane.
+    /// [`super::dropout_rows`] with AVX-512, for rows of at most 4 blocks (`k ≤ 32`): `16 /
+    /// blocks` rows to a group of 16 counters, one block per lane, [`GROUPS`] groups at a time.
     ///
     /// # Safety
     /// Only in a function compiled with AVX-512F; `k ≤ 32`.
