@@ -11,16 +11,21 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 use crate::kind::AttentionKind;
 use crate::layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
+    padding_lengths,
 };
 
 /// Configuration of a [`ClusteredTransformerEncoder`]: burn-nn 0.22's
 /// [`TransformerEncoderConfig`](burn::nn::transformer::TransformerEncoderConfig) (the same
 /// fields, defaults and meanings) with the attention and its clustering options.
 ///
-/// Swapping burn-nn's encoder for this one is the constructor's one more argument:
-/// `TransformerEncoderConfig::new(256, 1024, 8, 4)` becomes
-/// `ClusteredTransformerEncoderConfig::new(256, 1024, 8, 4, AttentionKind::Improved { clusters:
-/// 100, topk: 32 })`.
+/// Swapping burn-nn's encoder for this one: `TransformerEncoderConfig::new(256, 1024, 8, 4)`
+/// becomes `ClusteredTransformerEncoderConfig::new(256, 1024, 8, 4, AttentionKind::Improved {
+/// clusters: 100, topk: 32 })`, the model's field `TransformerEncoder` becomes
+/// [`ClusteredTransformerEncoder`] and its input `TransformerEncoderInput` becomes
+/// [`ClusteredTransformerEncoderInput`] (the same builders); a burn-nn record loads as it is,
+/// a burn-nn configuration saved as JSON needs the fields this one adds (`attention`, `bits`,
+/// `iterations`, `hash_bias`, `seed`). The differences from burn-nn are listed in the
+/// repository's `docs/burn-nn.md`.
 #[derive(Config, Debug)]
 pub struct ClusteredTransformerEncoderConfig {
     /// Size of the model (the input and output features).
@@ -158,15 +163,18 @@ impl ClusteredTransformerEncoderInput {
     }
 
     /// Padding mask `[batch, L]`, `true` = padded, as burn-nn's. It must mark a suffix of each
-    /// sequence; `forward` panics otherwise.
+    /// sequence; `forward` panics otherwise. `forward` turns it into lengths once, on its
+    /// device, for every layer. A sequence that is all padding gives finite rows: those of a
+    /// zero attention output in every layer (burn-nn's attention, which fills masked scores
+    /// with −10⁴, attends to all its padded keys alike).
     pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
         self.mask_pad = Some(mask_pad);
         self
     }
 
     /// The sequences' lengths `[batch]`: positions `≥ lengths[b]` are padding. The same as
-    /// [`Self::mask_pad`] without reading a mask back to the host (not in burn-nn); give one or
-    /// the other, not both (`forward` panics).
+    /// [`Self::mask_pad`] (not in burn-nn); give one or the other, not both (`forward`
+    /// panics).
     pub fn key_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
         self.key_lengths = Some(lengths);
         self
@@ -274,7 +282,17 @@ impl ClusteredTransformerEncoder {
             key_lengths,
             mask_attn,
         } = input;
-        let masks = |x| self_attention(x, &mask_pad, &key_lengths, &mask_attn);
+        // The padding mask as lengths once for every layer, on the device.
+        let key_lengths = match (key_lengths, mask_pad) {
+            (Some(lengths), Some(mask)) => panic!(
+                "give either mask_pad {:?} or key_lengths {:?}, not both",
+                mask.dims(),
+                lengths.dims()
+            ),
+            (None, Some(mask)) => Some(padding_lengths(mask)),
+            (lengths, None) => lengths,
+        };
+        let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
         self.layers
             .iter()
             .fold(tensor, |x, layer| layer.forward_with(x, masks))

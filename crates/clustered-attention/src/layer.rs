@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::module::{Flag, Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
@@ -62,7 +62,8 @@ pub struct MultiHeadClusteredAttentionConfig {
 /// [`MultiHeadAttention`](burn::nn::attention::MultiHeadAttention): four `d_model × d_model`
 /// [`Linear`] projections named `query`, `key`, `value` and `output`, so a record saved from one
 /// loads into the other. With [`AttentionKind::Full`] it computes what `MultiHeadAttention`
-/// computes (dropout aside: here it applies to the attention weights).
+/// computes at every valid query (padded queries' rows are zero here; the dropout masks are
+/// drawn apart, so they differ for the same seed).
 ///
 /// A layer created with a shared-QK kind (`shared-full`, `lsh:X`) computes its keys with the
 /// `query` projection, normalised to unit length (Reformer), whatever kind it later switches
@@ -271,28 +272,21 @@ impl ClusteredAttentionInput {
     }
 }
 
-/// Lengths `[batch]` of the unmasked prefix of each row of a padding mask `[batch, S]`.
-///
-/// # Panics
-/// If a row masks a position followed by an unmasked one (not a padding mask).
-fn mask_to_lengths(mask: Tensor<2, Bool>) -> Tensor<1, Int> {
+/// Lengths `[batch]` of the unmasked prefix of each row of a padding mask `[batch, S]`,
+/// computed on the mask's device (nothing is read back to the host): the number of unmasked
+/// positions of each row, or −1 for a row that is not a padding mask (one that unmasks a
+/// position after a masked one), which the attention's check of its lengths then refuses
+/// ([`checked_lengths`](crate::ops::checks::checked_lengths)).
+pub(crate) fn padding_lengths(mask: Tensor<2, Bool>) -> Tensor<1, Int> {
     let [batch, len] = mask.dims();
     let device = mask.device();
-    let data = mask.into_data();
-    let values: Vec<bool> = data.iter::<bool>().collect();
-    let lengths: Vec<i64> = values
-        .chunks(len)
-        .enumerate()
-        .map(|(b, row)| {
-            let n = row.iter().position(|&m| m).unwrap_or(len);
-            assert!(
-                row[n..].iter().all(|&m| m),
-                "mask_pad [{batch}, {len}] must mask a suffix of each row (padding); row {b} unmasks a position after a masked one"
-            );
-            n as i64
-        })
-        .collect();
-    Tensor::from_data(TensorData::new(lengths, [batch]), &device)
+    let lengths = mask.clone().bool_not().int().sum_dim(1);
+    let positions = Tensor::<1, Int>::arange(0..len as i64, &device)
+        .reshape([1, len])
+        .expand([batch, len]);
+    let padding = positions.greater_equal(lengths.clone().expand([batch, len]));
+    let not_suffix = padding.int().not_equal(mask.int()).any_dim(1);
+    lengths.mask_fill(not_suffix, -1).reshape([batch])
 }
 
 impl MultiHeadClusteredAttention {
@@ -366,7 +360,7 @@ impl MultiHeadClusteredAttention {
                 lengths.dims()
             ),
             (Some(lengths), None) => Some(lengths),
-            (None, Some(mask)) => Some(mask_to_lengths(mask)),
+            (None, Some(mask)) => Some(padding_lengths(mask)),
             (None, None) => None,
         };
         let query_lengths = match input.query_lengths {

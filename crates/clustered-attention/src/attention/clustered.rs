@@ -65,7 +65,7 @@ impl ClusteredAttention {
     ///
     /// # Panics
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
-    /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` is 0
+    /// tensor is not `[batch]`, a length exceeds its sequence, `clusters` is 0
     /// or `bits` is outside `1..=32`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (clustering, options) = (&self.clustering, &self.options);

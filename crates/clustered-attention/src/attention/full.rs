@@ -4,6 +4,10 @@ use burn::tensor::{Bool, Tensor};
 use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
 use crate::ops::attention_softmax;
 
+/// The score given to a masked key by [`FullAttention::forward_masked`]: burn-nn's default
+/// `min_float` (`MultiHeadAttentionConfig`), with which its attention fills every masked score.
+const MASKED_SCORE: f32 = -1.0e4;
+
 /// Full softmax attention, `softmax(Q Kᵀ · scale) V` (paper eqs. 1–2): the exact baseline
 /// that clustered attention approximates. Costs `O(L · S · (E + D))` time and `O(L · S)` memory.
 ///
@@ -64,7 +68,7 @@ impl FullAttention {
     ///
     /// # Panics
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a
-    /// length tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, or
+    /// length tensor is not `[batch]`, a length exceeds its sequence, or
     /// the dropout is outside `[0, 1)`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         self.forward_masked(input, None)
@@ -72,8 +76,11 @@ impl FullAttention {
 
     /// [`Self::forward`] with an attention mask besides the lengths: `mask_attn`
     /// `[batch, L, S]`, `true` where a query may not attend to a key (burn-nn's `mask_attn`),
-    /// the same for every head. A query row masked at every key gets the softmax of a row of
-    /// `-inf` (see [`attention_softmax`]); with the quiet softmax, zeros.
+    /// the same for every head. As burn-nn's `MultiHeadAttention`, the masked scores (and,
+    /// with a mask, the padded keys' scores) are filled with −10⁴ (burn-nn's
+    /// default `min_float`) rather than `-inf`: a query row masked at every key then attends
+    /// to every key alike (its output is the mean of the values, finite, with a finite
+    /// gradient) and, with the quiet softmax, to none (zeros).
     ///
     /// # Panics
     /// As [`Self::forward`], and if `mask_attn` is not `[batch, L, S]`.
@@ -98,11 +105,16 @@ impl FullAttention {
                 let mask = mask
                     .unsqueeze_dim::<4>(1)
                     .expand([batch, heads, len, keys_len]);
-                scores.mask_fill(mask, f32::NEG_INFINITY)
+                let mask = match &input.key_padding {
+                    Some(padding) => {
+                        mask.bool_or(padding.clone().expand([batch, heads, len, keys_len]))
+                    }
+                    None => mask,
+                };
+                scores.mask_fill(mask, MASKED_SCORE)
             }
-            None => scores,
+            None => input.mask_keys(scores),
         };
-        let scores = input.mask_keys(scores);
         let weights = if self.quiet_softmax {
             quiet_softmax(scores, 3)
         } else {

@@ -75,7 +75,7 @@ impl ImprovedClusteredAttention {
     ///
     /// # Panics
     /// If the shapes disagree (batch, heads, E of queries and keys, S of keys and values), a length
-    /// tensor is not `[batch]`, a length exceeds its sequence, a key length is 0, `clusters` or
+    /// tensor is not `[batch]`, a length exceeds its sequence, `clusters` or
     /// `topk` is 0, or `bits` is outside `1..=32`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
         let (clustering, topk, options) = (&self.clustering, self.topk, &self.options);

@@ -4,7 +4,7 @@
 use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::AttentionOptions;
-use crate::ops::checks::{host_key_lengths, host_lengths};
+use crate::ops::checks::host_lengths;
 use crate::ops::topk_indices;
 
 /// The input of an attention on `[batch, heads, seq, dim]` tensors, as burn-nn's `MhaInput` is
@@ -17,7 +17,9 @@ use crate::ops::topk_indices;
 ///   `S = L`)
 /// - `query_lengths`, `key_lengths`: `[batch]`, Int. Positions at or past a sequence's length
 ///   are padding: padded keys get no attention, padded queries join no cluster and get a zero
-///   output row. Without them every position is valid.
+///   output row. Without them every position is valid. A sequence with key length 0 has
+///   nothing to attend to: all its output rows are zero (burn-nn's attention, which fills
+///   masked scores with a finite minimum, gives such a row the mean of all the values).
 ///
 /// The shapes and lengths are checked by the attention's `forward`, which panics naming the
 /// argument and the shapes.
@@ -31,8 +33,8 @@ pub struct AttentionInput {
     pub values: Tensor<4>,
     /// `[batch]`: the valid queries of each sequence; `None`: all of them.
     pub query_lengths: Option<Tensor<1, Int>>,
-    /// `[batch]`: the valid keys (and values) of each sequence, each at least 1; `None`: all
-    /// of them.
+    /// `[batch]`: the valid keys (and values) of each sequence; `None`: all of them. A
+    /// sequence without keys (0) gets zero output rows.
     pub key_lengths: Option<Tensor<1, Int>>,
 }
 
@@ -55,7 +57,8 @@ impl AttentionInput {
         self
     }
 
-    /// The valid keys and values of each sequence, `[batch]` Int, each in `1..=S`.
+    /// The valid keys and values of each sequence, `[batch]` Int, each in `0..=S` (0: the
+    /// sequence's output rows are zero).
     pub fn with_key_lengths(mut self, key_lengths: Tensor<1, Int>) -> Self {
         self.key_lengths = Some(key_lengths);
         self
@@ -97,7 +100,7 @@ pub(crate) struct Checked {
 /// # Panics
 /// With a message naming the argument and the shapes when the batch or head dimensions
 /// disagree, the E of queries and keys differ, the S of keys and values differ, a length
-/// tensor is not `[batch]`, a length is greater than its sequence, or a key length is 0.
+/// tensor is not `[batch]`, or a length is outside `0..=` its sequence's.
 pub(crate) fn check_input(
     queries: &Tensor<4>,
     keys: &Tensor<4>,
@@ -143,11 +146,28 @@ pub(crate) fn check_input(
 
     // The key lengths first: a self-attention layer given key lengths alone takes them as its
     // query lengths too, and a bad one is then named as the argument it was given as.
-    let key_lengths = key_lengths.map(|lengths| host_key_lengths(Some(lengths), batch, keys_len));
+    let key_lengths =
+        key_lengths.map(|lengths| host_lengths("key_lengths", Some(lengths), batch, keys_len));
+    let query_lengths = query_lengths
+        .map(|lengths| host_lengths("query_lengths", Some(lengths), batch, queries_len));
+    // A sequence without keys has nothing to attend to: its queries are all taken as padding
+    // (zero output rows), and the ops, which need a key per sequence, see its first key as
+    // valid; no query reads it, so it gets no gradient.
+    let (query_lengths, key_lengths) = match key_lengths {
+        Some(mut keys) if keys.contains(&0) => {
+            let mut queries = query_lengths.unwrap_or_else(|| vec![queries_len; batch]);
+            for (b, n) in keys.iter_mut().enumerate() {
+                if *n == 0 {
+                    (*n, queries[b]) = (1, 0);
+                }
+            }
+            (Some(queries), Some(keys))
+        }
+        keys => (query_lengths, keys),
+    };
     // Made anew on the queries' device from the values read (as the key lengths below), so
     // that lengths made on another device (one without autodiff, say) meet the queries' own.
-    let query_lengths = query_lengths.map(|lengths| {
-        let host = host_lengths("query_lengths", Some(lengths), batch, queries_len);
+    let query_lengths = query_lengths.map(|host| {
         let lengths = Tensor::<1, Int>::from_data(
             TensorData::new(host.iter().map(|&n| n as i64).collect(), [batch]),
             &device,

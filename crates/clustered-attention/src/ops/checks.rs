@@ -184,6 +184,12 @@ pub(crate) fn checked_lengths<T>(
         .into_iter()
         .enumerate()
         .map(|(b, len)| {
+            // −1: the lengths of a padding mask, row b of which is not one (`padding_lengths`).
+            assert!(
+                len != -1,
+                "{name}[{b}] = -1: mask_pad [{batch}, {seq_len}] must mask a suffix of each row \
+                 (padding); row {b} unmasks a position after a masked one"
+            );
             assert!(
                 (0..=seq_len as i64).contains(&len),
                 "{name}[{b}] = {len} is outside 0..={seq_len} (the sequence length)"
@@ -209,21 +215,4 @@ pub(crate) fn host_lengths(
     let dims = |lengths: &Tensor<1, Int>| lengths.dims().to_vec();
     let read = |lengths: Tensor<1, Int>| lengths.into_data().iter::<i64>().collect();
     checked_lengths(name, lengths, batch, seq_len, dims, read)
-}
-
-/// Reads `key_lengths` (`[batch]`) to the host, as [`host_lengths`] does, and checks that every
-/// sequence has a key: all `keys_len` when `None`.
-///
-/// # Panics
-/// If the tensor is not `[batch]` or a length is outside `1..=keys_len`.
-pub(crate) fn host_key_lengths(
-    key_lengths: Option<Tensor<1, Int>>,
-    batch: usize,
-    keys_len: usize,
-) -> Vec<usize> {
-    let lengths = host_lengths("key_lengths", key_lengths, batch, keys_len);
-    if let Some(b) = lengths.iter().position(|&n| n == 0) {
-        panic!("key_lengths[{b}] = 0: every sequence needs at least one key");
-    }
-    lengths
 }

@@ -26,6 +26,26 @@ fn max_abs(a: Tensor<3>, b: Tensor<3>) -> f32 {
     (a - b).abs().max().into_scalar::<f32>()
 }
 
+/// Panics, naming `what`, unless every value of `x` is finite.
+fn assert_finite<const D: usize>(x: &Tensor<D>, what: &str) {
+    let values: Vec<f32> = x.to_data().iter::<f32>().collect();
+    let bad = values.iter().filter(|v| !v.is_finite()).count();
+    assert!(
+        bad == 0,
+        "{what}: {bad} of {} values are not finite",
+        values.len()
+    );
+}
+
+/// `[batch, len, 1]`: 1 at the positions `< lengths[b]`, 0 at the padded ones.
+fn padding_rows(lengths: &[usize], len: usize, device: &Device) -> Tensor<3> {
+    let rows: Vec<f32> = lengths
+        .iter()
+        .flat_map(|&n| (0..len).map(move |i| if i < n { 1.0 } else { 0.0 }))
+        .collect();
+    Tensor::from_data(TensorData::new(rows, [lengths.len(), len, 1]), device)
+}
+
 /// `module`'s record as burnpack bytes: what `Module::save_file` writes.
 fn record_bytes(module: impl Module) -> Bytes {
     module
@@ -76,12 +96,33 @@ fn config(attention: AttentionKind, norm_first: bool) -> ClusteredTransformerEnc
         .with_norm_first(norm_first)
 }
 
+/// `[batch, len, len]`: the causal mask of [`causal_mask`] with every key masked in the rows
+/// `(b, i)` of `rows` (rows with nothing to attend to).
+fn causal_mask_with_masked_rows(
+    batch: usize,
+    len: usize,
+    rows: &[(usize, usize)],
+    device: &Device,
+) -> Tensor<3, Bool> {
+    let mask: Vec<bool> = (0..batch * len * len)
+        .map(|at| {
+            let (b, i, j) = (at / (len * len), (at / len) % len, at % len);
+            j > i || rows.contains(&(b, i))
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(mask, [batch, len, len]), device)
+}
+
 /// The masks of one comparison with burn-nn's encoder.
 #[derive(Debug, Clone, Copy)]
 enum Masks {
     None,
     Padding,
     Causal,
+    /// A causal mask with rows that mask every key.
+    FullyMaskedRows,
+    /// A padding mask whose second sequence is all padding.
+    EmptySequence,
 }
 
 /// Every float parameter's gradient in `grads`, by its module path
@@ -125,19 +166,19 @@ fn parameter_gradients(module: &impl Module, grads: &Gradients) -> BTreeMap<Stri
 /// computes what burn-nn's computes, outputs and every parameter's gradient to 1e-5 (relative
 /// to the largest gradient where that is over 1): post- and pre-norm, softmax and quiet
 /// softmax, without a mask, with a padding mask (at the valid positions: the loss weighs the
-/// padded ones by 0) and with a causal attention mask. The encoder's record loads back into
-/// burn-nn's. Dropout 0 on both (the comparison runs on an autodiff device).
+/// padded ones by 0), with a causal attention mask, with an attention mask whose rows mask
+/// every key (burn-nn fills masked scores with its `min_float`, −10⁴, so such a row attends to
+/// every key alike), and with a sequence that is all padding (compared at the other's valid
+/// positions). Every output and gradient of ours is finite, padded rows included. The
+/// encoder's record loads back into burn-nn's. Dropout 0 on both (the comparison runs on an
+/// autodiff device).
 fn matches_burn_nn(device: &Device) {
     let device = autodiff(device);
     let (batch, len) = (2, 12);
     let lengths = [len, 7];
     let x = Tensor::<3>::random([batch, len, D_MODEL], Distribution::Default, &device);
     let loss_weights = Tensor::<3>::random([batch, len, D_MODEL], Distribution::Default, &device);
-    let valid_rows: Vec<f32> = lengths
-        .iter()
-        .flat_map(|&n| (0..len).map(move |i| if i < n { 1.0 } else { 0.0 }))
-        .collect();
-    let valid_rows = Tensor::<3>::from_data(TensorData::new(valid_rows, [batch, len, 1]), &device);
+    let valid_rows = padding_rows(&lengths, len, &device);
     for norm_first in [false, true] {
         for quiet_softmax in [false, true] {
             let nn_config = burn_nn_config(norm_first)
@@ -150,7 +191,13 @@ fn matches_burn_nn(device: &Device) {
                 .with_dropout(0.0)
                 .init(&device)
                 .load_record(record(&bytes));
-            for masks in [Masks::None, Masks::Padding, Masks::Causal] {
+            for masks in [
+                Masks::None,
+                Masks::Padding,
+                Masks::Causal,
+                Masks::FullyMaskedRows,
+                Masks::EmptySequence,
+            ] {
                 let case =
                     format!("norm_first {norm_first}, quiet_softmax {quiet_softmax}, {masks:?}");
                 let nn_input = TransformerEncoderInput::new(x.clone());
@@ -173,9 +220,28 @@ fn matches_burn_nn(device: &Device) {
                             valid_rows.ones_like(),
                         )
                     }
+                    Masks::FullyMaskedRows => {
+                        let rows = [(0, 0), (0, 5), (1, 3), (1, len - 1)];
+                        let mask = causal_mask_with_masked_rows(batch, len, &rows, &device);
+                        (
+                            nn_input.mask_attn(mask.clone()),
+                            our_input.mask_attn(mask),
+                            valid_rows.ones_like(),
+                        )
+                    }
+                    Masks::EmptySequence => {
+                        let mask = padding_mask(&[len, 0], len, &device);
+                        (
+                            nn_input.mask_pad(mask.clone()),
+                            our_input.mask_pad(mask),
+                            padding_rows(&[len, 0], len, &device),
+                        )
+                    }
                 };
                 let expected = nn.forward(nn_input) * rows.clone();
-                let actual = ours.forward(our_input) * rows;
+                let actual = ours.forward(our_input);
+                assert_finite(&actual, &format!("{case}: our output"));
+                let actual = actual * rows;
                 let diff = max_abs(expected.clone(), actual.clone());
                 assert!(diff <= 1e-5, "{case}: outputs {diff} apart");
 
@@ -190,6 +256,10 @@ fn matches_burn_nn(device: &Device) {
                 );
                 for (path, expected) in &nn_grads {
                     let actual = &our_grads[path];
+                    assert!(
+                        actual.iter().all(|g| g.is_finite()),
+                        "{case}: the gradient of {path} is not finite"
+                    );
                     let largest = expected.iter().fold(1f32, |m, g| m.max(g.abs()));
                     let diff = expected
                         .iter()
@@ -231,6 +301,99 @@ fn matches_burn_nn_on_flex() {
 #[test]
 fn matches_burn_nn_on_wgpu() {
     matches_burn_nn(&crate::common::wgpu());
+}
+
+/// A batch with a sequence that is all padding, on every kind the encoder trains with: the
+/// other sequence's rows are those it gets alone (to 1e-5), the empty sequence's rows are
+/// finite and equal (to 1e-5) the encoder computed with burn-nn's modules and a zero
+/// attention output before the output projection (so the projection's bias), and every
+/// parameter's and the input's gradient is finite. Dropout 0, on an autodiff device.
+fn empty_sequence_is_finite(device: &Device) {
+    let device = autodiff(device);
+    let len = 9;
+    let kinds = [
+        AttentionKind::Full,
+        AttentionKind::Clustered { clusters: 3 },
+        AttentionKind::Improved {
+            clusters: 3,
+            topk: 2,
+        },
+    ];
+    for norm_first in [false, true] {
+        for kind in kinds {
+            let case = format!("{kind}, norm_first {norm_first}");
+            let encoder = config(kind, norm_first).with_dropout(0.0).init(&device);
+            let x = Tensor::<3>::random([2, len, D_MODEL], Distribution::Default, &device)
+                .require_grad();
+            let mask = padding_mask(&[len, 0], len, &device);
+            let output =
+                encoder.forward(ClusteredTransformerEncoderInput::new(x.clone()).mask_pad(mask));
+            assert_finite(&output, &format!("{case}: output"));
+
+            let alone = encoder.forward(ClusteredTransformerEncoderInput::new(
+                x.clone().slice([0..1]).detach(),
+            ));
+            let diff = max_abs(output.clone().slice([0..1]), alone);
+            assert!(
+                diff <= 1e-5,
+                "{case}: the full sequence is {diff} off its rows alone"
+            );
+
+            // The empty sequence through burn-nn's layer norms and feed-forward networks, each
+            // layer's attention sub-layer giving the output projection's bias alone.
+            let mut expected = x.clone().slice([1..2]).detach();
+            for layer in &encoder.layers {
+                let bias = layer
+                    .mha
+                    .output
+                    .bias
+                    .as_ref()
+                    .expect("the output projection has a bias")
+                    .val()
+                    .reshape([1, 1, D_MODEL]);
+                let mut y = expected + bias;
+                y = if norm_first {
+                    y.clone() + layer.pwff.forward(layer.norm_1.forward(y))
+                } else {
+                    let y = layer.norm_1.forward(y);
+                    layer.norm_2.forward(y.clone() + layer.pwff.forward(y))
+                };
+                expected = y;
+            }
+            let diff = max_abs(output.clone().slice([1..2]), expected);
+            assert!(
+                diff <= 1e-5,
+                "{case}: the empty sequence is {diff} off its reference"
+            );
+
+            let weights = Tensor::<3>::random([2, len, D_MODEL], Distribution::Default, &device);
+            let grads = (output * weights).sum().backward();
+            for (path, values) in parameter_gradients(&encoder, &grads) {
+                assert!(
+                    values.iter().all(|g| g.is_finite()),
+                    "{case}: the gradient of {path} is not finite"
+                );
+            }
+            let input_grad = x.grad(&grads).expect("the input has a gradient");
+            assert_finite(&input_grad, &format!("{case}: the input's gradient"));
+        }
+    }
+}
+
+#[test]
+fn empty_sequence_is_finite_on_ndarray() {
+    empty_sequence_is_finite(&ndarray());
+}
+
+#[test]
+fn empty_sequence_is_finite_on_flex() {
+    empty_sequence_is_finite(&flex());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn empty_sequence_is_finite_on_wgpu() {
+    empty_sequence_is_finite(&crate::common::wgpu());
 }
 
 /// `with_attention` swaps every layer's attention on the same weights: improved attention with

@@ -218,10 +218,62 @@ fn layer_input_width() {
     layer.forward(ClusteredAttentionInput::self_attn(x));
 }
 
+/// A sequence without keys (key length 0) in a self-attention layer of every kind, on NdArray
+/// and Flex: its rows are finite and equal the output projection's bias (the attention's rows
+/// are zero, as a padded query's), to 1e-6, and the other sequence's rows are those it gets
+/// alone, to 1e-5.
 #[test]
-#[should_panic(expected = "key_lengths[1] = 0: every sequence needs at least one key")]
-fn key_length_zero() {
-    clustered_with_key_lengths(&[6, 0]);
+fn key_length_zero_gives_zero_attention_rows() {
+    use burn::tensor::Int;
+    use clustered_attention::ClusteredAttentionInput;
+    let kinds = [
+        AttentionKind::Full,
+        AttentionKind::Clustered { clusters: 3 },
+        AttentionKind::Improved {
+            clusters: 3,
+            topk: 2,
+        },
+        AttentionKind::Blocks { clusters: 3 },
+        AttentionKind::ImprovedBlocks {
+            clusters: 3,
+            topk: 2,
+        },
+        AttentionKind::SharedFull,
+        AttentionKind::Lsh {
+            rounds: 2,
+            chunk_size: 4,
+        },
+        AttentionKind::OracleTop { topk: 3 },
+    ];
+    for device in [ndarray(), crate::common::flex()] {
+        for kind in kinds {
+            let layer = MultiHeadClusteredAttentionConfig::new(8, 2, kind).init(&device);
+            let x = Tensor::<3>::random([2, 8, 8], Distribution::Default, &device);
+            let key_lengths = Tensor::<1, Int>::from_ints([8, 0], &device);
+            let output = layer
+                .forward(ClusteredAttentionInput::self_attn(x.clone()).key_lengths(key_lengths));
+            let host: Vec<f32> = output.to_data().iter::<f32>().collect();
+            assert!(host.iter().all(|v| v.is_finite()), "{kind}: {host:?}");
+            let bias = layer.output.bias.as_ref().unwrap().val().reshape([1, 1, 8]);
+            let diff = (output.clone().slice([1..2]) - bias)
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            assert!(
+                diff <= 1e-6,
+                "{kind}: the empty sequence's rows are {diff} off the bias"
+            );
+            let alone = layer.forward(ClusteredAttentionInput::self_attn(x.slice([0..1])));
+            let diff = (output.slice([0..1]) - alone)
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            assert!(
+                diff <= 1e-5,
+                "{kind}: the other sequence is {diff} off its rows alone"
+            );
+        }
+    }
 }
 
 #[test]
