@@ -13,8 +13,10 @@
 #    launchers plan differently (widths, long rows, top-k, clusters, every K-means plan),
 #    compiled to CUDA C++ by cubecl-cpp and written out, one file per distinct source.
 # 3. Compiles each source with NVRTC, cubecl-cuda's flags (sm_80, sm_90a) and ptxas's verbose
-#    report (scripts/cuda_offline.py); fails when a source does not compile, a kernel spills
-#    registers to local memory or has a stack frame over 1 KiB.
+#    report (scripts/cuda_offline.py); fails when a source does not compile, a kernel (or a
+#    function it calls, each in its own block of the report) spills registers to local memory
+#    or has a stack frame over 1 KiB. `cuda_offline.py --self-test` checks that reading of
+#    the report on literal logs first.
 #
 # The test is built with scripts/test.sh's features (and its pitched-WGPU `--config`, given in
 # PITCHED_WGPU_CONFIG, so that its build serves here); it runs on WGPU (Mesa's lavapipe where
@@ -53,6 +55,10 @@ if [ "${1:-}" = --tree ]; then
     echo "$cuda_path"
     exit 0
 fi
+
+# The reading of ptxas's report, checked first on literal logs (no NVRTC needed): a spill or a
+# stack frame in any function block of a log, a called function's or a second kernel's, fails.
+python3 -B scripts/cuda_offline.py --self-test
 
 table= docs=0 from=
 while [ $# -gt 0 ]; do

@@ -6,15 +6,19 @@ and the occupancy they allow on an A100 (sm_80) and an H100 (sm_90a).
 Use: cuda_offline.py KERNELS_DIR CUDA_PATH [--table FILE] [--jobs N]
      cuda_offline.py --probe LIBNVRTC CUDA_PATH   (whether NVRTC compiles a kernel that
                     includes the headers of CUDA_PATH; the CUDA kit's run.sh asks it)
+     cuda_offline.py --self-test   (reads the literal ptxas logs of SELF_TEST and checks what
+                    it finds and which fail; no NVRTC; scripts/cuda-offline.sh runs it first)
 
 KERNELS_DIR holds what the test `cuda_sources_compile_for_sm_80_and_sm_90` wrote with
 `CUDA_KERNELS_DIR` set (kernels.tsv and the .cu files); CUDA_PATH is a CUDA tree with include/
 (the headers cubecl's sources include) and lib/libnvrtc.so.* (the pinned PyPI wheels of
 scripts/cuda-offline.sh). The flags are cubecl-cuda's (`compute/context.rs`, `compile_to_ptx`:
 `--gpu-architecture=sm_{arch}` with an `a` from 90 on, the include paths, `-lineinfo`) plus
-`--ptxas-options=-v`, which makes NVRTC compile to a cubin and report the resources of the
-entry function. Exits 1 when a source does not compile, a kernel spills registers to local
-memory or has a stack frame over MAX_STACK bytes.
+`--ptxas-options=-v`, which makes NVRTC compile to a cubin and report the resources of every
+function: the entry function's, and those of any function it calls that ptxas did not inline
+(or of a second kernel), each in a block of its own. Exits 1 when a source does not compile,
+or any function of it spills registers to local memory or has a stack frame over MAX_STACK
+bytes.
 With --table, writes the markdown table of every kernel (one per source and GPU).
 """
 
@@ -128,20 +132,102 @@ def probe(library, cuda_path):
     return ok
 
 
+# ptxas's verbose report, line by line: each function it compiles gets a block, "Function
+# properties for NAME" and the line of its stack frame and spills; an entry function (a kernel)
+# is announced by "Compiling entry function 'NAME' for 'sm_80'" and followed by the line of its
+# registers. A function the kernel calls and ptxas did not inline gets a block of its own, before
+# or after the kernel's, as does each further kernel of the source.
+ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+PROPERTIES = re.compile(r"Function properties for (\S+)")
+FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+USED = re.compile(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?")
+
+
+def functions(log):
+    """Every function block of ptxas's verbose log, in its order: name, whether it is an entry
+    function, stack frame and spill bytes (stores + loads) and, for an entry function, its
+    registers and static shared memory (None and 0 where the log gives none)."""
+    blocks = {}
+
+    def block(name):
+        return blocks.setdefault(
+            name, dict(name=name, entry=False, registers=None, smem_static=0, stack=0, spills=0)
+        )
+
+    entry = current = None
+    for line in log.splitlines():
+        found = ENTRY.search(line)
+        if found:
+            entry = current = found.group(1)
+            block(entry)["entry"] = True
+            continue
+        found = PROPERTIES.search(line)
+        if found:
+            current = found.group(1)
+            block(current)
+            continue
+        found = FRAME.search(line)
+        if found:
+            b = block(current or entry or "?")
+            b["stack"] = int(found.group(1))
+            b["spills"] = int(found.group(2)) + int(found.group(3))
+            b["framed"] = True
+            continue
+        found = USED.search(line)
+        if found:
+            # The registers line closes an entry function's report, whatever blocks of the
+            # functions it calls came between.
+            b = block(entry or current or "?")
+            b["registers"] = int(found.group(1))
+            b["smem_static"] = int(found.group(2) or 0)
+    return list(blocks.values())
+
+
 def resources(log):
-    """Registers, spill bytes (stores + loads), stack bytes and static shared memory of the
-    entry function, from ptxas's verbose log."""
-    used = re.search(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?", log)
-    frame = re.search(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log
-    )
-    if not used or not frame:
+    """Registers and static shared memory of the entry function (the one with the most
+    registers, where a source has several), and the worst stack frame and spill bytes (stores +
+    loads) of every function in ptxas's verbose log, with the functions they are in and every
+    block as `functions` read it."""
+    blocks = functions(log)
+    used = [b for b in blocks if b["registers"] is not None]
+    framed = [b for b in blocks if b.pop("framed", False)]
+    if not used or not framed:
         return None
+    kernel = max(used, key=lambda b: (b["entry"], b["registers"]))
+    spilled = max(framed, key=lambda b: b["spills"])
+    stacked = max(framed, key=lambda b: b["stack"])
     return dict(
-        registers=int(used.group(1)),
-        smem_static=int(used.group(2) or 0),
-        stack=int(frame.group(1)),
-        spills=int(frame.group(2)) + int(frame.group(3)),
+        registers=kernel["registers"],
+        smem_static=kernel["smem_static"],
+        stack=stacked["stack"],
+        spills=spilled["spills"],
+        spilled=spilled["name"] if spilled["spills"] > 0 else None,
+        stacked=stacked["name"] if stacked["stack"] > 0 else None,
+        functions=blocks,
+    )
+
+
+def problem(found):
+    """Why a source's resources fail the check (a function that spills, or a stack frame over
+    MAX_STACK in any function), or None."""
+    if found["spills"] > 0:
+        return (
+            f"spills {found['spills']} B in {found['spilled']} "
+            f"({found['registers']} registers)"
+        )
+    if found["stack"] > MAX_STACK:
+        return (
+            f"a stack frame of {found['stack']} B in {found['stacked']}, over {MAX_STACK} B"
+        )
+    return None
+
+
+def blocks_line(found):
+    """The functions of ptxas's report, one after another: registers, stack, spills."""
+    return "; ".join(
+        f"{b['name']} ({'entry, ' + str(b['registers']) + ' registers, ' if b['entry'] else ''}"
+        f"stack {b['stack']} B, spills {b['spills']} B)"
+        for b in found["functions"]
     )
 
 
@@ -161,7 +247,107 @@ def occupancy(arch, threads, registers, smem):
     return blocks * warps / (gpu["threads"] // WARP), limiter
 
 
+# ptxas's verbose logs as NVRTC returns them, with what `resources` must read from each and
+# whether the source fails: (what the log is, log, registers, spills, stack, function that
+# spills, fails).
+SELF_TEST = [
+    (
+        "one kernel, no spill",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'lsh_hash_kernel' for 'sm_80'
+ptxas info    : Function properties for lsh_hash_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 392 bytes cmem[0]
+""",
+        40, 0, 0, None, False,
+    ),
+    (
+        "a kernel and a function it calls, no spill",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'topk_kernel' for 'sm_90a'
+ptxas info    : Function properties for topk_kernel
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Function properties for _Z13insert_sortedPfPjfj
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+""",
+        96, 0, 16, None, False,
+    ),
+    (
+        "a kernel and a function it calls, the second spills",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'topk_kernel' for 'sm_80'
+ptxas info    : Function properties for topk_kernel
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Function properties for _Z13insert_sortedPfPjfj
+    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+""",
+        96, 16, 16, "_Z13insert_sortedPfPjfj", True,
+    ),
+    (
+        "the called function's block first, then the kernel's; the called one spills",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Function properties for _Z13insert_sortedPfPjfj
+    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Compiling entry function 'topk_kernel' for 'sm_80'
+ptxas info    : Function properties for topk_kernel
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+""",
+        96, 16, 16, "_Z13insert_sortedPfPjfj", True,
+    ),
+    (
+        "a called function with a stack frame over MAX_STACK",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'topk_kernel' for 'sm_80'
+ptxas info    : Function properties for topk_kernel
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Function properties for _Z13insert_sortedPfPjfj
+    2048 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+""",
+        96, 0, 2048, None, True,
+    ),
+    (
+        "two kernels, the second spills",
+        """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'kmeans_assign_kernel' for 'sm_80'
+ptxas info    : Function properties for kmeans_assign_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, 380 bytes cmem[0]
+ptxas info    : Compiling entry function 'kmeans_update_kernel' for 'sm_80'
+ptxas info    : Function properties for kmeans_update_kernel
+    24 bytes stack frame, 24 bytes spill stores, 32 bytes spill loads
+ptxas info    : Used 255 registers, 380 bytes cmem[0]
+""",
+        255, 56, 24, "kmeans_update_kernel", True,
+    ),
+]
+
+
+def self_test():
+    """Checks `resources` and `problem` on the logs of SELF_TEST; says so on standard output,
+    and what went wrong on standard error."""
+    wrong = []
+    for what, log, registers, spills, stack, spilled, fails in SELF_TEST:
+        found = resources(log)
+        expected = dict(registers=registers, spills=spills, stack=stack, spilled=spilled)
+        got = {k: found.get(k) for k in expected} if found else None
+        if got != expected:
+            wrong.append(f"{what}: read {got}, expected {expected}")
+        elif bool(problem(found)) != fails:
+            wrong.append(f"{what}: {'passes' if fails else 'fails'} ({problem(found)})")
+    if wrong:
+        print("cuda-offline: self-test FAILED:\n  " + "\n  ".join(wrong), file=sys.stderr)
+        return False
+    print(f"cuda-offline: self-test passed ({len(SELF_TEST)} ptxas logs read)")
+    return True
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(0 if self_test() else 1)
     if len(sys.argv) == 4 and sys.argv[1] == "--probe":
         sys.exit(0 if probe(sys.argv[2], sys.argv[3]) else 1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -182,15 +368,10 @@ def main():
                 failures.append(f"{row['file']} ({row['configs']}): does not compile\n{log}")
             elif found is None:
                 failures.append(f"{row['file']}: no resource usage in NVRTC's log\n{log}")
-            elif found["spills"] > 0:
+            elif problem(found):
                 failures.append(
-                    f"{row['file']} ({row['configs']}): spills {found['spills']} B "
-                    f"({found['registers']} registers)\n{log}"
-                )
-            elif found["stack"] > MAX_STACK:
-                failures.append(
-                    f"{row['file']} ({row['configs']}): a stack frame of {found['stack']} B, "
-                    f"over {MAX_STACK} B\n{log}"
+                    f"{row['file']} ({row['configs']}): {problem(found)}\n"
+                    f"  functions: {blocks_line(found)}\n{log}"
                 )
             if found:
                 results.append((row, found))
