@@ -4,17 +4,23 @@
 //! attention, the same sizes and dropout. Each (backend, encoder, length) runs in a child
 //! process of its own (this program, run again with `--encoder-child`) whose data segment is
 //! capped (`RLIMIT_DATA`, which counts every private writable mapping: the heap, the
-//! allocator's arenas, the tensors): past the cap an allocation fails and the child aborts, so
-//! a configuration that needs more memory than the cap is reported "over the cap" and the
-//! machine never swaps. The child reports the median step time and its peak resident set size
-//! (`VmHWM`). On CUDA the memory is the device's: no cap is set on the host (the driver maps
-//! the device's memory into the process), an allocation past the device's memory is reported
-//! "over the device's memory", and the peak is the most the device's memory pools held at
-//! the end of a forward, a backward or an update (CubeCL's `bytes_reserved`; the pools keep
-//! their pages between allocations, so this is the peak of what they took, within a page).
+//! allocator's arenas, the tensors; [`crate::capped`]): past the cap an allocation fails and
+//! the child exits with a status of its own, so a configuration that needs more memory than
+//! the cap is reported "over the cap" and the machine never swaps. The cap and the memory
+//! reported are two measures: the cap is on the virtual memory the child maps for its data,
+//! the report is its peak resident set size (peak RSS, `VmHWM`: the pages it touched), which
+//! no `setrlimit` can cap. A child is over the cap by its exit alone (an allocation failed, or
+//! the kernel killed it with `SIGKILL`); any other failure is reported as a crash with its
+//! exit status or signal, whatever it printed. The child reports the median step time and its
+//! peak RSS. On CUDA the memory is the device's: no cap is set on the host (the driver maps
+//! the device's memory into the process), a failure whose messages say the device's memory
+//! ran out is reported "over the device's memory", and the peak is the most the device's
+//! memory pools held at the end of a forward, a backward or an update (CubeCL's
+//! `bytes_reserved`; the pools keep their pages between allocations, so this is the peak of
+//! what they took, within a page).
 
 use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -30,6 +36,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::Args;
+use crate::capped::{self, Outcome};
 use crate::report::{Machine, write_outputs};
 
 /// The encoders compared: burn-nn's, then this crate's with each attention.
@@ -49,12 +56,17 @@ pub struct EncoderRecord {
     pub dropout: f64,
     /// Median seconds of a training step.
     pub step_s: Option<f64>,
-    /// Peak memory of the child process, MiB: its resident set size on a CPU backend (and
-    /// WGPU, whose memory is the host's on lavapipe), the device's memory pools on CUDA.
+    /// Peak memory of the child process, MiB: its peak resident set size (peak RSS,
+    /// `VmHWM`) on a CPU backend (and WGPU, whose memory is the host's on lavapipe), what the
+    /// device's memory pools held on CUDA. Not the measure the cap is on (the data segment's
+    /// virtual size, `RLIMIT_DATA`).
     pub peak_mib: Option<f64>,
     /// What `peak_mib` measures: `"rss"` or `"device"`.
     pub memory: Option<String>,
-    /// "over the cap", a skip or a failure.
+    /// How the child ended where it failed: its exit status or the signal that killed it,
+    /// e.g. "exit status 86: an allocation failed", "killed by signal 6 (SIGABRT)".
+    pub exit: Option<String>,
+    /// "over the cap", a crash, or why it was not run.
     pub note: Option<String>,
 }
 
@@ -73,8 +85,9 @@ fn uncapped(backend: BackendName) -> bool {
     backend == BackendName::Cuda
 }
 
-/// The memory cap of a child, bytes: `--memory-gib`, or 70 % of the memory available now (the
-/// host's budget of the other modes, [`crate::measure::memory_budget`]).
+/// The cap of a child's data segment (`RLIMIT_DATA`), bytes: `--memory-gib`, or 70 % of the
+/// memory available now (the host's budget of the other modes,
+/// [`crate::measure::memory_budget`]).
 fn memory_cap(args: &Args) -> u64 {
     crate::measure::memory_budget(args, false) as u64
 }
@@ -85,7 +98,10 @@ pub fn run(args: &Args, machine: &Machine) -> Result<()> {
     let cap = memory_cap(args);
     let cap_gib = cap as f64 / 1024f64.powi(3);
     if args.backends.iter().any(|b| !uncapped(*b)) {
-        eprintln!("memory cap of each child on the host backends: {cap_gib:.1} GiB (RLIMIT_DATA)");
+        eprintln!(
+            "memory cap of each child on the host backends: {cap_gib:.1} GiB of data segment \
+             (RLIMIT_DATA, virtual memory; the memory reported is the peak RSS)"
+        );
     }
     let encoders = selected(args)?;
     let mut lengths = args.lengths.clone();
@@ -108,6 +124,7 @@ pub fn run(args: &Args, machine: &Machine) -> Result<()> {
                     step_s: None,
                     peak_mib: None,
                     memory: None,
+                    exit: None,
                     note: stop.clone(),
                 };
                 if stop.is_none() {
@@ -202,7 +219,12 @@ fn significant(x: f64) -> String {
 }
 
 /// Runs this program again as the child of one measurement, with the data segment capped at
-/// `cap` bytes, and fills `record` from its report (or its failure).
+/// `cap` bytes (none on CUDA), and fills `record` from its report or from how it failed
+/// ([`Outcome`]).
+///
+/// # Errors
+/// When the child cannot be started, or it exits with status 0 without a report on its last
+/// line of standard output.
 fn run_child(
     args: &Args,
     backend: BackendName,
@@ -228,76 +250,50 @@ fn run_child(
         .args(["--bits", &args.bits.to_string()])
         .args(["--iterations", &args.iterations.to_string()])
         .args(["--runs", &args.runs.to_string()])
-        .args(["--warmup", &args.warmup.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    #[cfg(unix)]
-    if !uncapped(backend) {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: between fork and exec the closure calls `setrlimit` alone, which is
-        // async-signal-safe and allocates nothing.
-        unsafe {
-            command.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: cap as libc::rlim_t,
-                    rlim_max: cap as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let output = command.output().context("running a child measurement")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
+        .args(["--warmup", &args.warmup.to_string()]);
+    let has_cap = !uncapped(backend);
+    let (exit, output) = capped::run(command, has_cap.then_some(cap))?;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    if output.status.success() {
-        let last = stdout.lines().last().unwrap_or_default();
-        let report: ChildReport = serde_json::from_str(last)
-            .with_context(|| format!("reading the child's report {last:?}"))?;
-        record.step_s = Some(median(report.step_s));
-        record.peak_mib = report.peak_mib;
-        record.memory = Some(report.memory);
-    } else if uncapped(backend) && out_of_memory(&stderr) {
-        record.note = Some("over the device's memory".to_string());
-    } else if !uncapped(backend)
-        && (stderr.contains("memory allocation of") || out_of_memory(&stderr))
-    {
-        record.note = Some(format!(
-            "over the cap ({:.1} GiB)",
-            cap as f64 / 1024f64.powi(3)
-        ));
-    } else {
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no message");
-        record.note = Some(format!("failed ({}): {last}", output.status));
+    match Outcome::of(exit, &stderr, has_cap) {
+        Outcome::Reported => {
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let last = stdout.lines().last().unwrap_or_default();
+            let report: ChildReport = serde_json::from_str(last)
+                .with_context(|| format!("reading the child's report {last:?}"))?;
+            record.step_s = Some(median(report.step_s));
+            record.peak_mib = report.peak_mib;
+            record.memory = Some(report.memory);
+        }
+        Outcome::OverCap(exit) => {
+            let cap_gib = cap as f64 / 1024f64.powi(3);
+            record.note = Some(match exit {
+                capped::Exit::Killed => format!("over the cap ({cap_gib:.1} GiB): {exit}"),
+                _ => format!("over the cap ({cap_gib:.1} GiB)"),
+            });
+            record.exit = Some(exit.to_string());
+        }
+        Outcome::OverDeviceMemory(exit) => {
+            record.note = Some("over the device's memory".to_string());
+            record.exit = Some(exit.to_string());
+        }
+        Outcome::Crashed(exit, last) => {
+            record.note = Some(format!("crashed ({exit}): {last}"));
+            record.exit = Some(exit.to_string());
+        }
     }
     Ok(())
 }
 
-/// Whether a child's standard error says an allocation failed for want of memory: the host's
-/// allocator, CubeCL's pools ("out of device memory allocating …", "An out-of-memory error
-/// happened during launch") or the CUDA driver (`CUDA_ERROR_OUT_OF_MEMORY`).
-fn out_of_memory(stderr: &str) -> bool {
-    let stderr = stderr.to_lowercase();
-    [
-        "out of memory",
-        "out of device memory",
-        "out-of-memory",
-        "outofmemory",
-        "cuda_error_out_of_memory",
-    ]
-    .iter()
-    .any(|needle| stderr.contains(needle))
-}
-
 /// The child: builds `encoder` on the one backend and length of `args`, runs `--warmup`
-/// untimed and `--runs` timed training steps, and prints its report as one JSON line.
+/// untimed and `--runs` timed training steps, and prints its report as one JSON line. An
+/// allocation that fails (past the cap) ends the process with the exit status
+/// [`capped::ALLOCATION_FAILED`], which the parent reads as "over the cap".
+///
+/// # Errors
+/// When `args` name more than one backend or length, the backend's device cannot be had, or
+/// the device cannot be synchronised.
 pub fn child(args: &Args, encoder: &str) -> Result<()> {
+    capped::exit_on_allocation_failure();
     let [backend] = args.backends[..] else {
         bail!("--encoder-child takes one backend, got {:?}", args.backends);
     };
@@ -475,23 +471,31 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
             .iter()
             .any(|r| r.memory.as_deref() == Some("device"))
         {
-            "peak memory: the process's resident set on the host backends, what the device's \
-             memory pools held on CUDA"
+            "memory: the process's peak resident set size (peak RSS, `VmHWM`) on the host \
+             backends, the most the device's memory pools held on CUDA"
         } else {
-            "peak memory: the process's resident set"
+            "memory: the process's peak resident set size (peak RSS, `VmHWM`)"
         },
         if args.backends.iter().all(|b| uncapped(*b)) {
             "on the device's memory alone (no host cap)".to_string()
         } else if args.backends.iter().any(|b| uncapped(*b)) {
-            format!("capped at {cap_gib:.1} GiB of host memory (CUDA: the device's memory alone)")
+            format!(
+                "its data segment capped at {cap_gib:.1} GiB on the host backends (RLIMIT_DATA: \
+                 the virtual memory it maps for its data, a measure other than its RSS; CUDA: \
+                 the device's memory alone)"
+            )
         } else {
-            format!("capped at {cap_gib:.1} GiB")
+            format!(
+                "its data segment capped at {cap_gib:.1} GiB (RLIMIT_DATA: the virtual memory \
+                 it maps for its data, a measure other than its RSS)"
+            )
         },
         machine.describe()
     );
+    let memory = memory_label(records);
     out += "| backend | L |";
     for e in &encoders {
-        out += &format!(" {e} |");
+        out += &format!(" {e} (step, {memory}) |");
     }
     out += "\n|---|---:|";
     out += &"---|".repeat(encoders.len());
@@ -520,8 +524,25 @@ fn markdown(args: &Args, machine: &Machine, cap_gib: f64, records: &[EncoderReco
     out
 }
 
-/// Two log-log panels, peak memory and step time against L, one line per (encoder, backend);
-/// the memory cap, where there is one, drawn across the first.
+/// What the memory figures of `records` are, for the table's header and the plot's axis:
+/// "peak RSS", "peak device memory" (CUDA), or both kinds.
+fn memory_label(records: &[EncoderRecord]) -> &'static str {
+    // Unmeasured records by their backend.
+    let on_device = |r: &EncoderRecord| match r.memory.as_deref() {
+        Some(memory) => memory == "device",
+        None => r.backend == BackendName::Cuda.name(),
+    };
+    let has = |device: bool| records.iter().any(|r| on_device(r) == device);
+    match (has(false), has(true)) {
+        (true, true) => "peak RSS or device memory",
+        (false, true) => "peak device memory",
+        _ => "peak RSS",
+    }
+}
+
+/// Two log-log panels, peak memory ([`memory_label`]) and step time against L, one line per
+/// (encoder, backend); the data-segment cap, where there is one, drawn across the first (a
+/// limit on another measure than the peak RSS: the virtual memory a child maps for its data).
 fn plot(
     root: DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     cap_gib: Option<f64>,
@@ -537,6 +558,7 @@ fn plot(
         (lo.min(r.length as f64), hi.max(r.length as f64))
     });
     let panels = root.split_evenly((1, 2));
+    let memory_figure = memory_label(records);
     let series: Vec<(String, String)> = {
         let mut s: Vec<(String, String)> = measured
             .iter()
@@ -563,9 +585,9 @@ fn plot(
         let mut chart = ChartBuilder::on(panel)
             .caption(
                 if memory {
-                    "peak memory of a training step"
+                    format!("{memory_figure} of a training step")
                 } else {
-                    "time of a training step"
+                    "time of a training step".to_string()
                 },
                 ("sans-serif", 20),
             )
@@ -580,9 +602,9 @@ fn plot(
             .configure_mesh()
             .x_desc("sequence length L")
             .y_desc(if memory {
-                "GiB (peak resident)"
+                format!("{memory_figure}, GiB")
             } else {
-                "seconds (median)"
+                "seconds (median)".to_string()
             })
             .draw()?;
         for (index, (encoder, backend)) in series.iter().enumerate() {
@@ -608,7 +630,7 @@ fn plot(
                     [(min_l * 0.8, cap_gib), (max_l * 1.25, cap_gib)],
                     style,
                 ))?
-                .label(format!("memory cap ({cap_gib:.1} GiB)"))
+                .label(format!("data-segment cap (RLIMIT_DATA): {cap_gib:.1} GiB"))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         }
         chart

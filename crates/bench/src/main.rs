@@ -9,11 +9,15 @@
 
 /// mimalloc keeps freed pages for reuse: glibc's malloc maps every allocation above 32 MiB
 /// fresh and unmaps it on free, so each large intermediate tensor pays its page faults again
-/// and the CPU timings grow faster than the work at long sequences.
+/// and the CPU timings grow faster than the work at long sequences. Wrapped so that in the
+/// children of `--mode encoder` a failed allocation ends the process with an exit status of its
+/// own ([`capped::ExitOnFailure`]).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: capped::ExitOnFailure<mimalloc::MiMalloc> =
+    capped::ExitOnFailure(mimalloc::MiMalloc);
 
 mod backends;
+mod capped;
 mod encoder;
 mod launches;
 mod measure;
@@ -101,8 +105,9 @@ pub struct Args {
     pub only: Vec<String>,
     /// Memory budget in GiB for one measurement; larger ones are skipped with a note
     /// (default: 70 % of the available RAM for CPU backends, 64 GiB for GPU backends). With
-    /// `--mode encoder`, the cap of each child process's data segment (default: 70 % of the
-    /// available RAM).
+    /// `--mode encoder`, the cap of each child process's data segment (`RLIMIT_DATA`, the
+    /// virtual memory it maps for its data, not the peak RSS the table reports; default: 70 %
+    /// of the available RAM).
     #[arg(long)]
     pub memory_gib: Option<f64>,
     /// Once a measurement's median exceeds this many seconds, longer lengths of that op are
