@@ -31,6 +31,9 @@ fn every_vector_version_passes_the_cpu_tests() {
         return;
     }
     let best = simd_level();
+    if best < SimdLevel::Avx512 {
+        eprintln!("skipped: the host ops' AVX-512 loops (this CPU's best level is {best:?})");
+    }
     for (level, name) in LOWER {
         if level < best {
             eprintln!("the CPU tests with {SIMD_ENV}={name}");

@@ -887,6 +887,15 @@ mod tests {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             state
         };
+        #[cfg(target_arch = "x86_64")]
+        for (feature, has) in [
+            ("AVX2", std::arch::is_x86_feature_detected!("avx2")),
+            ("AVX-512", std::arch::is_x86_feature_detected!("avx512f")),
+        ] {
+            if !has {
+                eprintln!("skipped: the {feature} comparison (the CPU has no {feature})");
+            }
+        }
         for round in 0..500 {
             let chunk: [f32; LANES] = std::array::from_fn(|_| {
                 let r = next();

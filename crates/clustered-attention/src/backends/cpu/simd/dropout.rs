@@ -496,8 +496,13 @@ mod tests {
         unsafe { wide::dropout_rows(dropout, coordinates, rows, shape, weights) }
     }
 
-    fn has_avx512() -> bool {
-        super::super::detected_level() == SimdLevel::Avx512
+    /// Whether the CPU has AVX-512; when not, says that the test skips its AVX-512 checks.
+    fn has_avx512(test: &str) -> bool {
+        let has = super::super::detected_level() == SimdLevel::Avx512;
+        if !has {
+            eprintln!("skipped: {test}'s AVX-512 checks (the CPU has no AVX-512)");
+        }
+        has
     }
 
     /// Every version of a row's factors (the arrays' loop, AVX-512 where the CPU has it, and
@@ -505,6 +510,7 @@ mod tests {
     /// and ending anywhere, short and long, both streams, p = 0.1 and 0.5.
     #[test]
     fn rows_match_the_scalar_factors() {
+        let avx512 = has_avx512("rows_match_the_scalar_factors");
         for (prob, seed) in [(0.1, 0x9abc_def0_1234_5678), (0.5, 3)] {
             let dropout = AttentionDropout::new(prob, seed);
             for stream in [AttentionDropout::CLUSTER_ROWS, AttentionDropout::QUERY_TOP] {
@@ -534,7 +540,7 @@ mod tests {
                         "dispatched, p = {prob}, stream {stream}, {n} keys from {first}"
                     );
                     #[cfg(target_arch = "x86_64")]
-                    if has_avx512() {
+                    if avx512 {
                         let mut got = weights(n);
                         // SAFETY: the CPU has the features the function is compiled for.
                         unsafe { wide_run(&dropout, coordinates, &mut got) };
@@ -558,6 +564,7 @@ mod tests {
         // 150 rows in no order: with every k, groups of four Philox calls and single ones,
         // and a partial last group.
         let rows: Vec<u32> = (0..150).map(|j| (j * 37 + 3) % 1009).collect();
+        let avx512 = has_avx512("several_rows_match_the_scalar_factors");
         for k in [1, 5, 8, 9, 24, 31, 32, 33, 40] {
             let stride = k + 3;
             let base = weights(rows.len() * stride);
@@ -571,7 +578,7 @@ mod tests {
             dropout_rows(&dropout, [stream, bh, first], &rows, (stride, k), &mut got);
             assert_eq!(got, want, "dispatched, k = {k}");
             #[cfg(target_arch = "x86_64")]
-            if has_avx512() && k <= 32 {
+            if avx512 && k <= 32 {
                 let mut got = base.clone();
                 // SAFETY: the CPU has the features the function is compiled for; k ≤ 32.
                 unsafe { wide_rows(&dropout, [stream, bh, first], &rows, (stride, k), &mut got) };
