@@ -264,7 +264,7 @@ fn cmma_products_match_reference(device: &Device, dtype: DType) {
 mod wgpu {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use burn::tensor::{DType, Tensor};
+    use burn::tensor::{DType, Distribution, Tensor};
     use clustered_attention::{
         AttentionInput, AttentionOptions, ClusteringOptions, ImprovedClusteredAttention,
         LshAttention, LshOptions,
@@ -374,6 +374,70 @@ mod wgpu {
             READS.load(Ordering::SeqCst) > after_output,
             "the host sort's read was not counted"
         );
+    }
+
+    /// One forward of a 3-layer encoder on a WGPU device (fusion on) given a padding mask
+    /// reads back what it reads given the same lengths (`key_lengths`): the mask is turned into
+    /// lengths on the device, not read back in every layer. The reads that remain are the
+    /// lengths' (each layer's attention reads them to check them and, in the K-means, to draw
+    /// the initial centroids); their count is printed. Runs alone in a child process of the
+    /// test binary, since the read counter is process-wide.
+    #[test]
+    fn encoder_reads_no_mask_back() {
+        use burn::tensor::Int;
+        use clustered_attention::{
+            AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
+        };
+
+        if !in_child_process("gpu::wgpu::encoder_reads_no_mask_back") {
+            return;
+        }
+        log::set_logger(&ReadCounter).expect("no other logger");
+        log::set_max_level(log::LevelFilter::Trace);
+
+        let device = wgpu();
+        let (len, layers) = (64, 3);
+        let attention = AttentionKind::Improved {
+            clusters: 4,
+            topk: 4,
+        };
+        let encoder = ClusteredTransformerEncoderConfig::new(16, 32, 2, layers, attention)
+            .with_dropout(0.0)
+            .init(&device);
+        let x = Tensor::<3>::random([2, len, 16], Distribution::Default, &device);
+        let lengths = [len, 40];
+        let mask = crate::common::padding_mask(&lengths, len, &device);
+        let key_lengths = Tensor::<1, Int>::from_ints([len as i64, 40], &device);
+        let with_mask = || {
+            encoder.forward(ClusteredTransformerEncoderInput::new(x.clone()).mask_pad(mask.clone()))
+        };
+        let with_lengths = || {
+            encoder.forward(
+                ClusteredTransformerEncoderInput::new(x.clone()).key_lengths(key_lengths.clone()),
+            )
+        };
+        let reads = |forward: &dyn Fn() -> Tensor<3>| {
+            let before = READS.load(Ordering::SeqCst);
+            let out = forward();
+            device.sync().unwrap();
+            let during = READS.load(Ordering::SeqCst) - before;
+            drop(out);
+            during
+        };
+        // The first runs compile the kernels (and may autotune, which reads timings back).
+        reads(&with_mask);
+        reads(&with_lengths);
+        let (mask_reads, length_reads) = (reads(&with_mask), reads(&with_lengths));
+        eprintln!(
+            "one forward of {layers} layers: {mask_reads} reads with mask_pad, {length_reads} \
+             with key_lengths"
+        );
+        assert_eq!(
+            mask_reads, length_reads,
+            "the forward with mask_pad read {mask_reads} buffers back, with the same lengths \
+             {length_reads}"
+        );
+        assert!(length_reads > 0, "the lengths' reads were not counted");
     }
 
     /// The improved forward on a WGPU device (fusion on) allocates no device buffer of `C × S`
