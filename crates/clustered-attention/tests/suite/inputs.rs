@@ -255,7 +255,7 @@ fn key_length_zero_gives_zero_attention_rows() {
             let host: Vec<f32> = output.to_data().iter::<f32>().collect();
             assert!(host.iter().all(|v| v.is_finite()), "{kind}: {host:?}");
             let bias = layer.output.bias.as_ref().unwrap().val().reshape([1, 1, 8]);
-            let diff = (output.clone().slice([1..2]) - bias)
+            let diff = (output.clone().narrow(0, 1, 1) - bias)
                 .abs()
                 .max()
                 .into_scalar::<f32>();
@@ -263,8 +263,8 @@ fn key_length_zero_gives_zero_attention_rows() {
                 diff <= 1e-6,
                 "{kind}: the empty sequence's rows are {diff} off the bias"
             );
-            let alone = layer.forward(ClusteredAttentionInput::self_attn(x.slice([0..1])));
-            let diff = (output.slice([0..1]) - alone)
+            let alone = layer.forward(ClusteredAttentionInput::self_attn(x.narrow(0, 0, 1)));
+            let diff = (output.narrow(0, 0, 1) - alone)
                 .abs()
                 .max()
                 .into_scalar::<f32>();
