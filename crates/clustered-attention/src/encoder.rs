@@ -11,7 +11,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 use crate::kind::AttentionKind;
 use crate::layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
-    padding_lengths,
+    key_lengths_of,
 };
 
 /// Configuration of a [`ClusteredTransformerEncoder`]: burn-nn 0.22's
@@ -283,15 +283,7 @@ impl ClusteredTransformerEncoder {
             mask_attn,
         } = input;
         // The padding mask as lengths once for every layer, on the device.
-        let key_lengths = match (key_lengths, mask_pad) {
-            (Some(lengths), Some(mask)) => panic!(
-                "give either mask_pad {:?} or key_lengths {:?}, not both",
-                mask.dims(),
-                lengths.dims()
-            ),
-            (None, Some(mask)) => Some(padding_lengths(mask)),
-            (lengths, None) => lengths,
-        };
+        let key_lengths = key_lengths_of(mask_pad, key_lengths);
         let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
         self.layers
             .iter()

@@ -289,6 +289,26 @@ pub(crate) fn padding_lengths(mask: Tensor<2, Bool>) -> Tensor<1, Int> {
     lengths.mask_fill(not_suffix, -1).reshape([batch])
 }
 
+/// The key lengths `[batch]` a padding mask `[batch, S]` or lengths give: the lengths, the
+/// mask's ([`padding_lengths`]), or `None`.
+///
+/// # Panics
+/// If both are given.
+pub(crate) fn key_lengths_of(
+    mask_pad: Option<Tensor<2, Bool>>,
+    key_lengths: Option<Tensor<1, Int>>,
+) -> Option<Tensor<1, Int>> {
+    match (key_lengths, mask_pad) {
+        (Some(lengths), Some(mask)) => panic!(
+            "give either mask_pad {:?} or key_lengths {:?}, not both",
+            mask.dims(),
+            lengths.dims()
+        ),
+        (lengths, None) => lengths,
+        (None, Some(mask)) => Some(padding_lengths(mask)),
+    }
+}
+
 impl MultiHeadClusteredAttention {
     /// The same layer (same weights) computing another attention.
     ///
@@ -353,16 +373,7 @@ impl MultiHeadClusteredAttention {
                 self.attention
             );
         }
-        let key_lengths = match (input.key_lengths, input.mask_pad) {
-            (Some(lengths), Some(mask)) => panic!(
-                "give either mask_pad {:?} or key_lengths {:?}, not both",
-                mask.dims(),
-                lengths.dims()
-            ),
-            (Some(lengths), None) => Some(lengths),
-            (None, Some(mask)) => Some(padding_lengths(mask)),
-            (None, None) => None,
-        };
+        let key_lengths = key_lengths_of(input.mask_pad, input.key_lengths);
         let query_lengths = match input.query_lengths {
             Some(lengths) => Some(lengths),
             None if input.self_attention => key_lengths.clone(),
