@@ -114,12 +114,27 @@ pub fn cluster_queries(
     query_lengths: Option<Tensor<1, Int>>,
     options: &ClusteringOptions,
 ) -> Clusters {
+    cluster_queries_host(queries, query_lengths, None, options)
+}
+
+/// [`cluster_queries`] given the values of `query_lengths` on the host (`known`, one per
+/// sequence), which are then not read back to draw the initial centroids or the blocks.
+pub(crate) fn cluster_queries_host(
+    queries: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    known: Option<&[usize]>,
+    options: &ClusteringOptions,
+) -> Clusters {
     options.check();
     let [batch, heads, len, dim] = queries.dims();
     if options.grouping == QueryGrouping::PositionBlocks {
-        return position_blocks(
+        let lengths = match known {
+            Some(known) => Some(known.iter().map(|&n| n as i64).collect()),
+            None => query_lengths.map(|lengths| read_lengths(lengths, batch)),
+        };
+        return blocks(
             [batch, heads, len],
-            query_lengths,
+            lengths,
             options.clusters,
             &queries.device(),
         );
@@ -132,9 +147,10 @@ pub fn cluster_queries(
         &queries.device(),
     );
     let codes = lsh_hash(queries.detach(), planes);
-    hamming_kmeans(
+    crate::ops::hamming_kmeans_host(
         codes,
         query_lengths,
+        known,
         options.clusters,
         options.iterations,
         options.seed,
@@ -162,22 +178,41 @@ pub fn position_blocks(
     clusters: usize,
     device: &Device,
 ) -> Clusters {
+    let lengths = query_lengths.map(|lengths| read_lengths(lengths, dims[0]));
+    blocks(dims, lengths, clusters, device)
+}
+
+/// The values of `query_lengths` (`[batch]`), read back.
+///
+/// # Panics
+/// If `query_lengths` is not `[batch]`.
+fn read_lengths(query_lengths: Tensor<1, Int>, batch: usize) -> Vec<i64> {
+    assert!(
+        query_lengths.dims() == [batch],
+        "query_lengths must have shape [batch = {batch}], got {:?}",
+        query_lengths.dims()
+    );
+    query_lengths
+        .into_data()
+        .try_into_vec_as::<i64>()
+        .expect("i64 lengths")
+}
+
+/// [`position_blocks`] of the query lengths on the host (`None`: all `L`).
+fn blocks(
+    dims: [usize; 3],
+    lengths: Option<Vec<i64>>,
+    clusters: usize,
+    device: &Device,
+) -> Clusters {
     let [batch, heads, len] = dims;
     assert!(clusters > 0, "clusters must be at least 1, got 0");
-    let lengths: Vec<i64> = match query_lengths {
-        Some(lengths) => {
-            assert!(
-                lengths.dims() == [batch],
-                "query_lengths must have shape [batch = {batch}], got {:?}",
-                lengths.dims()
-            );
-            lengths
-                .into_data()
-                .try_into_vec_as::<i64>()
-                .expect("i64 lengths")
-        }
-        None => vec![len as i64; batch],
-    };
+    let lengths = lengths.unwrap_or_else(|| vec![len as i64; batch]);
+    assert!(
+        lengths.len() == batch,
+        "query_lengths: {} lengths for a batch of {batch}",
+        lengths.len()
+    );
     let mut assignments = vec![crate::ops::NO_CLUSTER; batch * heads * len];
     let mut counts = vec![0i64; batch * heads * clusters];
     for (b, &n) in lengths.iter().enumerate() {

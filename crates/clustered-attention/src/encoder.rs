@@ -13,6 +13,7 @@ use crate::layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
     key_lengths_of,
 };
+use crate::ops::checks::host_lengths;
 
 /// Configuration of a [`ClusteredTransformerEncoder`]: burn-nn 0.22's
 /// [`TransformerEncoderConfig`](burn::nn::transformer::TransformerEncoderConfig) (the same
@@ -282,12 +283,17 @@ impl ClusteredTransformerEncoder {
             key_lengths,
             mask_attn,
         } = input;
-        // The padding mask as lengths once for every layer, on the device.
+        // The padding mask as lengths once for every layer, on the device, and their values
+        // read back (and checked) once: the layers' attentions read nothing back.
         let key_lengths = key_lengths_of(mask_pad, key_lengths);
+        let [batch, len, _] = tensor.dims();
+        let key_host = key_lengths
+            .clone()
+            .map(|lengths| host_lengths("key_lengths", Some(lengths), batch, len));
         let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
-        self.layers
-            .iter()
-            .fold(tensor, |x, layer| layer.forward_with(x, masks))
+        self.layers.iter().fold(tensor, |x, layer| {
+            layer.forward_with(x, masks, key_host.as_deref())
+        })
     }
 }
 
@@ -307,15 +313,17 @@ impl ClusteredTransformerEncoderLayer {
         mask_pad: Option<Tensor<2, Bool>>,
         mask_attn: Option<Tensor<3, Bool>>,
     ) -> Tensor<3> {
-        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
+        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn), None)
     }
 
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
-    /// by `attention_input` from the attention's residual path.
+    /// by `attention_input` from the attention's residual path, with the values of its
+    /// `key_lengths` on the host where known (`key_host`).
     fn forward_with(
         &self,
         x: Tensor<3>,
         attention_input: impl Fn(Tensor<3>) -> ClusteredAttentionInput,
+        key_host: Option<&[usize]>,
     ) -> Tensor<3> {
         let residual = if self.norm_first {
             self.norm_2.forward(x.clone())
@@ -324,7 +332,7 @@ impl ClusteredTransformerEncoderLayer {
         };
         let residual = self
             .dropout
-            .forward(self.mha.forward(attention_input(residual)));
+            .forward(self.mha.forward_host(attention_input(residual), key_host));
         let mut x = x + residual;
 
         let residual = if self.norm_first {

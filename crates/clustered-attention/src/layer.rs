@@ -6,7 +6,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::attention::{
-    AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,
+    AttentionInput, AttentionOptions, ClusteredAttention, FullAttention, HostLengths,
     ImprovedClusteredAttention, LshAttention, OracleTopAttention, SharedFullAttention,
 };
 use crate::clustering::{ClusteringOptions, QueryGrouping};
@@ -348,6 +348,17 @@ impl MultiHeadClusteredAttention {
     /// is not `[batch, L, S]`, or [`Self::quiet_softmax`] is set with another attention than
     /// full.
     pub fn forward(&self, input: ClusteredAttentionInput) -> Tensor<3> {
+        self.forward_host(input, None)
+    }
+
+    /// [`Self::forward`] given the values of the input's `key_lengths` on the host
+    /// (`key_host`, which must equal them), which its attention then does not read back; a
+    /// self-attention input without query lengths takes them as its query lengths' too.
+    pub(crate) fn forward_host(
+        &self,
+        input: ClusteredAttentionInput,
+        key_host: Option<&[usize]>,
+    ) -> Tensor<3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
             ("query", &input.query),
@@ -373,11 +384,17 @@ impl MultiHeadClusteredAttention {
                 self.attention
             );
         }
+        // Host values are only known for lengths given as such (not for a mask made lengths).
+        let key_host = key_host.filter(|_| input.key_lengths.is_some());
         let key_lengths = key_lengths_of(input.mask_pad, input.key_lengths);
-        let query_lengths = match input.query_lengths {
-            Some(lengths) => Some(lengths),
-            None if input.self_attention => key_lengths.clone(),
-            None => None,
+        let (query_lengths, query_host) = match input.query_lengths {
+            Some(lengths) => (Some(lengths), None),
+            None if input.self_attention => (key_lengths.clone(), key_host),
+            None => (None, None),
+        };
+        let host = HostLengths {
+            query: query_host.map(<[usize]>::to_vec),
+            key: key_host.map(<[usize]>::to_vec),
         };
 
         let input_mask_attn = input.mask_attn;
@@ -408,31 +425,31 @@ impl MultiHeadClusteredAttention {
             AttentionKind::Full => FullAttention::new()
                 .with_options(options)
                 .with_quiet_softmax(self.quiet_softmax)
-                .forward_masked(input, input_mask_attn),
+                .forward_masked_host(input, input_mask_attn, &host),
             AttentionKind::Clustered { clusters } | AttentionKind::Blocks { clusters } => {
                 ClusteredAttention::new(clusters)
                     .with_clustering(clustering())
                     .with_options(options)
-                    .forward(input)
+                    .forward_host(input, &host)
             }
             AttentionKind::Improved { clusters, topk }
             | AttentionKind::ImprovedBlocks { clusters, topk } => {
                 ImprovedClusteredAttention::new(clusters, topk)
                     .with_clustering(clustering())
                     .with_options(options)
-                    .forward(input)
+                    .forward_host(input, &host)
             }
             AttentionKind::SharedFull => SharedFullAttention::new()
                 .with_options(options)
-                .forward(input),
+                .forward_host(input, &host),
             AttentionKind::Lsh { rounds, chunk_size } => LshAttention::new(rounds)
                 .with_chunk_size(chunk_size)
                 .with_seed(self.seed)
                 .with_options(options)
-                .forward(input),
+                .forward_host(input, &host),
             AttentionKind::OracleTop { topk } => OracleTopAttention::new(topk)
                 .with_options(options)
-                .forward(input),
+                .forward_host(input, &host),
         };
         let context = context
             .swap_dims(1, 2)

@@ -1,10 +1,10 @@
 use burn::tensor::Tensor;
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders,
+    AttentionInput, AttentionOptions, HostLengths, attention_options_builders, clustering_builders,
     inverse_counts,
 };
-use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::clustering::{ClusteringOptions, cluster_queries_host};
 use crate::dropout::AttentionDropout;
 use crate::ops::centroid_attention;
 use crate::ops::grouping::QueryGroups;
@@ -68,10 +68,21 @@ impl ClusteredAttention {
     /// tensor is not `[batch]`, a length exceeds its sequence, `clusters` is 0
     /// or `bits` is outside `1..=32`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_host(input, &HostLengths::default())
+    }
+
+    /// [`Self::forward`] given the host copies of the input's lengths where the caller has
+    /// them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_host(&self, input: AttentionInput, host: &HostLengths) -> Tensor<4> {
         let (clustering, options) = (&self.clustering, &self.options);
         clustering.check();
-        let (queries, keys, values, input) = input.checked(options);
-        let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+        let (queries, keys, values, input) = input.checked(options, host);
+        let clusters = cluster_queries_host(
+            queries.clone(),
+            input.query_lengths.clone(),
+            input.query_host.as_deref(),
+            clustering,
+        );
         let (num_clusters, dtype) = (clusters.counts.dims()[2], queries.dtype());
         let groups = QueryGroups::new(clusters.assignments, num_clusters, dtype);
 

@@ -1,7 +1,7 @@
 use burn::tensor::activation::quiet_softmax;
 use burn::tensor::{Bool, Tensor};
 
-use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
+use super::{AttentionInput, AttentionOptions, HostLengths, attention_options_builders, dropout};
 use crate::ops::attention_softmax;
 
 /// The score given to a masked key by [`FullAttention::forward_masked`]: burn-nn's default
@@ -89,8 +89,19 @@ impl FullAttention {
         input: AttentionInput,
         mask_attn: Option<Tensor<3, Bool>>,
     ) -> Tensor<4> {
+        self.forward_masked_host(input, mask_attn, &HostLengths::default())
+    }
+
+    /// [`Self::forward_masked`] given the host copies of the input's lengths where the caller
+    /// has them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_masked_host(
+        &self,
+        input: AttentionInput,
+        mask_attn: Option<Tensor<3, Bool>>,
+        host: &HostLengths,
+    ) -> Tensor<4> {
         let options = &self.options;
-        let (queries, keys, values, input) = input.checked(options);
+        let (queries, keys, values, input) = input.checked(options, host);
         // Scaling the queries rather than the scores: L × E products instead of L × S.
         let scores = queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3));
         let scores = match mask_attn {

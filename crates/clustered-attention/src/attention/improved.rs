@@ -1,10 +1,10 @@
 use burn::tensor::Tensor;
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, clustering_builders,
+    AttentionInput, AttentionOptions, HostLengths, attention_options_builders, clustering_builders,
     inverse_counts,
 };
-use crate::clustering::{ClusteringOptions, cluster_queries};
+use crate::clustering::{ClusteringOptions, cluster_queries_host};
 use crate::dropout::AttentionDropout;
 use crate::ops::improved_attention;
 
@@ -78,11 +78,22 @@ impl ImprovedClusteredAttention {
     /// tensor is not `[batch]`, a length exceeds its sequence, `clusters` or
     /// `topk` is 0, or `bits` is outside `1..=32`.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_host(input, &HostLengths::default())
+    }
+
+    /// [`Self::forward`] given the host copies of the input's lengths where the caller has
+    /// them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_host(&self, input: AttentionInput, host: &HostLengths) -> Tensor<4> {
         let (clustering, topk, options) = (&self.clustering, self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
         clustering.check();
-        let (queries, keys, values, input) = input.checked(options);
-        let clusters = cluster_queries(queries.clone(), input.query_lengths.clone(), clustering);
+        let (queries, keys, values, input) = input.checked(options, host);
+        let clusters = cluster_queries_host(
+            queries.clone(),
+            input.query_lengths.clone(),
+            input.query_host.as_deref(),
+            clustering,
+        );
         // Eqs. 3–5 and 9–11 in one op: the centroids, their attention with each cluster's top-k
         // keys T_j, the mass m̂_j (eq. 9) and the rest of Aᶜ V (eq. 10, second case), then each
         // query's exact dot products with T_j, softmaxed over T_j, scaled by m̂_j (eq. 10). Under

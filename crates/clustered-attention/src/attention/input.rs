@@ -4,7 +4,7 @@
 use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::AttentionOptions;
-use crate::ops::checks::host_lengths;
+use crate::ops::checks::{checked_lengths, host_lengths};
 use crate::ops::topk_indices;
 
 /// The input of an attention on `[batch, heads, seq, dim]` tensors, as burn-nn's `MhaInput` is
@@ -64,11 +64,13 @@ impl AttentionInput {
         self
     }
 
-    /// Checks the input ([`check_input`]) and splits it into queries, keys, values and what
-    /// the check found.
+    /// Checks the input ([`check_input`]), with the host copies of its lengths in `host`
+    /// where the caller has them, and splits it into queries, keys, values and what the check
+    /// found.
     pub(crate) fn checked(
         self,
         options: &AttentionOptions,
+        host: &HostLengths,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>, Checked) {
         let checked = check_input(
             &self.queries,
@@ -76,10 +78,23 @@ impl AttentionInput {
             &self.values,
             self.query_lengths,
             self.key_lengths,
+            host,
             options,
         );
         (self.queries, self.keys, self.values, checked)
     }
+}
+
+/// The values of an [`AttentionInput`]'s lengths on the host, where its caller has them: an
+/// encoder reads its lengths once for all its layers, whose attentions then read nothing back
+/// (on a GPU, each read waits for the device). Each must equal the input's tensor of the same
+/// name; `None` where the caller does not have it (the tensor is then read).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HostLengths {
+    /// The values of `query_lengths`.
+    pub query: Option<Vec<usize>>,
+    /// The values of `key_lengths`.
+    pub key: Option<Vec<usize>>,
 }
 
 /// The scale and the lengths and padding masks of a checked attention input.
@@ -87,6 +102,8 @@ pub(crate) struct Checked {
     pub scale: f64,
     /// `[batch]` query lengths, `None` when every query is valid.
     pub query_lengths: Option<Tensor<1, Int>>,
+    /// The values of `query_lengths` on the host, for the clusterings that need them there.
+    pub query_host: Option<Vec<usize>>,
     /// `[batch, 1, L, 1]`, true for padded queries; `None` when no query is padded.
     pub query_padding: Option<Tensor<4, Bool>>,
     /// `[batch, 1, 1, S]`, true for padded keys; `None` when no key is padded.
@@ -95,7 +112,8 @@ pub(crate) struct Checked {
     pub key_lengths: Option<Tensor<4, Int>>,
 }
 
-/// Checks the shapes and lengths of an attention input.
+/// Checks the shapes and lengths of an attention input. A length tensor is read back to the
+/// host unless `host` has its values.
 ///
 /// # Panics
 /// With a message naming the argument and the shapes when the batch or head dimensions
@@ -107,6 +125,7 @@ pub(crate) fn check_input(
     values: &Tensor<4>,
     query_lengths: Option<Tensor<1, Int>>,
     key_lengths: Option<Tensor<1, Int>>,
+    host: &HostLengths,
     options: &AttentionOptions,
 ) -> Checked {
     let [batch, heads, queries_len, dim] = queries.dims();
@@ -146,10 +165,13 @@ pub(crate) fn check_input(
 
     // The key lengths first: a self-attention layer given key lengths alone takes them as its
     // query lengths too, and a bad one is then named as the argument it was given as.
-    let key_lengths =
-        key_lengths.map(|lengths| host_lengths("key_lengths", Some(lengths), batch, keys_len));
-    let query_lengths = query_lengths
-        .map(|lengths| host_lengths("query_lengths", Some(lengths), batch, queries_len));
+    let key_lengths = key_lengths.map(|lengths| {
+        lengths_on_host("key_lengths", lengths, host.key.as_deref(), batch, keys_len)
+    });
+    let query_lengths = query_lengths.map(|lengths| {
+        let host = host.query.as_deref();
+        lengths_on_host("query_lengths", lengths, host, batch, queries_len)
+    });
     // A sequence without keys has nothing to attend to: its queries are all taken as padding
     // (zero output rows), and the ops, which need a key per sequence, see its first key as
     // valid; no query reads it, so it gets no gradient.
@@ -193,12 +215,42 @@ pub(crate) fn check_input(
         .reshape([batch, 1, 1, 1])
     });
 
+    let (query_lengths, query_host) = query_lengths.unzip();
     Checked {
         scale: options.scale.unwrap_or(1.0 / (dim as f64).sqrt()),
-        query_lengths: query_lengths.map(|(lengths, _)| lengths),
+        query_lengths,
+        query_host,
         query_padding,
         key_padding,
         key_lengths,
+    }
+}
+
+/// The values of the lengths tensor `name` (`[batch]`), checked against the sequence's length
+/// `seq_len`: `known` where the caller has them on the host, otherwise read back.
+///
+/// # Panics
+/// If the tensor is not `[batch]`, `known` has not one length per batch item, or a length is
+/// outside `0..=seq_len`.
+fn lengths_on_host(
+    name: &str,
+    lengths: Tensor<1, Int>,
+    known: Option<&[usize]>,
+    batch: usize,
+    seq_len: usize,
+) -> Vec<usize> {
+    match known {
+        Some(known) => {
+            assert!(
+                known.len() == batch,
+                "{name}: {} host lengths for a batch of {batch}",
+                known.len()
+            );
+            let dims = |lengths: &Tensor<1, Int>| lengths.dims().to_vec();
+            let values = |_| known.iter().map(|&n| n as i64).collect();
+            checked_lengths(name, Some(lengths), batch, seq_len, dims, values)
+        }
+        None => host_lengths(name, Some(lengths), batch, seq_len),
     }
 }
 

@@ -5,7 +5,8 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{
-    AttentionInput, AttentionOptions, Checked, attention_options_builders, dropout, positions,
+    AttentionInput, AttentionOptions, Checked, HostLengths, attention_options_builders, dropout,
+    positions,
 };
 
 /// The score a query gets against its own key in shared-QK attention (Reformer, Kitaev et al.
@@ -237,10 +238,16 @@ impl LshAttention {
     /// long as `queries` (self-attention), a length tensor is not `[batch]` or out of range, or
     /// the options are invalid ([`LshOptions::check`]).
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_host(input, &HostLengths::default())
+    }
+
+    /// [`Self::forward`] given the host copies of the input's lengths where the caller has
+    /// them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_host(&self, input: AttentionInput, host: &HostLengths) -> Tensor<4> {
         let (lsh, options) = (&self.lsh, &self.options);
         lsh.check();
         check_self_attention("LshAttention", &input.queries, &input.keys);
-        let (queries, keys, values, input) = input.checked(options);
+        let (queries, keys, values, input) = input.checked(options, host);
         let [batch, heads, len, dim] = queries.dims();
         let value_dim = values.dims()[3];
         let device = queries.device();

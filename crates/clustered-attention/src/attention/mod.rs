@@ -57,7 +57,7 @@ pub use oracle::OracleTopAttention;
 pub use shared::SharedFullAttention;
 
 pub(crate) use crate::dropout::dropout;
-pub(crate) use input::{Checked, inverse_counts, positions, top_keys};
+pub(crate) use input::{Checked, HostLengths, inverse_counts, positions, top_keys};
 
 use burn::config::Config;
 

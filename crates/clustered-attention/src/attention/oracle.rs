@@ -1,7 +1,8 @@
 use burn::tensor::Tensor;
 
 use super::{
-    AttentionInput, AttentionOptions, attention_options_builders, dropout, positions, top_keys,
+    AttentionInput, AttentionOptions, HostLengths, attention_options_builders, dropout, positions,
+    top_keys,
 };
 use crate::ops::{attention_softmax, sparse_weighted_sum};
 
@@ -59,9 +60,15 @@ impl OracleTopAttention {
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), a length tensor is
     /// not `[batch]` or out of range, or `topk` is 0.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_host(input, &HostLengths::default())
+    }
+
+    /// [`Self::forward`] given the host copies of the input's lengths where the caller has
+    /// them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_host(&self, input: AttentionInput, host: &HostLengths) -> Tensor<4> {
         let (topk, options) = (self.topk, &self.options);
         assert!(topk > 0, "topk must be at least 1, got 0");
-        let (queries, keys, values, input) = input.checked(options);
+        let (queries, keys, values, input) = input.checked(options, host);
         let [batch, heads, len, _] = queries.dims();
         let device = queries.device();
         let scores = input.mask_keys(queries.mul_scalar(input.scale).matmul(keys.swap_dims(2, 3)));

@@ -1,7 +1,7 @@
 use burn::tensor::{Int, Tensor};
 
 use super::lsh::{SELF_SCORE, check_self_attention, unit_keys, zero_padded_positions};
-use super::{AttentionInput, AttentionOptions, attention_options_builders, dropout};
+use super::{AttentionInput, AttentionOptions, HostLengths, attention_options_builders, dropout};
 use crate::ops::attention_softmax;
 
 /// Full attention with shared queries and keys, the paper's **shared-full** (Table 1): the
@@ -57,9 +57,15 @@ impl SharedFullAttention {
     /// If the shapes disagree (see [`FullAttention`](super::FullAttention)), `keys` is not as
     /// long as `queries`, or a length tensor is not `[batch]` or out of range.
     pub fn forward(&self, input: AttentionInput) -> Tensor<4> {
+        self.forward_host(input, &HostLengths::default())
+    }
+
+    /// [`Self::forward`] given the host copies of the input's lengths where the caller has
+    /// them ([`HostLengths`]), which are then not read back.
+    pub(crate) fn forward_host(&self, input: AttentionInput, host: &HostLengths) -> Tensor<4> {
         let options = &self.options;
         check_self_attention("SharedFullAttention", &input.queries, &input.keys);
-        let (queries, keys, values, input) = input.checked(options);
+        let (queries, keys, values, input) = input.checked(options, host);
         let [batch, heads, len, _] = queries.dims();
         let positions = Tensor::<1, Int>::arange(0..len as i64, &queries.device());
         let own = positions

@@ -336,7 +336,7 @@ where
         FloatTensor<Self>,
         Option<(IntTensor<Self>, FloatTensor<Self>)>,
     ) {
-        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
+        let key_lengths = key_lengths.map(std::convert::identity);
         let nodes = [&centroids, &keys, &values].map(|x| x.node());
         let floats = [centroids, keys, values].map(|x| x.into_primitive());
         let dim_v = floats[2].shape().dims::<4>()[3];
@@ -373,7 +373,7 @@ where
         scale: f64,
         dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
-        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
+        let key_lengths = key_lengths.map(std::convert::identity);
         let nodes = [&queries, &keys, &values, &clusters.mass, &clusters.rest].map(|x| x.node());
         let floats =
             [queries, keys, values, clusters.mass, clusters.rest].map(|x| x.into_primitive());
@@ -420,7 +420,7 @@ where
         scale: f64,
         dropout: Option<AttentionDropout>,
     ) -> FloatTensor<Self> {
-        let key_lengths = Lengths::<B>::from(key_lengths.into_option());
+        let key_lengths = key_lengths.map(std::convert::identity);
         let nodes = [&queries, &keys, &values].map(|x| x.node());
         let floats = [queries, keys, values].map(|x| x.into_primitive());
         // The clustering is a constant: its inverse counts carry no gradient.
@@ -487,7 +487,7 @@ where
         iterations: usize,
         seed: u64,
     ) -> (IntTensor<Self>, IntTensor<Self>) {
-        let query_lengths = Lengths::<B>::from(query_lengths.into_option());
+        let query_lengths = query_lengths.map(std::convert::identity);
         B::hamming_kmeans(codes, query_lengths, clusters, iterations, seed)
     }
 

@@ -76,6 +76,7 @@ mod types;
 pub use backend::{ClusteredAttentionBackend, ClusteredAttentionBackward};
 pub use conversion::TensorConversion;
 pub use seeding::initial_centroid_positions;
+pub(crate) use tensor::hamming_kmeans_host;
 pub use tensor::{
     attention_dropout_factors, attention_softmax, centroid_attention, hamming_kmeans,
     improved_attention, lsh_hash, score_products, sparse_dot, sparse_scatter, sparse_weighted_sum,

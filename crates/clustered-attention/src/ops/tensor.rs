@@ -55,9 +55,29 @@ pub fn hamming_kmeans(
     iterations: usize,
     seed: u64,
 ) -> Clusters {
+    hamming_kmeans_host(codes, query_lengths, None, clusters, iterations, seed)
+}
+
+/// [`hamming_kmeans`] given the values of `query_lengths` on the host (`known`), passed to the
+/// backend as [`Lengths::Known`] so that it need not read them back.
+pub(crate) fn hamming_kmeans_host(
+    codes: Tensor<3, Int>,
+    query_lengths: Option<Tensor<1, Int>>,
+    known: Option<&[usize]>,
+    clusters: usize,
+    iterations: usize,
+    seed: u64,
+) -> Clusters {
+    let query_lengths = match (query_lengths, known) {
+        (Some(lengths), Some(known)) => Lengths::Known {
+            lengths: lengths.into_dispatch(),
+            host: known.to_vec(),
+        },
+        (lengths, _) => dispatch_lengths(lengths),
+    };
     let (assignments, counts) = <Dispatch as ClusteredAttentionBackend>::hamming_kmeans(
         codes.into_dispatch(),
-        dispatch_lengths(query_lengths),
+        query_lengths,
         clusters,
         iterations,
         seed,

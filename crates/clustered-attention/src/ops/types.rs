@@ -19,14 +19,24 @@ pub struct Clusters {
 
 /// The valid lengths of a batch's sequences, as the ops of [`ClusteredAttentionBackend`] take
 /// them: every position valid ([`Lengths::All`]) or a `[batch]` int tensor of lengths
-/// ([`Lengths::Given`]). The ops' `Option` of a lengths tensor, in a form that crosses the
-/// `Dispatch` boundary.
+/// ([`Lengths::Given`], or [`Lengths::Known`] with a host copy of its values). The ops' `Option`
+/// of a lengths tensor, in a form that crosses the `Dispatch` boundary.
 #[derive(ExtensionType, Debug, Clone)]
 pub enum Lengths<B: Backend> {
     /// Every position of every sequence is valid.
     All,
     /// `[batch]`: the number of valid positions of each sequence (the first ones).
     Given(IntTensor<B>),
+    /// `[batch]` lengths as [`Lengths::Given`], with their values already on the host (one per
+    /// sequence, equal to the tensor's): an op that needs them there (the CubeCL K-means draws
+    /// its initial centroids on the host) takes `host` instead of reading the tensor back, which
+    /// on a GPU would wait for the device. The caller vouches that the two agree.
+    Known {
+        /// `[batch]`: the number of valid positions of each sequence.
+        lengths: IntTensor<B>,
+        /// The same values on the host.
+        host: Vec<usize>,
+    },
 }
 
 impl<B: Backend> Lengths<B> {
@@ -34,7 +44,7 @@ impl<B: Backend> Lengths<B> {
     pub fn into_option(self) -> Option<IntTensor<B>> {
         match self {
             Self::All => None,
-            Self::Given(lengths) => Some(lengths),
+            Self::Given(lengths) | Self::Known { lengths, .. } => Some(lengths),
         }
     }
 
@@ -42,7 +52,28 @@ impl<B: Backend> Lengths<B> {
     pub fn as_option(&self) -> Option<&IntTensor<B>> {
         match self {
             Self::All => None,
-            Self::Given(lengths) => Some(lengths),
+            Self::Given(lengths) | Self::Known { lengths, .. } => Some(lengths),
+        }
+    }
+
+    /// The host copy of the lengths of [`Lengths::Known`], `None` otherwise.
+    pub fn host(&self) -> Option<&[usize]> {
+        match self {
+            Self::Known { host, .. } => Some(host),
+            _ => None,
+        }
+    }
+
+    /// The same lengths with the tensor mapped by `f` (to another backend's type), the host
+    /// copy kept.
+    pub fn map<C: Backend>(self, f: impl FnOnce(IntTensor<B>) -> IntTensor<C>) -> Lengths<C> {
+        match self {
+            Self::All => Lengths::All,
+            Self::Given(lengths) => Lengths::Given(f(lengths)),
+            Self::Known { lengths, host } => Lengths::Known {
+                lengths: f(lengths),
+                host,
+            },
         }
     }
 }

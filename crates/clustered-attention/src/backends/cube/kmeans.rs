@@ -354,24 +354,37 @@ fn kmeans_loop_kernel<I: Int>(
     }
 }
 
-/// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
-/// sequence's length `seq_len`.
+/// The lengths tensor `name` (`[batch]`) on the host, checked against its sequence's length
+/// `seq_len`: `known` when the caller has its values there already ([`Lengths::Known`]),
+/// otherwise read back from the device.
 ///
 /// Returns one length per batch item (all `seq_len` when `None`).
 ///
 /// # Panics
-/// If the tensor is not `[batch]` or holds a length outside `0..=seq_len`.
+/// If the tensor is not `[batch]`, `known` does not hold one length per batch item, or a
+/// length is outside `0..=seq_len`.
 fn host_lengths(
     name: &str,
     lengths: Option<CubeTensor>,
+    known: Option<&[usize]>,
     batch: usize,
     seq_len: usize,
 ) -> Vec<usize> {
     let dims = |lengths: &CubeTensor| lengths.shape().to_vec();
-    let read = |lengths| {
-        let data = read_sync(CubeBackend::int_into_data(lengths))
-            .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
-        data.iter::<i64>().collect()
+    let read = |lengths| match known {
+        Some(known) => {
+            assert!(
+                known.len() == batch,
+                "{name}: {} host lengths for a batch of {batch}",
+                known.len()
+            );
+            known.iter().map(|&n| n as i64).collect()
+        }
+        None => {
+            let data = read_sync(CubeBackend::int_into_data(lengths))
+                .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
+            data.iter::<i64>().collect()
+        }
     };
     checked_lengths(name, lengths, batch, seq_len, dims, read)
 }
@@ -491,12 +504,14 @@ pub(super) fn kmeans_plan(
 }
 
 /// The whole Lloyd loop on the device: the host only draws the initial centroid positions
-/// (and reads the query lengths, to do so), then enqueues one launch of the whole loop, or a
-/// gather of the initial centroids, `iterations` assignment and update launches and a final
-/// assignment and count, as [`kmeans_plan`] chooses for the device.
+/// (from the query lengths, `known` on the host or read back to draw them), then enqueues
+/// one launch of the whole loop, or a gather of the initial centroids, `iterations`
+/// assignment and update launches and a final assignment and count, as [`kmeans_plan`]
+/// chooses for the device.
 pub(super) fn hamming_kmeans(
     codes: CubeTensor,
     query_lengths: Option<CubeTensor>,
+    known: Option<&[usize]>,
     clusters: usize,
     iterations: usize,
     seed: u64,
@@ -504,13 +519,22 @@ pub(super) fn hamming_kmeans(
     let [_, _, len] = codes.shape().dims();
     let limit = loop_pass_limit(&super::device_properties(&codes.client));
     let plan = kmeans_plan(len, clusters, iterations, limit);
-    hamming_kmeans_planned(codes, query_lengths, clusters, iterations, seed, plan)
+    hamming_kmeans_planned(
+        codes,
+        query_lengths,
+        known,
+        clusters,
+        iterations,
+        seed,
+        plan,
+    )
 }
 
 /// [`hamming_kmeans`] by `plan`, whatever the device's limits.
 pub(super) fn hamming_kmeans_planned(
     codes: CubeTensor,
     query_lengths: Option<CubeTensor>,
+    known: Option<&[usize]>,
     clusters: usize,
     iterations: usize,
     seed: u64,
@@ -519,7 +543,7 @@ pub(super) fn hamming_kmeans_planned(
     assert!(clusters > 0, "clusters must be at least 1, got 0");
     let [batch, heads, len] = codes.shape().dims();
     let (client, device, dtype) = (codes.client.clone(), codes.device.clone(), codes.dtype);
-    let lengths = host_lengths("query_lengths", query_lengths, batch, len);
+    let lengths = host_lengths("query_lengths", query_lengths, known, batch, len);
     let rows = batch * heads;
     let initial = initial_centroid_positions(&lengths, heads, clusters, seed);
     let row_lengths: Vec<i64> = (0..rows).map(|r| lengths[r / heads] as i64).collect();
@@ -666,6 +690,7 @@ mod tests {
         let (assignments, counts) = hamming_kmeans_planned(
             CubeBackend::int_from_data(data(), device),
             None,
+            None,
             clusters,
             iterations,
             7,
@@ -685,6 +710,49 @@ mod tests {
             kernel,
             (host(reference.assignments), host(reference.counts)),
         ]
+    }
+
+    /// Given the query lengths' values on the host (`known`, as [`Lengths::Known`] carries
+    /// them), the K-means takes those instead of reading the tensor: with the same values it
+    /// gives what it gives reading them, and with other values (the tensor left as it was)
+    /// it gives what those lengths read from a tensor give.
+    ///
+    /// [`Lengths::Known`]: crate::ops::Lengths::Known
+    #[test]
+    fn known_lengths_are_taken_instead_of_read() {
+        let device = CubeDevice::Wgpu(Default::default());
+        let ([batch, heads, len], clusters) = ([2, 2, 300], 12);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(3);
+        let codes: Vec<i32> = (0..batch * heads * len)
+            .map(|_| rng.random::<u32>() as i32)
+            .collect();
+        let read = |tensor| -> Vec<i64> {
+            read_sync(CubeBackend::int_into_data(tensor))
+                .expect("the kernel's output reads back")
+                .iter::<i64>()
+                .collect()
+        };
+        let run = |lengths: [i64; 2], known: Option<&[usize]>| {
+            let codes = TensorData::new(codes.clone(), [batch, heads, len]);
+            let lengths = TensorData::new(lengths.to_vec(), [batch]);
+            let (assignments, counts) = hamming_kmeans(
+                CubeBackend::int_from_data(codes, &device),
+                Some(CubeBackend::int_from_data(lengths, &device)),
+                known,
+                clusters,
+                5,
+                7,
+            );
+            (read(assignments), read(counts))
+        };
+        let read_back = run([300, 200], None);
+        assert_eq!(run([300, 200], Some(&[300, 200])), read_back);
+        let other = run([300, 150], None);
+        assert_ne!(
+            other, read_back,
+            "lengths 200 and 150 should cluster differently"
+        );
+        assert_eq!(run([300, 200], Some(&[300, 150])), other);
     }
 
     /// [`loop_kernel_passes`] is what llvmpipe counts: for two (clusters, iterations) pairs, the

@@ -150,6 +150,7 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
             (Shape::new([batch, heads, len]), dtype),
             (Shape::new([batch, heads, clusters]), dtype),
         ];
+        let known = query_lengths.host().map(<[usize]>::to_vec);
         let inputs = [Some(codes), query_lengths.into_option()];
         let [assignments, counts] = defer(
             HAMMING_KMEANS,
@@ -157,8 +158,14 @@ impl ClusteredAttentionBackend for Fusion<CubeBackend> {
             outputs,
             scalars,
             move |[codes, lengths]| {
-                let (assignments, counts) =
-                    kmeans::hamming_kmeans(codes?, lengths, clusters, iterations, seed);
+                let (assignments, counts) = kmeans::hamming_kmeans(
+                    codes?,
+                    lengths,
+                    known.as_deref(),
+                    clusters,
+                    iterations,
+                    seed,
+                );
                 Some(vec![assignments, counts])
             },
         )

@@ -417,7 +417,7 @@ fn ints<const N: usize>(shape: [usize; N], device: &CubeDevice) -> CubeTensor {
 /// `device` (integer kernels: the same for every float type).
 fn run_kmeans(plan: KmeansPlan, len: usize, clusters: usize, device: &CubeDevice) {
     let codes = ints([BATCH, HEADS, len], device);
-    let _ = kmeans::hamming_kmeans_planned(codes, None, clusters, ITERATIONS, 7, plan);
+    let _ = kmeans::hamming_kmeans_planned(codes, None, None, clusters, ITERATIONS, 7, plan);
 }
 
 /// The `k` the top-k launcher is run at: one for every length of list its kernel runs with
