@@ -555,14 +555,18 @@ impl AsrModel {
         let x = x * (self.d_model as f64).sqrt()
             + sinusoidal_positions(steps, self.d_model, &device).unsqueeze_dim(0);
         let mut x = dropout(x, self.dropout.prob);
-        let lengths: Vec<i64> = frame_lengths
+        let step_lengths: Vec<usize> = frame_lengths
             .iter()
-            .map(|&f| self.output_length(f).min(steps) as i64)
+            .map(|&f| self.output_length(f).min(steps))
             .collect();
-        let valid = self.layers.iter().any(|l| l.conv.is_some()).then(|| {
-            length_mask(lengths.iter().map(|&len| len as usize), steps, &device).unsqueeze_dim(2)
-        });
-        let lengths = Tensor::<1, Int>::from_data(TensorData::new(lengths, [batch]), &device);
+        let valid =
+            self.layers.iter().any(|l| l.conv.is_some()).then(|| {
+                length_mask(step_lengths.iter().copied(), steps, &device).unsqueeze_dim(2)
+            });
+        let lengths = Tensor::<1, Int>::from_data(
+            TensorData::new(step_lengths.iter().map(|&n| n as i64).collect(), [batch]),
+            &device,
+        );
         let head = |x: Tensor<3>| log_softmax(self.output.forward(self.norm.forward(x)), 2);
         let mut middle = None;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -577,11 +581,12 @@ impl AsrModel {
                         .query_clusters(h.clone(), Some(lengths.clone())),
                 );
             }
-            let h = layer.attention.forward(
-                ClusteredAttentionInput::self_attn(h)
-                    .key_lengths(lengths.clone())
-                    .query_lengths(lengths.clone()),
-            );
+            // The lengths' values from the host: the attention reads nothing back (on a GPU a
+            // read would wait for the device in every layer). Self-attention: they are the
+            // query lengths too.
+            let h = layer
+                .attention
+                .forward(ClusteredAttentionInput::self_attn(h).key_lengths_host(&step_lengths));
             x = x + dropout(h, layer.dropout.prob);
             if let (Some(conv), Some(valid)) = (&layer.conv, &valid) {
                 x = x.clone() + dropout(conv.forward(x, valid.clone()), layer.dropout.prob);

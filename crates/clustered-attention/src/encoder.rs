@@ -285,15 +285,15 @@ impl ClusteredTransformerEncoder {
         } = input;
         // The padding mask as lengths once for every layer, on the device, and their values
         // read back (and checked) once: the layers' attentions read nothing back.
-        let key_lengths = key_lengths_of(mask_pad, key_lengths);
         let [batch, len, _] = tensor.dims();
-        let key_host = key_lengths
-            .clone()
-            .map(|lengths| host_lengths("key_lengths", Some(lengths), batch, len));
+        let key_lengths = key_lengths_of(mask_pad, key_lengths).map(|lengths| {
+            let host = host_lengths("key_lengths", Some(lengths.clone()), batch, len);
+            (lengths, host)
+        });
         let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
-        self.layers.iter().fold(tensor, |x, layer| {
-            layer.forward_with(x, masks, key_host.as_deref())
-        })
+        self.layers
+            .iter()
+            .fold(tensor, |x, layer| layer.forward_with(x, masks))
     }
 }
 
@@ -313,17 +313,15 @@ impl ClusteredTransformerEncoderLayer {
         mask_pad: Option<Tensor<2, Bool>>,
         mask_attn: Option<Tensor<3, Bool>>,
     ) -> Tensor<3> {
-        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn), None)
+        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
     }
 
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
-    /// by `attention_input` from the attention's residual path, with the values of its
-    /// `key_lengths` on the host where known (`key_host`).
+    /// by `attention_input` from the attention's residual path.
     fn forward_with(
         &self,
         x: Tensor<3>,
         attention_input: impl Fn(Tensor<3>) -> ClusteredAttentionInput,
-        key_host: Option<&[usize]>,
     ) -> Tensor<3> {
         let residual = if self.norm_first {
             self.norm_2.forward(x.clone())
@@ -332,7 +330,7 @@ impl ClusteredTransformerEncoderLayer {
         };
         let residual = self
             .dropout
-            .forward(self.mha.forward_host(attention_input(residual), key_host));
+            .forward(self.mha.forward(attention_input(residual)));
         let mut x = x + residual;
 
         let residual = if self.norm_first {
@@ -351,19 +349,20 @@ impl ClusteredTransformerEncoderLayer {
     }
 }
 
-/// The self-attention input of `x` with the masks or lengths given.
+/// The self-attention input of `x` with the masks or lengths (with their values on the host)
+/// given.
 fn self_attention(
     x: Tensor<3>,
     mask_pad: &Option<Tensor<2, Bool>>,
-    key_lengths: &Option<Tensor<1, Int>>,
+    key_lengths: &Option<(Tensor<1, Int>, Vec<usize>)>,
     mask_attn: &Option<Tensor<3, Bool>>,
 ) -> ClusteredAttentionInput {
     let mut input = ClusteredAttentionInput::self_attn(x);
     if let Some(mask) = mask_pad {
         input = input.mask_pad(mask.clone());
     }
-    if let Some(lengths) = key_lengths {
-        input = input.key_lengths(lengths.clone());
+    if let Some((lengths, host)) = key_lengths {
+        input = input.with_key_lengths_host(lengths.clone(), host.clone());
     }
     if let Some(mask) = mask_attn {
         input = input.mask_attn(mask.clone());

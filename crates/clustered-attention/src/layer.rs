@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::module::{Flag, Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::{Bool, Device, Int, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, FullAttention, HostLengths,
@@ -210,6 +210,10 @@ pub struct ClusteredAttentionInput {
     mask_attn: Option<Tensor<3, Bool>>,
     key_lengths: Option<Tensor<1, Int>>,
     query_lengths: Option<Tensor<1, Int>>,
+    /// The values of `key_lengths` on the host, where given so.
+    key_host: Option<Vec<usize>>,
+    /// The values of `query_lengths` on the host, where given so.
+    query_host: Option<Vec<usize>>,
 }
 
 impl ClusteredAttentionInput {
@@ -225,6 +229,8 @@ impl ClusteredAttentionInput {
             mask_attn: None,
             key_lengths: None,
             query_lengths: None,
+            key_host: None,
+            query_host: None,
         }
     }
 
@@ -239,6 +245,8 @@ impl ClusteredAttentionInput {
             mask_attn: None,
             key_lengths: None,
             query_lengths: None,
+            key_host: None,
+            query_host: None,
         }
     }
 
@@ -261,6 +269,28 @@ impl ClusteredAttentionInput {
     /// [`Self::mask_pad`], not both.
     pub fn key_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
         self.key_lengths = Some(lengths);
+        self.key_host = None;
+        self
+    }
+
+    /// Key lengths as [`Self::key_lengths`], given by their values on the host (one per
+    /// sequence, each in `0..=S`): the `[batch]` tensor is made on the key's device and the
+    /// attention takes the values from here, reading nothing back to check them or to cluster
+    /// the queries (on a GPU a read waits for the device; without this, the layer reads its
+    /// lengths back in every forward).
+    pub fn key_lengths_host(self, lengths: &[usize]) -> Self {
+        let tensor = lengths_tensor(lengths, &self.key.device());
+        self.with_key_lengths_host(tensor, lengths.to_vec())
+    }
+
+    /// Key lengths `tensor` whose values `host` holds (the caller vouches they agree).
+    pub(crate) fn with_key_lengths_host(
+        mut self,
+        tensor: Tensor<1, Int>,
+        host: Vec<usize>,
+    ) -> Self {
+        self.key_lengths = Some(tensor);
+        self.key_host = Some(host);
         self
     }
 
@@ -268,8 +298,23 @@ impl ClusteredAttentionInput {
     /// no cluster and their output rows are zero.
     pub fn query_lengths(mut self, lengths: Tensor<1, Int>) -> Self {
         self.query_lengths = Some(lengths);
+        self.query_host = None;
         self
     }
+
+    /// Query lengths as [`Self::query_lengths`], given by their values on the host (one per
+    /// sequence, each in `0..=L`), as [`Self::key_lengths_host`] gives the key lengths.
+    pub fn query_lengths_host(mut self, lengths: &[usize]) -> Self {
+        self.query_lengths = Some(lengths_tensor(lengths, &self.query.device()));
+        self.query_host = Some(lengths.to_vec());
+        self
+    }
+}
+
+/// `[batch]` Int lengths on `device` of their values on the host.
+fn lengths_tensor(lengths: &[usize], device: &Device) -> Tensor<1, Int> {
+    let values: Vec<i64> = lengths.iter().map(|&n| n as i64).collect();
+    Tensor::from_data(TensorData::new(values, [lengths.len()]), device)
 }
 
 /// Lengths `[batch]` of the unmasked prefix of each row of a padding mask `[batch, S]`,
@@ -348,17 +393,6 @@ impl MultiHeadClusteredAttention {
     /// is not `[batch, L, S]`, or [`Self::quiet_softmax`] is set with another attention than
     /// full.
     pub fn forward(&self, input: ClusteredAttentionInput) -> Tensor<3> {
-        self.forward_host(input, None)
-    }
-
-    /// [`Self::forward`] given the values of the input's `key_lengths` on the host
-    /// (`key_host`, which must equal them), which its attention then does not read back; a
-    /// self-attention input without query lengths takes them as its query lengths' too.
-    pub(crate) fn forward_host(
-        &self,
-        input: ClusteredAttentionInput,
-        key_host: Option<&[usize]>,
-    ) -> Tensor<3> {
         let [batch, queries_len, _] = input.query.dims();
         for (name, x) in [
             ("query", &input.query),
@@ -384,17 +418,17 @@ impl MultiHeadClusteredAttention {
                 self.attention
             );
         }
-        // Host values are only known for lengths given as such (not for a mask made lengths).
-        let key_host = key_host.filter(|_| input.key_lengths.is_some());
+        let key_host = input.key_host;
         let key_lengths = key_lengths_of(input.mask_pad, input.key_lengths);
+        // A self-attention input's key lengths are its query lengths unless it has its own.
         let (query_lengths, query_host) = match input.query_lengths {
-            Some(lengths) => (Some(lengths), None),
-            None if input.self_attention => (key_lengths.clone(), key_host),
+            Some(lengths) => (Some(lengths), input.query_host),
+            None if input.self_attention => (key_lengths.clone(), key_host.clone()),
             None => (None, None),
         };
         let host = HostLengths {
-            query: query_host.map(<[usize]>::to_vec),
-            key: key_host.map(<[usize]>::to_vec),
+            query: query_host,
+            key: key_host,
         };
 
         let input_mask_attn = input.mask_attn;

@@ -380,16 +380,19 @@ mod wgpu {
     /// the same lengths (`key_lengths`), reads one buffer back: the lengths, once, to check
     /// them. The mask is turned into lengths on the device, and no layer reads anything (its
     /// attention checks the lengths and the K-means draws its initial centroids from the
-    /// values read once). Runs alone in a child process of the test binary, since the read
-    /// counter is process-wide.
+    /// values read once). A layer given its lengths' values on the host (`key_lengths_host`)
+    /// reads nothing back and computes what it computes given them as a tensor, which it
+    /// reads. Runs alone in a child process of the test binary, since the read counter is
+    /// process-wide.
     #[test]
-    fn encoder_reads_the_lengths_once() {
+    fn lengths_are_read_once_per_encoder_forward() {
         use burn::tensor::Int;
         use clustered_attention::{
-            AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput,
+            AttentionKind, ClusteredAttentionInput, ClusteredTransformerEncoderConfig,
+            ClusteredTransformerEncoderInput, MultiHeadClusteredAttentionConfig,
         };
 
-        if !in_child_process("gpu::wgpu::encoder_reads_the_lengths_once") {
+        if !in_child_process("gpu::wgpu::lengths_are_read_once_per_encoder_forward") {
             return;
         }
         log::set_logger(&ReadCounter).expect("no other logger");
@@ -437,6 +440,32 @@ mod wgpu {
             (1, 1),
             "one forward of {layers} layers read {mask_reads} buffers back with mask_pad and \
              {length_reads} with the same lengths: one read, of the lengths, expected"
+        );
+
+        let layer = MultiHeadClusteredAttentionConfig::new(16, 2, attention).init(&device);
+        let host_lengths = || {
+            layer.forward(ClusteredAttentionInput::self_attn(x.clone()).key_lengths_host(&lengths))
+        };
+        let tensor_lengths = || {
+            layer.forward(
+                ClusteredAttentionInput::self_attn(x.clone()).key_lengths(key_lengths.clone()),
+            )
+        };
+        reads(&host_lengths);
+        reads(&tensor_lengths);
+        let (host_reads, tensor_reads) = (reads(&host_lengths), reads(&tensor_lengths));
+        assert_eq!(
+            (host_reads, tensor_reads),
+            (0, 2),
+            "a layer's forward read {host_reads} buffers back given its lengths on the host and \
+             {tensor_reads} given them as a tensor (expected none, and the key and query \
+             lengths' once each)"
+        );
+        let values = |x: Tensor<3>| x.into_data().iter::<f32>().collect::<Vec<_>>();
+        assert_eq!(
+            values(host_lengths()),
+            values(tensor_lengths()),
+            "the outputs given the lengths from the host and from a tensor differ"
         );
     }
 
