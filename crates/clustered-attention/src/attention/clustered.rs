@@ -12,9 +12,9 @@ use crate::ops::grouping::QueryGroups;
 /// Clustered attention (paper §3.2, eqs. 3–6).
 ///
 /// The queries of each `(batch, head)` are hashed and grouped into `C` clusters
-/// ([`cluster_queries`]); each centroid is the mean of its member queries (eq. 3), attends
-/// to all keys (eqs. 4–5), and every query receives its cluster's output (eq. 6). Costs
-/// `O(L · C · E + C · S · (E + D))` instead of `O(L · S · (E + D))`.
+/// ([`cluster_queries`](crate::cluster_queries)); each centroid is the mean of its member
+/// queries (eq. 3), attends to all keys (eqs. 4–5), and every query receives its cluster's
+/// output (eq. 6). Costs `O(L · C · E + C · S · (E + D))` instead of `O(L · S · (E + D))`.
 ///
 /// When a sequence has no more valid queries than `C`, each query is its own cluster and the
 /// result equals [`FullAttention`](super::FullAttention). Gradients reach the queries through
