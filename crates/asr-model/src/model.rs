@@ -581,9 +581,9 @@ impl AsrModel {
                         .query_clusters(h.clone(), Some(lengths.clone())),
                 );
             }
-            // The lengths' values from the host: the attention reads nothing back (on a GPU a
-            // read would wait for the device in every layer). Self-attention: they are the
-            // query lengths too.
+            // The lengths' values from the host: the attention need not read them back (on a
+            // GPU a read would wait for the device in every layer). Self-attention: they are
+            // the query lengths too.
             let h = layer
                 .attention
                 .forward(ClusteredAttentionInput::self_attn(h).key_lengths_host(&step_lengths));

@@ -11,7 +11,7 @@ use crate::attention::{
 };
 use crate::clustering::{ClusteringOptions, QueryGrouping};
 use crate::kind::AttentionKind;
-use crate::ops::checks::validate_bits;
+use crate::ops::checks::{host_lengths, validate_bits};
 
 /// Configuration of a [`MultiHeadClusteredAttention`] layer.
 #[derive(Config, Debug)]
@@ -320,7 +320,8 @@ fn lengths_tensor(lengths: &[usize], device: &Device) -> Tensor<1, Int> {
 /// Lengths `[batch]` of the unmasked prefix of each row of a padding mask `[batch, S]`,
 /// computed on the mask's device (nothing is read back to the host): the number of unmasked
 /// positions of each row, or −1 for a row that is not a padding mask (one that unmasks a
-/// position after a masked one), which the attention's check of its lengths then refuses
+/// position after a masked one), which the check of the lengths (the encoder's, or the
+/// attention's) then refuses
 /// ([`checked_lengths`](crate::ops::checks::checked_lengths)).
 pub(crate) fn padding_lengths(mask: Tensor<2, Bool>) -> Tensor<1, Int> {
     let [batch, len] = mask.dims();
@@ -418,9 +419,18 @@ impl MultiHeadClusteredAttention {
                 self.attention
             );
         }
-        let key_host = input.key_host;
         let key_lengths = key_lengths_of(input.mask_pad, input.key_lengths);
-        // A self-attention input's key lengths are its query lengths unless it has its own.
+        // A self-attention input's key lengths are its query lengths unless it has its own:
+        // where their values are not given, they are read (and checked) once for both.
+        let shared = input.self_attention && input.query_lengths.is_none();
+        let key_host = match (input.key_host, &key_lengths) {
+            (None, Some(lengths)) if shared => {
+                let keys_len = input.key.dims()[1];
+                let lengths = Some(lengths.clone());
+                Some(host_lengths("key_lengths", lengths, batch, keys_len))
+            }
+            (host, _) => host,
+        };
         let (query_lengths, query_host) = match input.query_lengths {
             Some(lengths) => (Some(lengths), input.query_host),
             None if input.self_attention => (key_lengths.clone(), key_host.clone()),

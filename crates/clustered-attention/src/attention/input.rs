@@ -4,7 +4,7 @@
 use burn::tensor::{Bool, DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::AttentionOptions;
-use crate::ops::checks::{checked_lengths, host_lengths};
+use crate::ops::checks::{checked_lengths, host_lengths, known_lengths};
 use crate::ops::topk_indices;
 
 /// The input of an attention on `[batch, heads, seq, dim]` tensors, as burn-nn's `MhaInput` is
@@ -86,9 +86,9 @@ impl AttentionInput {
 }
 
 /// The values of an [`AttentionInput`]'s lengths on the host, where its caller has them: an
-/// encoder reads its lengths once for all its layers, whose attentions then read nothing back
-/// (on a GPU, each read waits for the device). Each must equal the input's tensor of the same
-/// name; `None` where the caller does not have it (the tensor is then read).
+/// encoder reads its lengths once for all its layers, whose attentions then need not read them
+/// back (on a GPU, each read waits for the device). Each must equal the input's tensor of the
+/// same name; `None` where the caller does not have it (the tensor is then read).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HostLengths {
     /// The values of `query_lengths`.
@@ -187,7 +187,8 @@ pub(crate) fn check_input(
         }
         keys => (query_lengths, keys),
     };
-    // Made anew on the queries' device from the values read (as the key lengths below), so
+    // Made anew on the queries' device from the values read or given (as the key lengths
+    // below), so
     // that lengths made on another device (one without autodiff, say) meet the queries' own.
     let query_lengths = query_lengths.map(|host| {
         let lengths = Tensor::<1, Int>::from_data(
@@ -241,13 +242,8 @@ fn lengths_on_host(
 ) -> Vec<usize> {
     match known {
         Some(known) => {
-            assert!(
-                known.len() == batch,
-                "{name}: {} host lengths for a batch of {batch}",
-                known.len()
-            );
             let dims = |lengths: &Tensor<1, Int>| lengths.dims().to_vec();
-            let values = |_| known.iter().map(|&n| n as i64).collect();
+            let values = |_| known_lengths(name, known, batch);
             checked_lengths(name, Some(lengths), batch, seq_len, dims, values)
         }
         None => host_lengths(name, Some(lengths), batch, seq_len),

@@ -199,6 +199,20 @@ pub(crate) fn checked_lengths<T>(
         .collect()
 }
 
+/// The values `known` of the lengths tensor `name` that the caller has on the host, as the
+/// `read` of [`checked_lengths`] takes them.
+///
+/// # Panics
+/// If `known` does not have one length per batch item.
+pub(crate) fn known_lengths(name: &str, known: &[usize], batch: usize) -> Vec<i64> {
+    assert!(
+        known.len() == batch,
+        "{name}: {} host lengths for a batch of {batch}",
+        known.len()
+    );
+    known.iter().map(|&n| n as i64).collect()
+}
+
 /// Reads the lengths tensor `name` (`[batch]`) to the host and checks it against its
 /// sequence's length `seq_len`.
 ///

@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{cube_count, ints, linear};
-use crate::ops::checks::checked_lengths;
+use crate::ops::checks::{checked_lengths, known_lengths};
 use crate::ops::initial_centroid_positions;
 
 /// Largest number of clusters whose centroids the assignment step keeps in shared memory
@@ -372,14 +372,7 @@ fn host_lengths(
 ) -> Vec<usize> {
     let dims = |lengths: &CubeTensor| lengths.shape().to_vec();
     let read = |lengths| match known {
-        Some(known) => {
-            assert!(
-                known.len() == batch,
-                "{name}: {} host lengths for a batch of {batch}",
-                known.len()
-            );
-            known.iter().map(|&n| n as i64).collect()
-        }
+        Some(known) => known_lengths(name, known, batch),
         None => {
             let data = read_sync(CubeBackend::int_into_data(lengths))
                 .unwrap_or_else(|error| panic!("{name} could not be read: {error:?}"));
