@@ -28,6 +28,29 @@ use rand::{Rng, SeedableRng};
 
 thread_local! {
     static GENERATOR: RefCell<Option<Xoshiro256PlusPlus>> = const { RefCell::new(None) };
+    /// Inside [`with_one_seed_draw`]: `Some(None)` until the first [`AttentionDropout`] seed is
+    /// drawn from the backend, then the generator the later seeds come from.
+    static SEED_SCOPE: RefCell<Option<Option<Xoshiro256PlusPlus>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the [`AttentionDropout`] seeds it needs from the backend's generator drawn
+/// once: the first seed is the backend's draw (a read back from the device, on a GPU a wait),
+/// the later ones come from a xoshiro256++ generator seeded with it, so that a forward pass of
+/// several layers reads one seed back, not one per layer. Inside [`with_dropout_seed`] the
+/// seeds come from the thread's generator as elsewhere. The scope that was there before, if
+/// any, is back afterwards.
+pub(crate) fn with_one_seed_draw<R>(f: impl FnOnce() -> R) -> R {
+    let previous = SEED_SCOPE.with(|scope| scope.borrow_mut().replace(None));
+    // Put the previous scope back also when `f` panics.
+    struct Restore(Option<Option<Xoshiro256PlusPlus>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            SEED_SCOPE.with(|scope| *scope.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(previous);
+    f()
 }
 
 /// Runs `f` with the dropout masks of this thread drawn from a generator seeded with `seed`
@@ -148,7 +171,8 @@ impl AttentionDropout {
     /// or `device` is not an autodiff device (as [`dropout`]); else a fresh seed, from the
     /// thread's generator inside [`with_dropout_seed`], else from the backend's generator (a
     /// 64-bit draw read back from the device: on a GPU, one wait for the device per call, which
-    /// [`with_dropout_seed`] avoids).
+    /// [`with_dropout_seed`] avoids, and which an encoder's forward makes once for all its
+    /// layers).
     ///
     /// # Panics
     /// When `prob` is not in `[0, 1)`.
@@ -160,20 +184,34 @@ impl AttentionDropout {
         if prob == 0.0 || !device.is_autodiff() {
             return None;
         }
+        let backend_draw = || {
+            // Four 16-bit draws: every int type of every backend holds them.
+            let draws = Tensor::<1, burn::tensor::Int>::random(
+                [4],
+                burn::tensor::Distribution::Uniform(0.0, 65_536.0),
+                device,
+            )
+            .into_data();
+            draws
+                .iter::<i64>()
+                .fold(0u64, |seed, x| (seed << 16) | (x as u64 & 0xFFFF))
+        };
         let seed = GENERATOR
             .with(|g| g.borrow_mut().as_mut().map(|rng| rng.next_u64()))
-            .unwrap_or_else(|| {
-                // Four 16-bit draws: every int type of every backend holds them.
-                let draws = Tensor::<1, burn::tensor::Int>::random(
-                    [4],
-                    burn::tensor::Distribution::Uniform(0.0, 65_536.0),
-                    device,
-                )
-                .into_data();
-                draws
-                    .iter::<i64>()
-                    .fold(0u64, |seed, x| (seed << 16) | (x as u64 & 0xFFFF))
-            });
+            .or_else(|| {
+                SEED_SCOPE.with(|scope| {
+                    let mut scope = scope.borrow_mut();
+                    match scope.as_mut()? {
+                        Some(rng) => Some(rng.next_u64()),
+                        empty => {
+                            let seed = backend_draw();
+                            *empty = Some(Xoshiro256PlusPlus::seed_from_u64(seed));
+                            Some(seed)
+                        }
+                    }
+                })
+            })
+            .unwrap_or_else(backend_draw);
         Some(Self::new(prob, seed))
     }
 
@@ -262,4 +300,35 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
         ];
     }
     c
+}
+
+#[cfg(all(test, feature = "flex", feature = "autodiff"))]
+mod tests {
+    use super::*;
+
+    /// Inside [`with_one_seed_draw`] the first attention dropout seed is drawn from the backend
+    /// and the later ones come from xoshiro256++ seeded with it (a reference generator here);
+    /// inside [`with_dropout_seed`] too, the thread's generator gives them all.
+    #[test]
+    fn one_seed_draw_seeds_the_later_seeds() {
+        let device = burn::tensor::Device::flex().autodiff();
+        let seeds = |n: usize| -> Vec<u64> {
+            (0..n)
+                .map(|_| (AttentionDropout::for_forward(0.1, &device).expect("dropout")).seed)
+                .collect()
+        };
+        let drawn = with_one_seed_draw(|| seeds(4));
+        let mut reference = Xoshiro256PlusPlus::seed_from_u64(drawn[0]);
+        let later: Vec<u64> = (0..3).map(|_| reference.next_u64()).collect();
+        assert_eq!(
+            drawn[1..],
+            later[..],
+            "the seeds after the first {}",
+            drawn[0]
+        );
+
+        let inside = with_dropout_seed(9, || with_one_seed_draw(|| seeds(2)));
+        let mut thread = Xoshiro256PlusPlus::seed_from_u64(9);
+        assert_eq!(inside, [thread.next_u64(), thread.next_u64()]);
+    }
 }

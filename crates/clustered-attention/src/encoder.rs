@@ -291,9 +291,12 @@ impl ClusteredTransformerEncoder {
             (lengths, host)
         });
         let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
-        self.layers
-            .iter()
-            .fold(tensor, |x, layer| layer.forward_with(x, masks))
+        // In training, the layers' attention dropout seeds from one draw of the backend's.
+        crate::dropout::with_one_seed_draw(|| {
+            self.layers
+                .iter()
+                .fold(tensor, |x, layer| layer.forward_with(x, masks))
+        })
     }
 }
 

@@ -382,7 +382,9 @@ mod wgpu {
     /// attention checks the lengths and the K-means draws its initial centroids from the
     /// values read once). A layer given its lengths' values on the host (`key_lengths_host`)
     /// reads nothing back and computes what it computes given them as a tensor, which it
-    /// reads once. Runs alone in a child process of the test binary, since the read counter is
+    /// reads once. In training (attention dropout on an autodiff device) a forward of 3
+    /// layers reads back what one of 1 layer reads: the layers' dropout seeds come from one
+    /// draw. Runs alone in a child process of the test binary, since the read counter is
     /// process-wide.
     #[test]
     fn lengths_are_read_once_per_encoder_forward() {
@@ -466,6 +468,30 @@ mod wgpu {
             values(host_lengths()),
             values(tensor_lengths()),
             "the outputs given the lengths from the host and from a tensor differ"
+        );
+
+        // Training (an autodiff device, attention dropout 0.1): the layers' dropout seeds come
+        // from one draw of the backend's, so 3 layers read back what 1 layer reads.
+        let training = autodiff(&device);
+        let x = x.to_device(&training);
+        let mask = mask.to_device(&training);
+        let training_reads = |layers| {
+            let encoder = ClusteredTransformerEncoderConfig::new(16, 32, 2, layers, attention)
+                .with_dropout(0.1)
+                .init(&training);
+            let forward = || {
+                encoder.forward(
+                    ClusteredTransformerEncoderInput::new(x.clone()).mask_pad(mask.clone()),
+                )
+            };
+            reads(&forward);
+            reads(&forward)
+        };
+        let (one, three) = (training_reads(1), training_reads(3));
+        eprintln!("a training forward: {one} reads with 1 layer, {three} with 3");
+        assert_eq!(
+            one, three,
+            "a training forward read {one} buffers back with 1 layer and {three} with 3 layers"
         );
     }
 
