@@ -39,8 +39,19 @@ use crate::Args;
 use crate::capped::{self, Outcome};
 use crate::report::{Machine, write_outputs};
 
-/// The encoders compared: burn-nn's, then this crate's with each attention.
-pub const ENCODERS: [&str; 4] = ["burn-nn", "full", "clustered", "improved"];
+/// The encoders compared: burn-nn's, then this crate's with each attention, then improved
+/// attention with every layer recomputed in the backward pass
+/// (`ClusteredTransformerEncoderConfig::recompute_layers` = the layer count).
+pub const ENCODERS: [&str; 5] = [
+    "burn-nn",
+    "full",
+    "clustered",
+    "improved",
+    "improved-recompute",
+];
+
+/// The suffix of an encoder whose layers are all recomputed in the backward pass.
+const RECOMPUTE: &str = "-recompute";
 
 /// One (backend, encoder, length): its step time and peak memory, or why there is none.
 #[derive(Debug, Clone, Serialize)]
@@ -330,6 +341,10 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
             })
         }
         name => {
+            let (name, recompute) = match name.strip_suffix(RECOMPUTE) {
+                Some(name) => (name, args.layers),
+                None => (name, 0),
+            };
             let attention = match name {
                 "full" => AttentionKind::Full,
                 "clustered" => AttentionKind::Clustered {
@@ -351,6 +366,7 @@ pub fn child(args: &Args, encoder: &str) -> Result<()> {
             .with_dropout(args.dropout())
             .with_bits(args.bits)
             .with_iterations(args.iterations)
+            .with_recompute_layers(recompute)
             .init(&device);
             train(args, &device, model, x, sample, |m, x| {
                 m.forward(ClusteredTransformerEncoderInput::new(x))

@@ -82,7 +82,8 @@ pub struct Args {
     pub encoder_child: Option<String>,
     /// `forward` times the forward pass; `train` times forward + backward; `encoder` one
     /// training step of a whole encoder, burn-nn's and this crate's, each in a child process
-    /// under `--memory-gib` (then `--only` names encoders: burn-nn, full, clustered, improved).
+    /// under `--memory-gib` (then `--only` names encoders: burn-nn, full, clustered, improved,
+    /// improved-recompute, the last with every layer recomputed in the backward pass).
     #[arg(long, value_enum, default_value_t = Mode::Forward)]
     pub mode: Mode,
     /// Float type of the queries, keys and values (and so of the whole computation).

@@ -26,11 +26,40 @@ use burn::tensor::{Tensor, TensorData};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
 
+/// Where the [`AttentionDropout`] seeds come from in a scope of this crate (see
+/// [`next_seed`]).
+enum SeedScope {
+    /// [`with_one_seed_draw`]: the backend's draw, once; then `Generator` seeded with it.
+    OneDraw,
+    /// [`with_seeds`] (or a one-draw scope after its draw): this generator.
+    Generator(Xoshiro256PlusPlus),
+}
+
 thread_local! {
     static GENERATOR: RefCell<Option<Xoshiro256PlusPlus>> = const { RefCell::new(None) };
-    /// Inside [`with_one_seed_draw`]: `Some(None)` until the first [`AttentionDropout`] seed is
-    /// drawn from the backend, then the generator the later seeds come from.
-    static SEED_SCOPE: RefCell<Option<Option<Xoshiro256PlusPlus>>> = const { RefCell::new(None) };
+    static SEED_SCOPE: RefCell<Option<SeedScope>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `cell` (a thread-local) set to `value`; what was there before is back
+/// afterwards, also when `f` panics.
+fn with_replaced<T: 'static, R>(
+    cell: &'static std::thread::LocalKey<RefCell<Option<T>>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: 'static>(
+        &'static std::thread::LocalKey<RefCell<Option<T>>>,
+        Option<T>,
+    );
+    impl<T: 'static> Drop for Restore<T> {
+        fn drop(&mut self) {
+            let previous = self.1.take();
+            self.0.with(|cell| *cell.borrow_mut() = previous);
+        }
+    }
+    let previous = cell.with(|cell| cell.borrow_mut().replace(value));
+    let _restore = Restore(cell, previous);
+    f()
 }
 
 /// Runs `f` with the [`AttentionDropout`] seeds it needs from the backend's generator drawn
@@ -40,37 +69,26 @@ thread_local! {
 /// seeds come from the thread's generator as elsewhere. The scope that was there before, if
 /// any, is back afterwards.
 pub(crate) fn with_one_seed_draw<R>(f: impl FnOnce() -> R) -> R {
-    let previous = SEED_SCOPE.with(|scope| scope.borrow_mut().replace(None));
-    // Put the previous scope back also when `f` panics.
-    struct Restore(Option<Option<Xoshiro256PlusPlus>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            SEED_SCOPE.with(|scope| *scope.borrow_mut() = previous);
-        }
-    }
-    let _restore = Restore(previous);
-    f()
+    with_replaced(&SEED_SCOPE, SeedScope::OneDraw, f)
+}
+
+/// Runs `f` with the [`AttentionDropout`] seeds it needs drawn from xoshiro256++ seeded with
+/// `seed`, before any other source (the thread's generator of [`with_dropout_seed`] included):
+/// the seeds of a layer's dropouts as a function of one seed, the same in a recomputed forward
+/// pass. The scope that was there before, if any, is back afterwards.
+pub(crate) fn with_seeds<R>(seed: u64, f: impl FnOnce() -> R) -> R {
+    with_replaced(
+        &SEED_SCOPE,
+        SeedScope::Generator(Xoshiro256PlusPlus::seed_from_u64(seed)),
+        f,
+    )
 }
 
 /// Runs `f` with the dropout masks of this thread drawn from a generator seeded with `seed`
 /// (see the [module](self)); the generator that was there before, if any, is back afterwards.
 /// Only the calling thread's [`dropout`] calls are affected.
 pub fn with_dropout_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
-    let previous = GENERATOR.with(|g| {
-        g.borrow_mut()
-            .replace(Xoshiro256PlusPlus::seed_from_u64(seed))
-    });
-    // Put the previous generator back also when `f` panics.
-    struct Restore(Option<Xoshiro256PlusPlus>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            GENERATOR.with(|g| *g.borrow_mut() = previous);
-        }
-    }
-    let _restore = Restore(previous);
-    f()
+    with_replaced(&GENERATOR, Xoshiro256PlusPlus::seed_from_u64(seed), f)
 }
 
 /// Dropout with probability `prob` on `x` (any shape), active only when `x` is on an autodiff
@@ -154,6 +172,11 @@ impl AttentionDropout {
     /// The stream of each query's weights on its cluster's top-k keys (paper eq. 10, first
     /// case), keyed by their ranks in the top-k.
     pub const QUERY_TOP: u32 = 1;
+    /// The stream of the encoder's dropout on activations
+    /// ([`activation_dropout`](crate::ops::activation_dropout)): after each sub-layer and
+    /// inside the feed-forward network, each call with its own seed; rows are the tensor's
+    /// positions (`batch · L`), keys its features.
+    pub const ACTIVATIONS: u32 = 2;
 
     /// Dropout with probability `prob` and the Philox key `seed`.
     ///
@@ -184,35 +207,7 @@ impl AttentionDropout {
         if prob == 0.0 || !device.is_autodiff() {
             return None;
         }
-        let backend_draw = || {
-            // Four 16-bit draws: every int type of every backend holds them.
-            let draws = Tensor::<1, burn::tensor::Int>::random(
-                [4],
-                burn::tensor::Distribution::Uniform(0.0, 65_536.0),
-                device,
-            )
-            .into_data();
-            draws
-                .iter::<i64>()
-                .fold(0u64, |seed, x| (seed << 16) | (x as u64 & 0xFFFF))
-        };
-        let seed = GENERATOR
-            .with(|g| g.borrow_mut().as_mut().map(|rng| rng.next_u64()))
-            .or_else(|| {
-                SEED_SCOPE.with(|scope| {
-                    let mut scope = scope.borrow_mut();
-                    match scope.as_mut()? {
-                        Some(rng) => Some(rng.next_u64()),
-                        empty => {
-                            let seed = backend_draw();
-                            *empty = Some(Xoshiro256PlusPlus::seed_from_u64(seed));
-                            Some(seed)
-                        }
-                    }
-                })
-            })
-            .unwrap_or_else(backend_draw);
-        Some(Self::new(prob, seed))
+        Some(Self::new(prob, next_seed(device)))
     }
 
     /// A weight is dropped when its 16-bit draw is below this: `round(prob · 2¹⁶)`, at most
@@ -276,6 +271,45 @@ impl AttentionDropout {
         }
         factors
     }
+}
+
+/// A fresh 64-bit seed for the dropout on `device`: from the generator of [`with_seeds`],
+/// else from the thread's generator inside [`with_dropout_seed`], else from the scope of
+/// [`with_one_seed_draw`] (its first seed drawn from the backend), else from the backend's
+/// generator (four 16-bit draws read back).
+pub(crate) fn next_seed(device: &burn::tensor::Device) -> u64 {
+    let backend_draw = || {
+        // Four 16-bit draws: every int type of every backend holds them.
+        let draws = Tensor::<1, burn::tensor::Int>::random(
+            [4],
+            burn::tensor::Distribution::Uniform(0.0, 65_536.0),
+            device,
+        )
+        .into_data();
+        draws
+            .iter::<i64>()
+            .fold(0u64, |seed, x| (seed << 16) | (x as u64 & 0xFFFF))
+    };
+    let scoped = || {
+        SEED_SCOPE.with(|scope| match scope.borrow_mut().as_mut()? {
+            SeedScope::Generator(rng) => Some(rng.next_u64()),
+            SeedScope::OneDraw => None,
+        })
+    };
+    let thread = || GENERATOR.with(|g| g.borrow_mut().as_mut().map(|rng| rng.next_u64()));
+    let one_draw = || {
+        SEED_SCOPE.with(|scope| {
+            let mut scope = scope.borrow_mut();
+            let scope = scope.as_mut()?;
+            let seed = backend_draw();
+            *scope = SeedScope::Generator(Xoshiro256PlusPlus::seed_from_u64(seed));
+            Some(seed)
+        })
+    };
+    scoped()
+        .or_else(thread)
+        .or_else(one_draw)
+        .unwrap_or_else(backend_draw)
 }
 
 /// Philox4x32-10 (Salmon et al., SC 2011; Random123's `philox4x32`, 10 rounds): the four 32-bit

@@ -8,12 +8,14 @@ use burn::nn::transformer::{PositionWiseFeedForward, PositionWiseFeedForwardConf
 use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
+use crate::dropout::AttentionDropout;
 use crate::kind::AttentionKind;
 use crate::layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
     key_lengths_of,
 };
 use crate::ops::checks::host_lengths;
+use crate::recompute::{RecomputedForward, flatten_parameters, unflatten_parameters};
 
 /// Configuration of a [`ClusteredTransformerEncoder`]: burn-nn 0.22's
 /// [`TransformerEncoderConfig`](burn::nn::transformer::TransformerEncoderConfig) (the same
@@ -75,6 +77,22 @@ pub struct ClusteredTransformerEncoderConfig {
     /// Seed of the hash planes and initial centroids; layer `i` uses `seed + i`.
     #[config(default = 0)]
     pub seed: u64,
+    /// How many layers (the first ones) are recomputed in the backward pass instead of keeping
+    /// their activations ("activation checkpointing"): in training, such a layer keeps its
+    /// input and a copy of its parameters, and runs its forward pass again, with the same
+    /// clusters and dropout masks, when its gradients are needed (about one more forward pass
+    /// of the layer per step). `0` (the default): none; `n_layers`: all. Needs the
+    /// counter-based dropout (`stored_dropout_masks` false); [`Self::init`] panics otherwise.
+    #[config(default = 0)]
+    pub recompute_layers: usize,
+    /// burn-nn's `Dropout` on the activations (after each sub-layer and inside the
+    /// feed-forward network): masks drawn from the backend's generator and stored for the
+    /// backward pass, as burn-nn's encoder does. By default (`false`) the encoder draws them
+    /// with a counter-based generator (Philox4x32-10, as the attention's dropout,
+    /// [`crate::ops::activation_dropout`]) and draws them again in the backward pass: no
+    /// mask stored, the same rate and scaling, other masks than burn-nn's.
+    #[config(default = false)]
+    pub stored_dropout_masks: bool,
 }
 
 /// burn-nn's transformer encoder ("Attention Is All You Need", Vaswani et al. 2017) with the
@@ -120,6 +138,9 @@ pub struct ClusteredTransformerEncoder {
     /// The configuration's `quiet_softmax`, as burn-nn's encoder keeps it; what the layers
     /// compute is their own `mha.quiet_softmax`.
     pub quiet_softmax: bool,
+    /// How many layers (the first ones) are recomputed in the backward pass
+    /// ([`ClusteredTransformerEncoderConfig::recompute_layers`]).
+    pub recompute_layers: usize,
 }
 
 /// One layer of a [`ClusteredTransformerEncoder`]: burn-nn's `TransformerEncoderLayer` with
@@ -140,6 +161,9 @@ pub struct ClusteredTransformerEncoderLayer {
     pub dropout: Dropout,
     /// Layer norm before each sub-layer.
     pub norm_first: bool,
+    /// burn-nn's `Dropout` (stored masks) on the activations instead of the counter-based one
+    /// ([`ClusteredTransformerEncoderConfig::stored_dropout_masks`]).
+    pub stored_dropout_masks: bool,
 }
 
 /// Input of [`ClusteredTransformerEncoder::forward`], with burn-nn's
@@ -196,8 +220,21 @@ impl ClusteredTransformerEncoderConfig {
     /// If a layer's configuration is invalid (see
     /// [`MultiHeadClusteredAttentionConfig::validate`]: `n_heads` not dividing `d_model`,
     /// `bits` outside `1..=32`, a count of the attention 0, `dropout` outside `[0, 1)`,
-    /// `quiet_softmax` with an attention other than full).
+    /// `quiet_softmax` with an attention other than full), if `recompute_layers` exceeds
+    /// `n_layers`, or is not 0 with `stored_dropout_masks`.
     pub fn init(&self, device: &Device) -> ClusteredTransformerEncoder {
+        assert!(
+            self.recompute_layers <= self.n_layers,
+            "recompute_layers = {} exceeds n_layers = {}",
+            self.recompute_layers,
+            self.n_layers
+        );
+        assert!(
+            self.recompute_layers == 0 || !self.stored_dropout_masks || self.dropout == 0.0,
+            "recompute_layers = {} needs the counter-based dropout: stored_dropout_masks draws \
+             masks that a recomputed forward pass cannot draw again",
+            self.recompute_layers
+        );
         let layers = (0..self.n_layers)
             .map(|i| self.init_layer(i, device))
             .collect();
@@ -210,6 +247,7 @@ impl ClusteredTransformerEncoderConfig {
             dropout: self.dropout,
             norm_first: self.norm_first,
             quiet_softmax: self.quiet_softmax,
+            recompute_layers: self.recompute_layers,
         }
     }
 
@@ -242,6 +280,7 @@ impl ClusteredTransformerEncoderConfig {
             norm_2: norm(),
             dropout: DropoutConfig::new(self.dropout).init(),
             norm_first: self.norm_first,
+            stored_dropout_masks: self.stored_dropout_masks,
         }
     }
 }
@@ -291,11 +330,23 @@ impl ClusteredTransformerEncoder {
             (lengths, host)
         });
         let masks = |x| self_attention(x, &None, &key_lengths, &mask_attn);
-        // In training, the layers' attention dropout seeds from one draw of the backend's.
+        // In training, the layers' dropout seeds from one draw of the backend's: each layer
+        // draws one seed, from which its dropouts' seeds come (so that a recomputed layer
+        // draws the same masks again).
         crate::dropout::with_one_seed_draw(|| {
             self.layers
                 .iter()
-                .fold(tensor, |x, layer| layer.forward_with(x, masks))
+                .enumerate()
+                .fold(tensor, |x, (i, layer)| {
+                    if !x.is_autodiff() {
+                        layer.forward_with(x, masks)
+                    } else if i < self.recompute_layers {
+                        layer.forward_recomputed(x, &key_lengths, &mask_attn)
+                    } else {
+                        let seed = layer.dropout_seed(&x.device());
+                        crate::dropout::with_seeds(seed, || layer.forward_with(x, masks))
+                    }
+                })
         })
     }
 }
@@ -319,6 +370,61 @@ impl ClusteredTransformerEncoderLayer {
         self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
     }
 
+    /// [`Self::forward`] as one node of the autodiff graph that keeps only `x` and the layer's
+    /// parameters and runs the layer again in the backward pass (see
+    /// [`crate::recompute`]), its dropout masks drawn from a seed drawn here (the same masks
+    /// both times).
+    fn forward_recomputed(
+        &self,
+        x: Tensor<3>,
+        key_lengths: &Option<(Tensor<1, Int>, Vec<usize>)>,
+        mask_attn: &Option<Tensor<3, Bool>>,
+    ) -> Tensor<3> {
+        // No draw (on a GPU, a read back) where nothing is dropped.
+        let drops =
+            self.mha.dropout > 0.0 || self.dropout.prob > 0.0 || self.pwff.dropout.prob > 0.0;
+        let seed = if drops {
+            crate::dropout::next_seed(&x.device())
+        } else {
+            0
+        };
+        let parameters = flatten_parameters(self);
+        // The masks without autodiff, set on each run's device (the fresh leaves' autodiff).
+        let key_lengths = key_lengths
+            .clone()
+            .map(|(lengths, host)| (lengths.inner(), host));
+        let mask_attn = mask_attn.clone().map(Tensor::inner);
+        let template = self.clone();
+        let forward = RecomputedForward::new(move |x, parameters| {
+            let layer = unflatten_parameters(template.clone(), parameters);
+            let key_lengths = key_lengths
+                .clone()
+                .map(|(lengths, host)| (lengths.autodiff(), host));
+            let mask_attn = mask_attn.clone().map(Tensor::autodiff);
+            // The seeds of the counter-based masks from `seed`; the masks full attention and
+            // the baselines draw on the host (crate::dropout::dropout) from another generator.
+            crate::dropout::with_dropout_seed(seed.wrapping_add(1), || {
+                crate::dropout::with_seeds(seed, || {
+                    layer.forward_with(x, |x| self_attention(x, &None, &key_lengths, &mask_attn))
+                })
+            })
+        });
+        crate::ops::recompute(x, parameters, forward)
+    }
+
+    /// The seed of the layer's dropouts in one training forward pass: a fresh one (see
+    /// [`crate::dropout::next_seed`]), or 0 without a draw (on a GPU, a read back) when the
+    /// layer drops nothing.
+    fn dropout_seed(&self, device: &Device) -> u64 {
+        let drops =
+            self.mha.dropout > 0.0 || self.dropout.prob > 0.0 || self.pwff.dropout.prob > 0.0;
+        if drops {
+            crate::dropout::next_seed(device)
+        } else {
+            0
+        }
+    }
+
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
     /// by `attention_input` from the attention's residual path.
     fn forward_with(
@@ -331,9 +437,8 @@ impl ClusteredTransformerEncoderLayer {
         } else {
             x.clone()
         };
-        let residual = self
-            .dropout
-            .forward(self.mha.forward(attention_input(residual)));
+        let residual =
+            self.apply_dropout(self.mha.forward(attention_input(residual)), &self.dropout);
         let mut x = x + residual;
 
         let residual = if self.norm_first {
@@ -342,13 +447,43 @@ impl ClusteredTransformerEncoderLayer {
             x = self.norm_1.forward(x);
             x.clone()
         };
-        let residual = self.dropout.forward(self.pwff.forward(residual));
+        let residual = self.apply_dropout(self.feed_forward(residual), &self.dropout);
         let x = x + residual;
         if self.norm_first {
             x
         } else {
             self.norm_2.forward(x)
         }
+    }
+}
+
+impl ClusteredTransformerEncoderLayer {
+    /// `dropout` (one of the layer's burn-nn `Dropout` modules: its rate and training flag) on
+    /// `x`: burn-nn's own with `stored_dropout_masks`, else the counter-based one, with a
+    /// fresh seed, when training (an autodiff device and the flag set) with a rate above 0.
+    fn apply_dropout(&self, x: Tensor<3>, dropout: &Dropout) -> Tensor<3> {
+        if self.stored_dropout_masks {
+            return dropout.forward(x);
+        }
+        if !dropout.training.is_enabled() {
+            return x;
+        }
+        match AttentionDropout::for_forward(dropout.prob, &x.device()) {
+            Some(masks) => crate::ops::activation_dropout(x, masks, AttentionDropout::ACTIVATIONS),
+            None => x,
+        }
+    }
+
+    /// burn-nn's `PositionWiseFeedForward::forward` with [`Self::apply_dropout`] on its hidden
+    /// layer: `linear_outer(dropout(activation(linear_inner(x))))`.
+    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
+        if self.stored_dropout_masks {
+            return self.pwff.forward(x);
+        }
+        let pwff = &self.pwff;
+        let hidden = pwff.activation.forward(pwff.linear_inner.forward(x));
+        pwff.linear_outer
+            .forward(self.apply_dropout(hidden, &pwff.dropout))
     }
 }
 

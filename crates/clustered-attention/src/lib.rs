@@ -53,6 +53,7 @@ mod encoder;
 mod kind;
 mod layer;
 pub mod ops;
+pub mod recompute;
 
 pub use attention::{
     AttentionInput, AttentionOptions, ClusteredAttention, FullAttention,

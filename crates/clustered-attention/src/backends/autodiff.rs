@@ -21,6 +21,7 @@ use burn::backend::{Autodiff, TensorMetadata};
 use burn::tensor::Slice;
 
 use crate::dropout::AttentionDropout;
+use crate::recompute::RecomputedForward;
 
 use crate::ops::{
     CentroidAttention, ClusterTop, ClusteredAttentionBackend, ClusteredAttentionBackward,
@@ -122,6 +123,43 @@ impl<B: ClusteredAttentionBackend> Backward<B, 1> for AttentionSoftmax {
             let row_sums = B::float_sum_dim(weighted.clone(), last);
             B::float_sub(weighted, B::float_mul(output, row_sums))
         });
+    }
+}
+
+/// `y = x ⊙ factors(dropout, stream)`: `dx = g ⊙ factors(dropout, stream)`, the factors drawn
+/// again (the state is the dropout's seed and stream, not the mask).
+#[derive(Debug)]
+struct ActivationDropout;
+
+impl<B: ClusteredAttentionBackend> Backward<B, 1> for ActivationDropout {
+    type State = (AttentionDropout, u32);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (dropout, stream) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            B::activation_dropout(grad, dropout, stream)
+        });
+    }
+}
+
+/// `y = forward(x, parameters)`, recomputed: the gradients of `x` and `parameters` from the
+/// forward pass run again on the kept `x` and `parameters`.
+#[derive(Debug)]
+struct Recompute;
+
+impl<B: ClusteredAttentionBackend> Backward<B, 2> for Recompute {
+    type State = (FloatTensor<B>, FloatTensor<B>, RecomputedForward);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (input, parameters, forward) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let wanted = ops.parents.each_ref().map(Option::is_some);
+        let computed = forward.gradients::<B>(input, parameters, grad, wanted);
+        for (parent, grad) in ops.parents.into_iter().zip(computed) {
+            if let (Some(node), Some(grad)) = (parent, grad) {
+                grads.register::<B>(node.id, grad);
+            }
+        }
     }
 }
 
@@ -322,6 +360,43 @@ where
                 prep.finish(output.clone(), output)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::attention_softmax(x.into_primitive())),
+        }
+    }
+
+    fn activation_dropout(
+        x: FloatTensor<Self>,
+        dropout: AttentionDropout,
+        stream: u32,
+    ) -> FloatTensor<Self> {
+        let node = x.node();
+        match ActivationDropout
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (dropout, stream),
+                B::activation_dropout(x.into_primitive(), dropout, stream),
+            ),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::activation_dropout(x.into_primitive(), dropout, stream))
+            }
+        }
+    }
+
+    fn recompute(
+        input: FloatTensor<Self>,
+        parameters: FloatTensor<Self>,
+        forward: RecomputedForward,
+    ) -> FloatTensor<Self> {
+        let nodes = [input.node(), parameters.node()];
+        let (input, parameters) = (input.into_primitive(), parameters.into_primitive());
+        match Recompute.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let output = forward.value::<B>(input.clone(), parameters.clone());
+                prep.finish((input, parameters, forward), output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward.value::<B>(input, parameters)),
         }
     }
 

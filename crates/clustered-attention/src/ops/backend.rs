@@ -12,6 +12,7 @@ use super::{
     Lengths, QueryClusters, TensorConversion, TopAttentionGrads,
 };
 use crate::dropout::AttentionDropout;
+use crate::recompute::RecomputedForward;
 
 /// A backend that can hash and cluster queries and compute the sparse top-k products of
 /// improved clustered attention.
@@ -124,6 +125,49 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         like: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         reference::attention_dropout_factors::<Self>(dropout, stream, like)
+    }
+
+    /// Dropout of activations: `x` times the factors of `dropout` on `stream`, the rows of
+    /// the mask being `x`'s rows (every dimension but the last, flattened) and its keys `x`'s
+    /// last dimension: element `(row, column)` is kept as [`AttentionDropout::factor`]`(stream,
+    /// 0, row, column)` says (Philox4x32-10 on `[column / 8, row, 0, stream]`) and scaled by
+    /// `1 / (1 − p)`. The mask is a function of `dropout`'s seed, `stream` and the coordinates
+    /// alone: `Autodiff<B>` keeps only those for the backward pass and draws the mask again
+    /// there (the gradient is the incoming gradient times the same factors), instead of
+    /// storing it as burn-nn's `Dropout` does.
+    ///
+    /// The default body multiplies `x` by [`Self::attention_dropout_factors`] on the view
+    /// `[1, 1, rows, columns]`; the CPU backends apply the factors in one pass over a copy.
+    ///
+    /// # Shapes
+    /// - `x`: any rank ≥ 1, output of the same shape
+    ///
+    /// # Panics
+    /// If `x` has rank 0, or `rows` or `columns` is `2³²` or more.
+    fn activation_dropout(
+        x: FloatTensor<Self>,
+        dropout: AttentionDropout,
+        stream: u32,
+    ) -> FloatTensor<Self> {
+        reference::activation_dropout::<Self>(x, dropout, stream)
+    }
+
+    /// `forward(input, parameters)`, of which `Autodiff<B>` keeps only `input` and
+    /// `parameters` for the backward pass and runs `forward` again there, on fresh leaves with
+    /// autodiff, to get their gradients (activation checkpointing, Chen et al., *Training Deep
+    /// Nets with Sublinear Memory Cost*, 2016): one node whose parents are `input` and
+    /// `parameters`. `forward` must compute the same output both times (the same dropout
+    /// masks: see [`RecomputedForward`]). Other backends run `forward` once.
+    ///
+    /// # Shapes
+    /// - `input`: `[batch, L, d_model]`; `parameters`: `[n]`, the layer's parameters
+    ///   flattened; output: what `forward` returns, `[batch, L, d_model]`
+    fn recompute(
+        input: FloatTensor<Self>,
+        parameters: FloatTensor<Self>,
+        forward: RecomputedForward,
+    ) -> FloatTensor<Self> {
+        forward.value::<Self>(input, parameters)
     }
 
     /// The centroid attention of clustered and improved clustered attention in one op (paper

@@ -78,9 +78,9 @@ pub use conversion::TensorConversion;
 pub use seeding::initial_centroid_positions;
 pub(crate) use tensor::hamming_kmeans_host;
 pub use tensor::{
-    attention_dropout_factors, attention_softmax, centroid_attention, hamming_kmeans,
-    improved_attention, lsh_hash, score_products, sparse_dot, sparse_scatter, sparse_weighted_sum,
-    top_attention, topk_indices,
+    activation_dropout, attention_dropout_factors, attention_softmax, centroid_attention,
+    hamming_kmeans, improved_attention, lsh_hash, recompute, score_products, sparse_dot,
+    sparse_scatter, sparse_weighted_sum, top_attention, topk_indices,
 };
 pub use types::{
     AttentionGrads, CentroidAttention, CentroidAttentionGrads, ClusterTop, Clusters,

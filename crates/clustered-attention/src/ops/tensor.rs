@@ -119,6 +119,51 @@ pub fn attention_dropout_factors(
     )
 }
 
+/// Dropout of activations with a counter-based mask (see
+/// [`ClusteredAttentionBackend::activation_dropout`]): `x` times 0 or `1 / (1 − p)` by
+/// Philox4x32-10 on `[column / 8, row, 0, stream]` under `dropout`'s seed, rows being `x`'s
+/// rows (every dimension but the last) and columns its last dimension. Applied whatever the
+/// device (the caller decides whether it trains); on an autodiff device the backward pass
+/// draws the mask again instead of keeping it.
+///
+/// # Shapes
+/// - `x`: any rank ≥ 1, output of the same shape
+///
+/// # Panics
+/// If `x` has rank 0, or `2³²` rows or columns or more.
+pub fn activation_dropout<const D: usize>(
+    x: Tensor<D>,
+    dropout: AttentionDropout,
+    stream: u32,
+) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::activation_dropout(
+        x.into_dispatch(),
+        dropout,
+        stream,
+    ))
+}
+
+/// `forward(input, parameters)` as one node that keeps `input` and `parameters` only and runs
+/// `forward` again in the backward pass (see [`ClusteredAttentionBackend::recompute`]); on a
+/// device without autodiff, `forward` once.
+///
+/// # Shapes
+/// - `input`: `[batch, L, d_model]`; `parameters`: `[n]`; output: `forward`'s
+///
+/// # Panics
+/// If `input` and `parameters` are on different backends.
+pub fn recompute(
+    input: Tensor<3>,
+    parameters: Tensor<1>,
+    forward: crate::recompute::RecomputedForward,
+) -> Tensor<3> {
+    Tensor::from_dispatch(<Dispatch as ClusteredAttentionBackend>::recompute(
+        input.into_dispatch(),
+        parameters.into_dispatch(),
+        forward,
+    ))
+}
+
 /// Indices of the `k` largest scores of every row, in descending order of score. No gradient.
 ///
 /// # Shapes

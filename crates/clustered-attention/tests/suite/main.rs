@@ -23,6 +23,7 @@
 //! - `inputs.rs`: bad input is rejected with a message naming the argument.
 //! - `kmeans.rs`: hashing and K-means against plain loops.
 //! - `layer.rs`: the multi-head layer against burn-nn's.
+//! - `recompute.rs`: the encoder's activation dropout drawn again, its layers recomputed.
 //! - `simd.rs`: the CPU tests again with each vector version of the host ops below the best.
 //! - `sparse.rs`: top-k, softmax and sparse products; the per-backend test modules.
 
@@ -41,5 +42,6 @@ mod half;
 mod inputs;
 mod kmeans;
 mod layer;
+mod recompute;
 mod simd;
 mod sparse;

@@ -10,6 +10,7 @@
 //! - `simd.rs`: the vector loops (dot products, softmax, top-k, gathers and scatters), each
 //!   compiled for AVX-512, AVX2 + FMA and the baseline; [`simd_level`] says which one runs,
 //!   and the environment variable [`SIMD_ENV`] caps it.
+//! - `activation.rs`: [`activation_dropout`].
 //! - `hash.rs`: [`lsh_hash`]; `kmeans.rs`: [`hamming_kmeans`]; `softmax.rs`:
 //!   [`attention_softmax`]; `topk.rs`: [`topk_indices`].
 //! - `centroid.rs`: [`centroid_attention`] and its backward; `top.rs`: [`top_attention`] and
@@ -36,6 +37,7 @@
 //! functions from its `ClusteredAttentionBackend` and `ClusteredAttentionBackward` methods.
 
 mod access;
+mod activation;
 mod centroid;
 mod gemm;
 mod hash;
@@ -49,6 +51,7 @@ mod top;
 mod topk;
 
 pub use access::HostAccess;
+pub use activation::activation_dropout;
 pub use centroid::{centroid_attention, centroid_attention_backward};
 pub use hash::lsh_hash;
 pub use improved::{improved_attention_backward, improved_attention_forward};
@@ -71,6 +74,14 @@ macro_rules! host_ops {
 
         fn attention_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
             $crate::backends::cpu::attention_softmax::<Self>(x)
+        }
+
+        fn activation_dropout(
+            x: FloatTensor<Self>,
+            dropout: AttentionDropout,
+            stream: u32,
+        ) -> FloatTensor<Self> {
+            $crate::backends::cpu::activation_dropout::<Self>(x, dropout, stream)
         }
 
         fn hamming_kmeans(

@@ -107,3 +107,40 @@ pub fn attention_dropout_factors<B: ClusteredAttentionBackend>(
         Tensor::<4>::from_data(TensorData::new(factors, shape), &like.device()).cast(like.dtype());
     B::float_primitive(factors)
 }
+
+/// The rows and columns of the activation dropout's mask for `shape`: every dimension but the
+/// last flattened, and the last.
+///
+/// # Panics
+/// If `shape` is empty, or the rows or columns number `2³²` or more (Philox's counter words).
+pub fn activation_dropout_rows(shape: &[usize]) -> (usize, usize) {
+    let (&columns, rest) = shape
+        .split_last()
+        .expect("activation dropout: x needs at least one dimension");
+    let rows = rest.iter().product::<usize>();
+    assert!(
+        rows <= u32::MAX as usize && columns <= u32::MAX as usize,
+        "activation dropout: x of shape {shape:?} has {rows} rows of {columns}; \
+         the mask counts each below 2^32"
+    );
+    (rows, columns)
+}
+
+/// Default body of [`ClusteredAttentionBackend::activation_dropout`]: `x` times
+/// [`ClusteredAttentionBackend::attention_dropout_factors`] on the view `[1, 1, rows,
+/// columns]`.
+///
+/// # Panics
+/// As [`activation_dropout_rows`].
+pub fn activation_dropout<B: ClusteredAttentionBackend>(
+    x: FloatTensor<B>,
+    dropout: AttentionDropout,
+    stream: u32,
+) -> FloatTensor<B> {
+    use burn::backend::TensorMetadata;
+    let shape = x.shape();
+    let (rows, columns) = activation_dropout_rows(&shape);
+    let view = B::float_reshape(x.clone(), burn::tensor::Shape::new([1, 1, rows, columns]));
+    let factors = B::float_reshape(B::attention_dropout_factors(dropout, stream, view), shape);
+    B::float_mul(x, factors)
+}
