@@ -126,6 +126,89 @@ pub(crate) fn cluster_queries_host(
     options: &ClusteringOptions,
 ) -> Clusters {
     options.check();
+    if let Some(clusters) = replayed(&queries) {
+        return clusters;
+    }
+    let clusters = compute_clusters(queries, query_lengths, known, options);
+    record(&clusters);
+    clusters
+}
+
+/// The clusters of a forward pass kept for its recomputation ([`with_cluster_memo`]).
+pub(crate) enum ClusterMemo {
+    /// Every clustering's result is appended.
+    Record(Vec<Clusters>),
+    /// Each clustering takes the next of these instead of computing it.
+    Replay(std::collections::VecDeque<Clusters>),
+}
+
+thread_local! {
+    static CLUSTER_MEMO: std::cell::RefCell<Option<ClusterMemo>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with the clusterings of this thread recorded into or replayed from `memo`, and
+/// gives `memo` back as `f` left it: a recomputed layer records its clusters in the forward
+/// pass and replays them when it runs again in the backward pass, where its queries are the
+/// same, instead of hashing and running K-means again. What was there before is back
+/// afterwards, also when `f` panics.
+pub(crate) fn with_cluster_memo<R>(memo: ClusterMemo, f: impl FnOnce() -> R) -> (R, ClusterMemo) {
+    struct Restore(Option<ClusterMemo>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            CLUSTER_MEMO.with(|cell| *cell.borrow_mut() = previous);
+        }
+    }
+    let previous = CLUSTER_MEMO.with(|cell| cell.borrow_mut().replace(memo));
+    let restore = Restore(previous);
+    let result = f();
+    let memo = CLUSTER_MEMO
+        .with(|cell| cell.borrow_mut().take())
+        .expect("the cluster memo of with_cluster_memo");
+    drop(restore);
+    (result, memo)
+}
+
+/// The next replayed clusters, if a replaying memo is set.
+///
+/// # Panics
+/// If the replayed clusters run out or are not shaped for `queries` (the forward pass
+/// recomputed is not the one recorded).
+fn replayed(queries: &Tensor<4>) -> Option<Clusters> {
+    CLUSTER_MEMO.with(|cell| match cell.borrow_mut().as_mut()? {
+        ClusterMemo::Record(_) => None,
+        ClusterMemo::Replay(kept) => {
+            let clusters = kept
+                .pop_front()
+                .expect("a recomputed forward pass clusters more often than it did");
+            let [batch, heads, len, _] = queries.dims();
+            assert_eq!(
+                clusters.assignments.dims(),
+                [batch, heads, len],
+                "a recomputed forward pass clusters other queries than it did"
+            );
+            Some(clusters)
+        }
+    })
+}
+
+/// Appends `clusters` to a recording memo, if one is set.
+fn record(clusters: &Clusters) {
+    CLUSTER_MEMO.with(|cell| {
+        if let Some(ClusterMemo::Record(kept)) = cell.borrow_mut().as_mut() {
+            kept.push(clusters.clone());
+        }
+    })
+}
+
+/// [`cluster_queries_host`] without the memo.
+fn compute_clusters(
+    queries: Tensor<4>,
+    query_lengths: Option<Tensor<1, Int>>,
+    known: Option<&[usize]>,
+    options: &ClusteringOptions,
+) -> Clusters {
     let [batch, heads, len, dim] = queries.dims();
     if options.grouping == QueryGrouping::PositionBlocks {
         let lengths = match known {

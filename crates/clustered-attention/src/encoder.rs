@@ -1,6 +1,9 @@
 //! A transformer encoder with burn-nn's fields, layout and record paths, whose self-attention
 //! is the crate's multi-head layer: burn-nn's `TransformerEncoder` with clustered attention.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::activation::ActivationConfig;
@@ -8,12 +11,14 @@ use burn::nn::transformer::{PositionWiseFeedForward, PositionWiseFeedForwardConf
 use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
+use crate::clustering::{ClusterMemo, with_cluster_memo};
 use crate::dropout::AttentionDropout;
 use crate::kind::AttentionKind;
 use crate::layer::{
     ClusteredAttentionInput, MultiHeadClusteredAttention, MultiHeadClusteredAttentionConfig,
     key_lengths_of,
 };
+use crate::ops::Clusters;
 use crate::ops::checks::host_lengths;
 use crate::recompute::{RecomputedForward, flatten_parameters, unflatten_parameters};
 
@@ -339,12 +344,12 @@ impl ClusteredTransformerEncoder {
                 .enumerate()
                 .fold(tensor, |x, (i, layer)| {
                     if !x.is_autodiff() {
-                        layer.forward_with(x, masks)
+                        layer.forward_with(x, masks, true)
                     } else if i < self.recompute_layers {
                         layer.forward_recomputed(x, &key_lengths, &mask_attn)
                     } else {
                         let seed = layer.dropout_seed(&x.device());
-                        crate::dropout::with_seeds(seed, || layer.forward_with(x, masks))
+                        crate::dropout::with_seeds(seed, || layer.forward_with(x, masks, true))
                     }
                 })
         })
@@ -367,7 +372,7 @@ impl ClusteredTransformerEncoderLayer {
         mask_pad: Option<Tensor<2, Bool>>,
         mask_attn: Option<Tensor<3, Bool>>,
     ) -> Tensor<3> {
-        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
+        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn), true)
     }
 
     /// [`Self::forward`] as one node of the autodiff graph that keeps only `x` and the layer's
@@ -395,19 +400,36 @@ impl ClusteredTransformerEncoderLayer {
             .map(|(lengths, host)| (lengths.inner(), host));
         let mask_attn = mask_attn.clone().map(Tensor::inner);
         let template = self.clone();
+        // The clusters of the forward pass, replayed when it runs again.
+        let clusters = Arc::new(Mutex::new(None::<VecDeque<Clusters>>));
         let forward = RecomputedForward::new(move |x, parameters| {
             let layer = unflatten_parameters(template.clone(), parameters);
             let key_lengths = key_lengths
                 .clone()
                 .map(|(lengths, host)| (lengths.autodiff(), host));
             let mask_attn = mask_attn.clone().map(Tensor::autodiff);
+            let mut kept = clusters.lock().expect("the recomputed layer's clusters");
+            let memo = match kept.take() {
+                Some(replay) => ClusterMemo::Replay(replay),
+                None => ClusterMemo::Record(Vec::new()),
+            };
             // The seeds of the counter-based masks from `seed`; the masks full attention and
             // the baselines draw on the host (crate::dropout::dropout) from another generator.
-            crate::dropout::with_dropout_seed(seed.wrapping_add(1), || {
-                crate::dropout::with_seeds(seed, || {
-                    layer.forward_with(x, |x| self_attention(x, &None, &key_lengths, &mask_attn))
+            let (output, memo) = with_cluster_memo(memo, || {
+                crate::dropout::with_dropout_seed(seed.wrapping_add(1), || {
+                    crate::dropout::with_seeds(seed, || {
+                        layer.forward_with(
+                            x,
+                            |x| self_attention(x, &None, &key_lengths, &mask_attn),
+                            true,
+                        )
+                    })
                 })
-            })
+            });
+            if let ClusterMemo::Record(recorded) = memo {
+                *kept = Some(recorded.into());
+            }
+            output
         });
         crate::ops::recompute(x, parameters, forward)
     }
@@ -426,14 +448,17 @@ impl ClusteredTransformerEncoderLayer {
     }
 
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
-    /// by `attention_input` from the attention's residual path.
+    /// by `attention_input` from the attention's residual path. With `norm_nodes`, in training
+    /// each layer norm is one node that keeps its input only ([`layer_norm`]).
     fn forward_with(
         &self,
         x: Tensor<3>,
         attention_input: impl Fn(Tensor<3>) -> ClusteredAttentionInput,
+        norm_nodes: bool,
     ) -> Tensor<3> {
+        let norm = |norm: &LayerNorm, x: Tensor<3>| layer_norm(norm, x, norm_nodes);
         let residual = if self.norm_first {
-            self.norm_2.forward(x.clone())
+            norm(&self.norm_2, x.clone())
         } else {
             x.clone()
         };
@@ -442,9 +467,9 @@ impl ClusteredTransformerEncoderLayer {
         let mut x = x + residual;
 
         let residual = if self.norm_first {
-            self.norm_1.forward(x.clone())
+            norm(&self.norm_1, x.clone())
         } else {
-            x = self.norm_1.forward(x);
+            x = norm(&self.norm_1, x);
             x.clone()
         };
         let residual = self.apply_dropout(self.feed_forward(residual), &self.dropout);
@@ -452,7 +477,7 @@ impl ClusteredTransformerEncoderLayer {
         if self.norm_first {
             x
         } else {
-            self.norm_2.forward(x)
+            norm(&self.norm_2, x)
         }
     }
 }
@@ -485,6 +510,23 @@ impl ClusteredTransformerEncoderLayer {
         pwff.linear_outer
             .forward(self.apply_dropout(hidden, &pwff.dropout))
     }
+}
+
+/// burn-nn's layer norm `norm` on `x`; on an autodiff device with `as_node`, as one node of
+/// the graph ([`crate::ops::recompute`]) that keeps `x` and the norm's two parameters and runs
+/// the norm again in the backward pass: Burn's layer norm keeps its centred and its
+/// normalised input for the backward pass (two tensors like `x`), this node `x` alone. The
+/// same values and gradients.
+fn layer_norm(norm: &LayerNorm, x: Tensor<3>, as_node: bool) -> Tensor<3> {
+    if !as_node || !x.is_autodiff() {
+        return norm.forward(x);
+    }
+    let parameters = flatten_parameters(norm);
+    let template = norm.clone();
+    let forward = RecomputedForward::new(move |x, parameters| {
+        unflatten_parameters(template.clone(), parameters).forward(x)
+    });
+    crate::ops::recompute(x, parameters, forward)
 }
 
 /// The self-attention input of `x` with the masks or lengths (with their values on the host)
