@@ -32,8 +32,14 @@ use crate::recompute::{RecomputedForward, flatten_parameters, unflatten_paramete
 /// [`ClusteredTransformerEncoder`] and its input `TransformerEncoderInput` becomes
 /// [`ClusteredTransformerEncoderInput`] (the same builders); a burn-nn record loads as it is,
 /// a burn-nn configuration saved as JSON needs the fields this one adds (`attention`, `bits`,
-/// `iterations`, `hash_bias`, `seed`). The differences from burn-nn are listed in the
-/// repository's `docs/burn-nn.md`.
+/// `iterations`, `hash_bias`, `seed`, `recompute_layers`, `stored_dropout_masks`). The
+/// differences from burn-nn are listed in the repository's `docs/burn-nn.md`.
+///
+/// In training, what a step keeps for the backward pass is each layer's activations (the
+/// attention's are linear in `L`): about 80 KiB a token for 4 layers of `d_model` 256 and
+/// `d_ff` 1024 in `f32`. `recompute_layers` trades a second forward pass of those layers for
+/// keeping only their inputs (the repository's `docs/bench/encoder.md` has the memory model
+/// and the measurements).
 #[derive(Config, Debug)]
 pub struct ClusteredTransformerEncoderConfig {
     /// Size of the model (the input and output features).

@@ -34,6 +34,7 @@
 //! - `attention/`: the functional forms, one file per attention.
 //! - `clustering.rs`: [`ClusteringOptions`], the hashing planes and [`cluster_queries`].
 //! - `dropout.rs`: dropout whose masks can be seeded per thread ([`with_dropout_seed`]).
+//! - `recompute.rs`: a layer recomputed in the backward pass ([`recompute::RecomputedForward`]).
 //! - `ops/`: the backend traits (the extension and its backward), their structs, the conversion
 //!   of primitives to and from `Tensor`s, checks, tensor-level forms and default bodies.
 //! - `backends/`: the trait's implementations, `cpu/`, `cube/` and `autodiff.rs`.
