@@ -127,7 +127,10 @@ enum Masks {
 
 /// Every float parameter's gradient in `grads`, by its module path
 /// (`layers.0.mha.query.weight`), as host values.
-fn parameter_gradients(module: &impl Module, grads: &Gradients) -> BTreeMap<String, Vec<f32>> {
+pub(crate) fn parameter_gradients(
+    module: &impl Module,
+    grads: &Gradients,
+) -> BTreeMap<String, Vec<f32>> {
     struct Collect<'a> {
         grads: &'a Gradients,
         path: Vec<String>,

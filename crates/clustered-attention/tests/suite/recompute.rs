@@ -1,10 +1,8 @@
 //! The encoder's dropout on activations (counter-based, drawn again in the backward pass) and
 //! its layers recomputed in the backward pass, against the encoder that keeps everything.
 
-use std::collections::BTreeMap;
-
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::{Device, Distribution, Gradients, Tensor};
+use burn::module::Module;
+use burn::tensor::{Device, Distribution, Tensor};
 use clustered_attention::dropout::AttentionDropout;
 use clustered_attention::{
     AttentionKind, ClusteredTransformerEncoderConfig, ClusteredTransformerEncoderInput, ops,
@@ -12,6 +10,7 @@ use clustered_attention::{
 };
 
 use crate::common::{autodiff, flex, ndarray, padding_mask};
+use crate::encoder::parameter_gradients;
 
 /// Host values of a tensor.
 fn host<const D: usize>(x: Tensor<D>) -> Vec<f32> {
@@ -25,24 +24,6 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
     let largest = a.iter().fold(1f32, |m, x| m.max(x.abs()));
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / largest
-}
-
-/// Every float parameter's gradient in `grads`, by its position in the module's visiting order.
-fn parameter_gradients(module: &impl Module, grads: &Gradients) -> BTreeMap<usize, Vec<f32>> {
-    struct Collect<'a>(&'a Gradients, BTreeMap<usize, Vec<f32>>);
-    impl ModuleVisitor for Collect<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let index = self.1.len();
-            let grad = param
-                .val()
-                .grad(self.0)
-                .unwrap_or_else(|| panic!("no gradient for parameter {index}"));
-            self.1.insert(index, host(grad));
-        }
-    }
-    let mut collect = Collect(grads, BTreeMap::new());
-    module.visit(&mut collect);
-    collect.1
 }
 
 /// The activation dropout's mask, forward and backward, against the scalar Philox of
@@ -152,11 +133,11 @@ fn recomputed_layers_match(device: &Device) {
             let diff = relative_diff(&dx, &dx_re);
             assert!(diff <= 1e-5, "{case}: the input's gradients {diff} apart");
             assert_eq!(params.len(), params_re.len(), "{case}: parameters");
-            for (index, grad) in &params {
-                let diff = relative_diff(grad, &params_re[index]);
+            for (path, grad) in &params {
+                let diff = relative_diff(grad, &params_re[path]);
                 assert!(
                     diff <= 1e-5,
-                    "{case}: the gradients of parameter {index} are {diff} apart"
+                    "{case}: the gradients of {path} are {diff} apart"
                 );
             }
             match &without_dropout {
