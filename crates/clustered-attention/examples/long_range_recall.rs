@@ -79,6 +79,10 @@ struct Args {
     /// Seed of the training sequences and the weights (the held-out ones take the next).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Layers of this crate's encoders recomputed in the backward pass
+    /// (`ClusteredTransformerEncoderConfig::recompute_layers`; at most `--layers`).
+    #[arg(long, default_value_t = 0)]
+    recompute_layers: usize,
 }
 
 #[derive(Module, Debug)]
@@ -117,6 +121,7 @@ impl Classifier {
                         kind,
                     )
                     .with_dropout(args.dropout)
+                    .with_recompute_layers(args.recompute_layers)
                     .init(device),
                 )
             }

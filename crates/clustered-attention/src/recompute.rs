@@ -67,6 +67,7 @@ impl RecomputedForward {
     /// The gradients of the input and of the parameters (those `wanted`) given the output's
     /// gradient `grad`: the forward pass again on fresh leaves, then one backward pass from
     /// `sum(output ⊙ grad)`.
+    #[cfg(feature = "autodiff")]
     pub(crate) fn gradients<B: TensorConversion>(
         &self,
         input: FloatTensor<B>,
