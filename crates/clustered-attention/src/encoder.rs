@@ -2,7 +2,7 @@
 //! is the crate's multi-head layer: burn-nn's `TransformerEncoder` with clustered attention.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::config::Config;
 use burn::module::{Initializer, Module};
@@ -93,7 +93,8 @@ pub struct ClusteredTransformerEncoderConfig {
     /// input and a copy of its parameters, and runs its forward pass again, with the same
     /// clusters and dropout masks, when its gradients are needed (about one more forward pass
     /// of the layer per step). `0` (the default): none; `n_layers`: all. Needs the
-    /// counter-based dropout (`stored_dropout_masks` false); [`Self::init`] panics otherwise.
+    /// counter-based dropout (`stored_dropout_masks` false) where the encoder drops anything:
+    /// [`Self::init`] panics otherwise.
     #[config(default = 0)]
     pub recompute_layers: usize,
     /// burn-nn's `Dropout` on the activations (after each sub-layer and inside the
@@ -391,14 +392,12 @@ impl ClusteredTransformerEncoderLayer {
         key_lengths: &Option<(Tensor<1, Int>, Vec<usize>)>,
         mask_attn: &Option<Tensor<3, Bool>>,
     ) -> Tensor<3> {
-        // No draw (on a GPU, a read back) where nothing is dropped.
-        let drops =
-            self.mha.dropout > 0.0 || self.dropout.prob > 0.0 || self.pwff.dropout.prob > 0.0;
-        let seed = if drops {
-            crate::dropout::next_seed(&x.device())
-        } else {
-            0
-        };
+        assert!(
+            !self.stored_dropout_masks || !self.drops(),
+            "a recomputed layer needs the counter-based dropout: stored_dropout_masks draws \
+             masks that its second forward pass cannot draw again"
+        );
+        let seed = self.dropout_seed(&x.device());
         let parameters = flatten_parameters(self);
         // The masks without autodiff, set on each run's device (the fresh leaves' autodiff).
         let key_lengths = key_lengths
@@ -414,8 +413,12 @@ impl ClusteredTransformerEncoderLayer {
                 .clone()
                 .map(|(lengths, host)| (lengths.autodiff(), host));
             let mask_attn = mask_attn.clone().map(Tensor::autodiff);
-            let mut kept = clusters.lock().expect("the recomputed layer's clusters");
-            let memo = match kept.take() {
+            // (A lock poisoned by a panic in an earlier run holds what that run left.)
+            let kept = clusters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            let memo = match kept {
                 Some(replay) => ClusterMemo::Replay(replay),
                 None => ClusterMemo::Record(Vec::new()),
             };
@@ -433,7 +436,7 @@ impl ClusteredTransformerEncoderLayer {
                 })
             });
             if let ClusterMemo::Record(recorded) = memo {
-                *kept = Some(recorded.into());
+                *clusters.lock().unwrap_or_else(PoisonError::into_inner) = Some(recorded.into());
             }
             output
         });
@@ -444,13 +447,16 @@ impl ClusteredTransformerEncoderLayer {
     /// [`crate::dropout::next_seed`]), or 0 without a draw (on a GPU, a read back) when the
     /// layer drops nothing.
     fn dropout_seed(&self, device: &Device) -> u64 {
-        let drops =
-            self.mha.dropout > 0.0 || self.dropout.prob > 0.0 || self.pwff.dropout.prob > 0.0;
-        if drops {
+        if self.drops() {
             crate::dropout::next_seed(device)
         } else {
             0
         }
+    }
+
+    /// Whether any of the layer's dropouts has a rate above 0.
+    fn drops(&self) -> bool {
+        self.mha.dropout > 0.0 || self.dropout.prob > 0.0 || self.pwff.dropout.prob > 0.0
     }
 
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made

@@ -28,12 +28,12 @@ use crate::ops::TensorConversion;
 /// output [batch, L, d_model]`, the layer built from the flattened `parameters`
 /// ([`unflatten_parameters`]).
 ///
-/// It runs twice, in the forward pass and in the backward pass, and must give the same output
-/// both times: its randomness must come from what it captures (the crate's encoder runs its
-/// layer inside [`with_dropout_seed`](crate::with_dropout_seed) with a seed drawn once, so
-/// that every dropout mask, drawn by Philox from seeds of that generator, is drawn again the
-/// same), and its clusters from its input (the clustered kinds' K-means is seeded by the
-/// configuration).
+/// Under autodiff it runs twice, in the forward pass and in the backward pass, and must give
+/// the same output both times: its randomness must come from what it captures (the crate's
+/// encoder runs its layer inside a scope seeded once per layer, `dropout::with_seeds` for the
+/// counter-based masks' seeds and [`with_dropout_seed`](crate::with_dropout_seed) for the
+/// masks full attention draws on the host), and its clusters are recorded in the first run and
+/// replayed in the second.
 #[derive(Clone)]
 pub struct RecomputedForward(Arc<dyn Fn(Tensor<3>, Tensor<1>) -> Tensor<3> + Send + Sync>);
 
@@ -51,9 +51,23 @@ impl RecomputedForward {
         Self(Arc::new(forward))
     }
 
-    /// The output's value, from the primitives of backend `B`: the forward pass on their
-    /// tensors with autodiff on (so that training-only parts such as dropout run) but nothing
-    /// tracked, returned without autodiff.
+    /// `forward` on the primitives of backend `B`, as they are (no autodiff: one run).
+    pub(crate) fn call<B: TensorConversion>(
+        &self,
+        input: FloatTensor<B>,
+        parameters: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        let output = (self.0)(
+            B::float_tensor::<3>(input),
+            B::float_tensor::<1>(parameters),
+        );
+        B::float_primitive(output)
+    }
+
+    /// The output's value, from the primitives of backend `B` (the backend an `Autodiff`
+    /// wraps): the forward pass on their tensors with autodiff on (so that training-only parts
+    /// such as dropout run) but nothing tracked, returned without autodiff.
+    #[cfg(feature = "autodiff")]
     pub(crate) fn value<B: TensorConversion>(
         &self,
         input: FloatTensor<B>,

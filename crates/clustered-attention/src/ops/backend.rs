@@ -167,7 +167,7 @@ pub trait ClusteredAttentionBackend: Backend + TensorConversion {
         parameters: FloatTensor<Self>,
         forward: RecomputedForward,
     ) -> FloatTensor<Self> {
-        forward.value::<Self>(input, parameters)
+        forward.call::<Self>(input, parameters)
     }
 
     /// The centroid attention of clustered and improved clustered attention in one op (paper
