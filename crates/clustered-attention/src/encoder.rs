@@ -351,12 +351,12 @@ impl ClusteredTransformerEncoder {
                 .enumerate()
                 .fold(tensor, |x, (i, layer)| {
                     if !x.is_autodiff() {
-                        layer.forward_with(x, masks, true)
+                        layer.forward_with(x, masks)
                     } else if i < self.recompute_layers {
                         layer.forward_recomputed(x, &key_lengths, &mask_attn)
                     } else {
                         let seed = layer.dropout_seed(&x.device());
-                        crate::dropout::with_seeds(seed, || layer.forward_with(x, masks, true))
+                        crate::dropout::with_seeds(seed, || layer.forward_with(x, masks))
                     }
                 })
         })
@@ -379,7 +379,7 @@ impl ClusteredTransformerEncoderLayer {
         mask_pad: Option<Tensor<2, Bool>>,
         mask_attn: Option<Tensor<3, Bool>>,
     ) -> Tensor<3> {
-        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn), true)
+        self.forward_with(x, |x| self_attention(x, &mask_pad, &None, &mask_attn))
     }
 
     /// [`Self::forward`] as one node of the autodiff graph that keeps only `x` and the layer's
@@ -427,11 +427,8 @@ impl ClusteredTransformerEncoderLayer {
             let (output, memo) = with_cluster_memo(memo, || {
                 crate::dropout::with_dropout_seed(seed.wrapping_add(1), || {
                     crate::dropout::with_seeds(seed, || {
-                        layer.forward_with(
-                            x,
-                            |x| self_attention(x, &None, &key_lengths, &mask_attn),
-                            true,
-                        )
+                        layer
+                            .forward_with(x, |x| self_attention(x, &None, &key_lengths, &mask_attn))
                     })
                 })
             });
@@ -460,15 +457,14 @@ impl ClusteredTransformerEncoderLayer {
     }
 
     /// [`Self::forward`], the attention's input (self-attention with its masks or lengths) made
-    /// by `attention_input` from the attention's residual path. With `norm_nodes`, in training
-    /// each layer norm is one node that keeps its input only ([`layer_norm`]).
+    /// by `attention_input` from the attention's residual path. In training each layer norm is
+    /// one node that keeps its input only ([`layer_norm`]).
     fn forward_with(
         &self,
         x: Tensor<3>,
         attention_input: impl Fn(Tensor<3>) -> ClusteredAttentionInput,
-        norm_nodes: bool,
     ) -> Tensor<3> {
-        let norm = |norm: &LayerNorm, x: Tensor<3>| layer_norm(norm, x, norm_nodes);
+        let norm = |norm: &LayerNorm, x: Tensor<3>| layer_norm(norm, x);
         let residual = if self.norm_first {
             norm(&self.norm_2, x.clone())
         } else {
@@ -524,13 +520,13 @@ impl ClusteredTransformerEncoderLayer {
     }
 }
 
-/// burn-nn's layer norm `norm` on `x`; on an autodiff device with `as_node`, as one node of
+/// burn-nn's layer norm `norm` on `x`; on an autodiff device, as one node of
 /// the graph ([`crate::ops::recompute`]) that keeps `x` and the norm's two parameters and runs
 /// the norm again in the backward pass: Burn's layer norm keeps its centred and its
 /// normalised input for the backward pass (two tensors like `x`), this node `x` alone. The
 /// same values and gradients.
-fn layer_norm(norm: &LayerNorm, x: Tensor<3>, as_node: bool) -> Tensor<3> {
-    if !as_node || !x.is_autodiff() {
+fn layer_norm(norm: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
+    if !x.is_autodiff() {
         return norm.forward(x);
     }
     let parameters = flatten_parameters(norm);
